@@ -1,0 +1,113 @@
+"""The composition root: builds every domain object of one process from its settings.
+
+One ``Kortex`` per process and event loop (its database pool and Redis clients belong to the
+loop that created them). Workers, the API and the CLI each build one and pass it down.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from redis.asyncio import Redis
+
+from kortex.config import Settings
+from kortex.llm.providers import BUILTIN_PROVIDERS
+from kortex.llm.registry import ProviderFactory, ProviderRegistry
+from kortex.storage.db import Database
+from kortex.stream.store import EventStore
+from kortex.telemetry.embedded import EmbeddedTelemetry
+from kortex.telemetry.sources import TelemetrySources
+from kortex.tools.builtin import BUILTIN_TOOLS
+from kortex.tools.cursor import CursorCodec, derive_key
+from kortex.tools.pipeline import ToolPipeline
+from kortex.tools.policy import ToolPolicy
+from kortex.tools.registry import ToolRegistry
+from kortex.tools.spec import ToolSpec
+
+log = logging.getLogger(__name__)
+
+#: tools that ship enabled although they are not read-only (they only record, never act)
+DEFAULT_ENABLED_EXTRA: tuple[str, ...] = ("propose_action",)
+
+
+def redis_factory(settings: Settings) -> Callable[[], Redis]:
+    """Makes single-connection clients (one per blocking reader)."""
+    if settings.embedded:
+        from kortex.stream.embedded import embedded_redis
+
+        return lambda: embedded_redis()
+    url = settings.redis_url or ""
+    return lambda: Redis.from_url(url, decode_responses=True, single_connection_client=True)
+
+
+def _shared_redis(settings: Settings) -> Redis:
+    if settings.embedded:
+        from kortex.stream.embedded import embedded_redis
+
+        return embedded_redis()
+    return Redis.from_url(settings.redis_url or "", decode_responses=True, max_connections=64,
+                          health_check_interval=30)
+
+
+def tool_specs(settings: Settings) -> list[ToolSpec]:
+    specs = list(BUILTIN_TOOLS)
+    if settings.testing.enable_test_tools:
+        from kortex.testing.tools import TEST_TOOLS
+
+        specs.extend(TEST_TOOLS)
+    return specs
+
+
+@dataclass
+class Kortex:
+    settings: Settings
+    db: Database
+    redis: Redis
+    events: EventStore
+    providers: ProviderRegistry
+    tools: ToolRegistry
+    policy: ToolPolicy
+    pipeline: ToolPipeline
+    sources: TelemetrySources
+    cursors: CursorCodec
+    services: dict[str, object] = field(default_factory=dict)
+
+    @classmethod
+    def create(
+        cls,
+        settings: Settings,
+        *,
+        providers: dict[str, ProviderFactory] | None = None,
+        extra_tools: list[ToolSpec] | None = None,
+        db_pool_size: int = 10,
+    ) -> Kortex:
+        db = Database(settings.effective_database_url, pool_size=db_pool_size)
+        redis = _shared_redis(settings)
+        turn = settings.turn
+        events = EventStore(redis, prefix=settings.redis_prefix, maxlen=turn.stream_maxlen,
+                            active_ttl=int(turn.deadline + 600), done_ttl=int(turn.stream_ttl))
+        registry = ToolRegistry([*tool_specs(settings), *(extra_tools or [])])
+        policy = ToolPolicy.build(settings.tools.allowed, registry, default_extra=DEFAULT_ENABLED_EXTRA)
+        unknown = sorted(policy.allowed - {s.name for s in registry})
+        if settings.tools.allowed is not None and unknown:
+            log.warning("tools.allowed names tools that do not exist: %s", ", ".join(unknown))
+        timeouts = {name: o.timeout for name, o in settings.llm.tools.items() if o.timeout is not None}
+        pipeline = ToolPipeline(registry, policy, result_cap_bytes=settings.tools.result_cap_bytes,
+                                timeouts=timeouts, progress_after=settings.tools.progress_after_s)
+        secret = settings.secret_key.get_secret_value() if settings.secret_key else None
+        cursors = CursorCodec(derive_key(secret, settings.effective_database_url))
+        telemetry = EmbeddedTelemetry(db)
+        return cls(
+            settings=settings, db=db, redis=redis, events=events,
+            providers=ProviderRegistry(settings, providers or BUILTIN_PROVIDERS),
+            tools=registry, policy=policy, pipeline=pipeline, sources=telemetry.sources(), cursors=cursors,
+        )
+
+    async def aclose(self) -> None:
+        await self.providers.aclose()
+        try:
+            await self.redis.aclose()
+        finally:
+            await self.db.dispose()

@@ -1,0 +1,126 @@
+"""The one error tree of Kortex.
+
+    KortexError
+    ├── ConfigError             bad or missing configuration
+    ├── NotFound                an id that does not exist for this tenant (never "exists elsewhere")
+    ├── Conflict                the request clashes with current state (turn already running, ...)
+    ├── InvalidInput            a caller sent something we reject (HTTP 4xx, CLI usage)
+    ├── AuthError               missing, malformed, unknown or revoked credentials
+    ├── RateLimited             a budget, rate or concurrency cap says not now
+    ├── StorageError            the database failed in a way the caller cannot fix
+    ├── StreamError             the event stream store failed
+    ├── ProviderError           an LLM provider failed (status, provider, model, retryable)
+    │   └── ProviderUnavailable the provider is not configured or not reachable in this mode
+    └── ToolError               a tool failed; the pipeline turns it into an is_error result
+        ├── ToolValidationError arguments do not match the tool's input model
+        ├── ToolTimeout         the tool ran past its time limit
+        ├── UpstreamError       the telemetry source behind the tool failed
+        └── ToolNotFound        the tool exists nowhere in the catalog
+
+Vendor exceptions (httpx, SQLAlchemy, redis) are translated at the boundary with
+``raise ... from exc`` so callers only ever catch these.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class KortexError(Exception):
+    """Base of every error Kortex raises on purpose."""
+
+    code: str = "internal"
+
+    def __init__(self, message: str = "", *, code: str | None = None, details: Any = None) -> None:
+        super().__init__(message or self.__class__.__name__)
+        self.message = message or self.__class__.__name__
+        if code is not None:
+            self.code = code
+        self.details = details
+
+
+class ConfigError(KortexError):
+    code = "config"
+
+
+class NotFound(KortexError):
+    code = "not_found"
+
+
+class Conflict(KortexError):
+    code = "conflict"
+
+
+class InvalidInput(KortexError):
+    code = "invalid_input"
+
+
+class AuthError(KortexError):
+    code = "unauthorized"
+
+
+class RateLimited(KortexError):
+    code = "rate_limited"
+
+
+class StorageError(KortexError):
+    code = "storage"
+
+
+class StreamError(KortexError):
+    code = "stream"
+
+
+class ProviderError(KortexError):
+    """An LLM call failed. ``retryable`` drives retries and failover."""
+
+    code = "provider"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        provider: str = "",
+        model: str = "",
+        status: int | None = None,
+        retryable: bool = False,
+        retry_after: float | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message, code=code)
+        self.provider = provider
+        self.model = model
+        self.status = status
+        self.retryable = retryable
+        self.retry_after = retry_after
+
+    def __str__(self) -> str:
+        where = ":".join(p for p in (self.provider, self.model) if p)
+        status = f" (HTTP {self.status})" if self.status else ""
+        return f"{where + ': ' if where else ''}{self.message}{status}"
+
+
+class ProviderUnavailable(ProviderError):
+    code = "provider_unavailable"
+
+
+class ToolError(KortexError):
+    """Raised inside a tool; the pipeline converts it into an ``is_error`` result."""
+
+    code = "internal"
+
+
+class ToolValidationError(ToolError):
+    code = "validation"
+
+
+class ToolTimeout(ToolError):
+    code = "timeout"
+
+
+class UpstreamError(ToolError):
+    code = "upstream"
+
+
+class ToolNotFound(ToolError):
+    code = "policy_denied"

@@ -1,0 +1,105 @@
+"""Stream events published for a turn; the ``type`` field is the SSE ``event:`` name."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from kortex.messages import Usage
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class TurnEvent(_Event):
+    """The turn changed state: a step started running, or it is waiting for tools."""
+
+    type: Literal["turn"] = "turn"
+    turn_id: str
+    status: str
+    step: int
+    model: str | None = None
+
+
+class TextEvent(_Event):
+    type: Literal["text"] = "text"
+    step: int
+    delta: str
+
+
+class ToolCallEvent(_Event):
+    type: Literal["tool_call"] = "tool_call"
+    step: int
+    call_id: str
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class ToolProgressEvent(_Event):
+    """A tool is still running past the interim threshold (rfc-005 §6.1)."""
+
+    type: Literal["tool_progress"] = "tool_progress"
+    step: int
+    call_id: str
+    name: str
+    elapsed_ms: int
+    message: str
+
+
+class ToolResultEvent(_Event):
+    type: Literal["tool_result"] = "tool_result"
+    step: int
+    call_id: str
+    name: str
+    is_error: bool = False
+    error_code: str | None = None
+    truncated: bool = False
+    elapsed_ms: int = 0
+    content: Any = None
+
+
+class ProposalEvent(_Event):
+    type: Literal["proposal"] = "proposal"
+    proposal_id: str
+    call_id: str
+    action: str
+    product: str
+    params: dict[str, Any] = Field(default_factory=dict)
+    rationale: str = ""
+    blast_radius: str | None = None
+    reversible: bool | None = None
+    expires_at: str
+
+
+class ErrorEvent(_Event):
+    type: Literal["error"] = "error"
+    code: str
+    message: str
+    retryable: bool = False
+
+
+class DoneEvent(_Event):
+    type: Literal["done"] = "done"
+    status: Literal["done", "failed"]
+    usage: Usage = Field(default_factory=Usage)
+    error: str | None = None
+
+
+Event = Annotated[
+    TurnEvent | TextEvent | ToolCallEvent | ToolProgressEvent | ToolResultEvent | ProposalEvent
+    | ErrorEvent | DoneEvent,
+    Field(discriminator="type"),
+]
+EventAdapter: TypeAdapter[Event] = TypeAdapter(Event)
+
+EVENT_TYPES = ("turn", "text", "tool_call", "tool_progress", "tool_result", "proposal", "error", "done")
+
+
+def event_to_json(event: _Event) -> str:
+    return event.model_dump_json()
+
+
+def event_from_json(data: str | bytes) -> Event:
+    return EventAdapter.validate_json(data)

@@ -1,0 +1,168 @@
+"""The provider interface every LLM backend implements, and the types it speaks.
+
+A provider turns a ``CompletionRequest`` into a stream of typed chunks: text deltas, whole
+tool calls (fragments are assembled inside the adapter) and one final ``DoneChunk`` with the
+stop reason and usage. Failures raise ``ProviderError``; nothing vendor-shaped leaks out.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator, Sequence
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kortex.errors import ProviderError
+from kortex.messages import Message, ToolCall
+
+Tier = Literal["fast", "balanced", "deep"]
+StopReason = Literal["end_turn", "tool_use", "max_tokens", "stop_sequence", "error"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ModelInfo(_Frozen):
+    """One model a provider offers. Prices are USD per million tokens."""
+
+    id: str
+    display_name: str = ""
+    context_tokens: int = 128_000
+    tier: Tier = "balanced"
+    input_usd_per_mtok: float = 0.0
+    output_usd_per_mtok: float = 0.0
+    supports_tools: bool = True
+
+    def cost(self, input_tokens: int, output_tokens: int) -> float:
+        return round(
+            (input_tokens * self.input_usd_per_mtok + output_tokens * self.output_usd_per_mtok) / 1_000_000, 8
+        )
+
+
+class ToolSchema(_Frozen):
+    """A tool as the model sees it: name, description and JSON Schema of the arguments."""
+
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+
+
+class CompletionRequest(_Frozen):
+    model: str | None = None  # provider's model id; None means the provider's default
+    system: str = ""
+    messages: tuple[Message, ...] = ()
+    tools: tuple[ToolSchema, ...] = ()
+    max_tokens: int = 4096
+    temperature: float = 0.2
+    stop: tuple[str, ...] = ()
+    metadata: dict[str, str] = Field(default_factory=dict)  # tenant_id, session_id, purpose
+
+
+class TokenUsage(_Frozen):
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+class TextChunk(_Frozen):
+    type: Literal["text"] = "text"
+    text: str
+
+
+class ToolCallChunk(_Frozen):
+    type: Literal["tool_call"] = "tool_call"
+    call: ToolCall
+
+
+class WarningChunk(_Frozen):
+    """Something the operator should see (e.g. pseudo-tool fallback); not part of the answer."""
+
+    type: Literal["warning"] = "warning"
+    code: str
+    message: str
+
+
+class DoneChunk(_Frozen):
+    type: Literal["done"] = "done"
+    stop_reason: StopReason = "end_turn"
+    usage: TokenUsage = Field(default_factory=TokenUsage)
+    model: str = ""
+
+
+StreamChunk = Annotated[TextChunk | ToolCallChunk | WarningChunk | DoneChunk, Field(discriminator="type")]
+
+
+class Completion(_Frozen):
+    """A whole (non-streamed) answer."""
+
+    text: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    stop_reason: StopReason = "end_turn"
+    usage: TokenUsage = Field(default_factory=TokenUsage)
+    model: str = ""
+
+
+class Provider(abc.ABC):
+    """An LLM backend. Implementations are safe to share between concurrent tasks."""
+
+    #: stable identifier used in configuration and model specs ("anthropic", "offline", ...)
+    name: str = ""
+    #: True for providers whose data never leaves the operator's network (local-only mode)
+    local: bool = False
+    #: True for providers that are not an LLM (offline analyst, scripted); labelled as such
+    synthetic: bool = False
+
+    @abc.abstractmethod
+    def models(self) -> Sequence[ModelInfo]:
+        """Models on offer; the first is the default."""
+
+    @abc.abstractmethod
+    def stream(self, request: CompletionRequest) -> AsyncIterator[StreamChunk]:
+        """Stream one completion. Ends with exactly one ``DoneChunk``; raises ``ProviderError``."""
+
+    @property
+    def supports_tools(self) -> bool:
+        return True
+
+    @property
+    def supports_streaming(self) -> bool:
+        return True
+
+    def default_model(self) -> ModelInfo:
+        models = self.models()
+        if not models:
+            raise ProviderError("no models configured", provider=self.name)
+        return models[0]
+
+    def model_info(self, model_id: str | None) -> ModelInfo:
+        if not model_id:
+            return self.default_model()
+        for model in self.models():
+            if model.id == model_id:
+                return model
+        return self.unknown_model(model_id)
+
+    def unknown_model(self, model_id: str) -> ModelInfo:
+        """A model not in the catalogue: providers that accept any id (Ollama) override this."""
+        raise ProviderError(f"unknown model {model_id!r}", provider=self.name, model=model_id)
+
+    def max_context_tokens(self, model_id: str | None = None) -> int:
+        return self.model_info(model_id).context_tokens
+
+    async def complete(self, request: CompletionRequest) -> Completion:
+        text: list[str] = []
+        calls: list[ToolCall] = []
+        done = DoneChunk()
+        async for chunk in self.stream(request):
+            if isinstance(chunk, TextChunk):
+                text.append(chunk.text)
+            elif isinstance(chunk, ToolCallChunk):
+                calls.append(chunk.call)
+            elif isinstance(chunk, DoneChunk):
+                done = chunk
+        return Completion(text="".join(text), tool_calls=tuple(calls), stop_reason=done.stop_reason,
+                          usage=done.usage, model=done.model)
+
+    async def aclose(self) -> None:
+        """Release connections. Called once when the process shuts down."""

@@ -1,0 +1,116 @@
+"""Turn tool results into findings: a change point in a metric, the deploy nearest to it, the
+dominant error pattern in the logs and what it usually means."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+# Log patterns and the cause they point to: policy as data, first match wins.
+CAUSES: tuple[tuple[re.Pattern[str], str, str], ...] = (
+    (re.compile(r"pool (is )?exhausted|waiting for a connection|too many connections|connection pool",
+                re.I), "database connection-pool exhaustion",
+     "raise the pool size back or roll back the change that lowered it; check for leaked connections"),
+    (re.compile(r"out of memory|oom|memoryerror|heap space", re.I), "memory exhaustion",
+     "check memory limits and recent changes in allocation; restart the affected hosts"),
+    (re.compile(r"deadlock", re.I), "database deadlocks",
+     "look at the transactions named in the deadlock reports and their lock order"),
+    (re.compile(r"rate limit|429|throttl", re.I), "upstream rate limiting",
+     "lower the request rate or raise the quota with the upstream"),
+    (re.compile(r"timed? ?out|timeout", re.I), "upstream timeouts",
+     "find which dependency is slow with traces and its own metrics"),
+    (re.compile(r"connection refused|no route to host|name resolution|dns", re.I), "network or dependency outage",
+     "check the health of the dependency named in the errors"),
+    (re.compile(r"disk full|no space left", re.I), "disk full", "free disk space or grow the volume"),
+)
+
+_NUMBER = re.compile(r"\b\d+(?:\.\d+)?(?:ms|s)?\b")
+_HEX = re.compile(r"\b[0-9a-f]{8,}\b")
+
+
+def parse_ts(value: str) -> datetime:
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def clock(ts: datetime) -> str:
+    return ts.strftime("%H:%M UTC")
+
+
+def fmt_value(value: float, unit: str | None) -> str:
+    if unit == "seconds":
+        return f"{value:.2f} s" if value >= 0.1 else f"{value * 1000:.0f} ms"
+    if unit == "ratio":
+        return f"{value * 100:.1f}%"
+    return f"{value:.3g}{' ' + unit if unit else ''}"
+
+
+@dataclass(frozen=True, slots=True)
+class Shift:
+    """A step change in a series."""
+
+    before: float
+    after: float
+    onset: datetime
+    ratio: float
+    significant: bool
+
+
+def change_point(samples: list[dict[str, Any]]) -> Shift | None:
+    """The split that best separates the series into two means (a two-sample t-like score)."""
+    values = [float(s["value"]) for s in samples]
+    n = len(values)
+    if n < 8:
+        return None
+    prefix = [0.0]
+    for v in values:
+        prefix.append(prefix[-1] + v)
+    best, best_i = -1.0, 0
+    for i in range(3, n - 2):
+        left = prefix[i] / i
+        right = (prefix[n] - prefix[i]) / (n - i)
+        score = abs(right - left) * math.sqrt(i * (n - i) / n)
+        if score > best:
+            best, best_i = score, i
+    before_vals, after_vals = values[:best_i], values[best_i:]
+    before = sum(before_vals) / len(before_vals)
+    after = sum(after_vals) / len(after_vals)
+    spread = math.sqrt(sum((v - before) ** 2 for v in before_vals) / max(1, len(before_vals) - 1))
+    ratio = after / before if before else math.inf
+    significant = (ratio >= 1.5 or ratio <= 1 / 1.5) and abs(after - before) > 3 * max(spread, 1e-9)
+    return Shift(before=before, after=after, onset=parse_ts(samples[best_i]["ts"]), ratio=ratio,
+                 significant=significant)
+
+
+def nearest_deploy(deploys: list[dict[str, Any]], onset: datetime) -> tuple[dict[str, Any], timedelta] | None:
+    """The latest deploy that landed up to 30 minutes before the change (or 5 after)."""
+    best = None
+    for deploy in deploys:
+        gap = onset - parse_ts(deploy["ts"])
+        if timedelta(minutes=-5) <= gap <= timedelta(minutes=30) and (best is None or gap < best[1]):
+            best = (deploy, gap)
+    return best
+
+
+def template(message: str) -> str:
+    return _HEX.sub("<id>", _NUMBER.sub("N", message))
+
+
+def top_pattern(lines: list[dict[str, Any]]) -> tuple[str, int, str] | None:
+    """(template, count, one real example) of the most frequent message shape."""
+    counts: dict[str, list[str]] = {}
+    for line in lines:
+        counts.setdefault(template(line.get("message", "")), []).append(line.get("message", ""))
+    if not counts:
+        return None
+    shape, examples = max(counts.items(), key=lambda kv: len(kv[1]))
+    return shape, len(examples), examples[0]
+
+
+def classify(text: str) -> tuple[str, str] | None:
+    for pattern, cause, advice in CAUSES:
+        if pattern.search(text):
+            return cause, advice
+    return None

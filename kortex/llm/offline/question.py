@@ -1,0 +1,71 @@
+"""Read an operator's question: which product, which symptom, which time window."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+SYMPTOM_WORDS: dict[str, tuple[str, ...]] = {
+    "latency": ("slow", "latency", "p99", "p95", "lag", "laggy", "sluggish", "timeout", "timing out",
+                "response time", "delay", "hang"),
+    "errors": ("error", "errors", "failing", "fails", "failed", "failure", "500", "5xx", "exception",
+               "crash", "down", "broken", "outage"),
+}
+_STOP = frozenset(
+    "why what whats how when where who which is are was were be been the a an our my your their its it "
+    "this that these those so very really too service services api app apps system prod production "
+    "slow down failing broken today now right currently suddenly since there here with for in on of to "
+    "from and or but not any some all getting seeing having being do does did can could should would "
+    "please tell me us explain check look happened happening going wrong issue issues problem problems "
+    "latency errors error p99 p95 hour hours minute minutes last past".split()
+)
+_PRODUCT_PATTERNS = (
+    re.compile(r"\b(?:is|are|was|were|does|did|has|have)\s+(?:the\s+|our\s+)?([a-z0-9][a-z0-9._-]*)"
+               r"(?:\s+(?:service|api|app))?\s+(?:so\s+|really\s+|very\s+)?(?:slow|down|failing|erroring|broken|"
+               r"timing|returning|throwing|lagging|having|seeing|degraded|unhealthy|flaky|erroring)"),
+    re.compile(r"\b([a-z0-9][a-z0-9._-]*)(?:\s+(?:service|api|app))?\s+(?:latency|errors?|p99|p95|outage|"
+               r"slowness|timeouts?|failures?)\b"),
+    # a lookahead, so "going on with the search service" can still match at "with"
+    re.compile(r"(?=\b(?:for|in|on|of|with|from|about)\s+(?:the\s+|our\s+)?([a-z0-9][a-z0-9._-]*))"),
+)
+_LAST = re.compile(r"\b(?:last|past)\s+(?:(\d+)\s*)?(m|min|mins|minutes?|h|hrs?|hours?|d|days?)\b")
+_SINCE = re.compile(r"\bsince\s+(\d{1,2}):(\d{2})\b")
+
+
+@dataclass(frozen=True, slots=True)
+class Intent:
+    product: str | None
+    symptoms: tuple[str, ...]   # "latency", "errors"; both when unclear
+    window: str                 # a time_range argument for the tools
+
+
+def _product(text: str) -> str | None:
+    for pattern in _PRODUCT_PATTERNS:
+        for match in pattern.finditer(text):
+            candidate = match.group(1).strip("._-")
+            if candidate and candidate not in _STOP and not candidate.isdigit():
+                return candidate
+    return None
+
+
+def _window(text: str) -> str:
+    last = _LAST.search(text)
+    if last:
+        unit = last.group(2)[0]
+        return f"last {last.group(1) or 1}{unit}"
+    since = _SINCE.search(text)
+    if since:
+        hour, minute = int(since.group(1)), int(since.group(2))
+        if hour < 24 and minute < 60:
+            start = datetime.now(UTC).replace(hour=hour, minute=minute, second=0, microsecond=0)
+            if start > datetime.now(UTC):
+                start -= timedelta(days=1)
+            return f"{start.strftime('%Y-%m-%dT%H:%M:%SZ')}/now"
+    return "last 3h"
+
+
+def read_question(question: str) -> Intent:
+    text = question.lower()
+    symptoms = tuple(name for name, words in SYMPTOM_WORDS.items() if any(w in text for w in words))
+    return Intent(product=_product(text), symptoms=symptoms or ("latency", "errors"), window=_window(text))

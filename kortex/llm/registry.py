@@ -1,0 +1,121 @@
+"""Provider registry: builds configured providers once per process and resolves model specs.
+
+A model spec is ``provider:model`` (``anthropic:claude-sonnet-4-6``), a bare provider name
+(its default model), or a bare model id that one configured provider offers.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kortex.config import ProviderSettings, Settings
+from kortex.errors import ConfigError, InvalidInput, ProviderError, ProviderUnavailable
+from kortex.llm.base import ModelInfo, Provider
+
+log = logging.getLogger(__name__)
+
+ProviderFactory = Callable[[str, ProviderSettings, Settings], Provider]
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderStatus:
+    name: str
+    available: bool
+    reason: str | None
+    models: tuple[ModelInfo, ...]
+    local: bool
+    synthetic: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    provider: Provider
+    model: ModelInfo
+
+    @property
+    def spec(self) -> str:
+        return f"{self.provider.name}:{self.model.id}"
+
+
+class ProviderRegistry:
+    def __init__(self, settings: Settings, factories: dict[str, ProviderFactory]) -> None:
+        self.settings = settings
+        self._factories = factories
+        self._providers: dict[str, Provider] = {}
+        self._unavailable: dict[str, str] = {}
+
+    def names(self) -> list[str]:
+        return list(self._factories)
+
+    def get(self, name: str) -> Provider:
+        if name in self._providers:
+            return self._providers[name]
+        if name in self._unavailable:
+            raise ProviderUnavailable(self._unavailable[name], provider=name)
+        factory = self._factories.get(name)
+        if factory is None:
+            raise ProviderUnavailable(f"no provider named {name!r}", provider=name)
+        config = self.settings.llm.providers.get(name, ProviderSettings())
+        if not config.enabled:
+            self._unavailable[name] = "disabled in configuration"
+            raise ProviderUnavailable(self._unavailable[name], provider=name)
+        try:
+            provider = factory(name, config, self.settings)
+        except ProviderUnavailable as exc:
+            self._unavailable[name] = exc.message
+            raise
+        except (ConfigError, ProviderError) as exc:
+            self._unavailable[name] = exc.message
+            raise ProviderUnavailable(exc.message, provider=name) from exc
+        self._providers[name] = provider
+        return provider
+
+    def status(self) -> list[ProviderStatus]:
+        out = []
+        for name in self._factories:
+            try:
+                provider = self.get(name)
+                out.append(ProviderStatus(name, True, None, tuple(provider.models()), provider.local,
+                                          provider.synthetic))
+            except ProviderError as exc:
+                out.append(ProviderStatus(name, False, exc.message, (), False, False))
+        return out
+
+    def resolve(self, spec: str | None) -> Resolved:
+        """Find the provider and model for ``spec`` (None: the configured default)."""
+        if not spec:
+            default = self.settings.llm.default_model
+            if default:
+                return self.resolve(default)
+            provider = self.get(self.settings.llm.default_provider)
+            return Resolved(provider, provider.model_info(self._configured_model(provider.name)))
+        name, sep, model_id = spec.partition(":")
+        if sep:
+            if not name:
+                raise InvalidInput(f"model {spec!r}: missing provider before ':'")
+            provider = self.get(name)
+            return Resolved(provider, provider.model_info(model_id or self._configured_model(name)))
+        if spec in self._factories:
+            provider = self.get(spec)
+            return Resolved(provider, provider.model_info(self._configured_model(spec)))
+        for candidate in self._factories:
+            try:
+                provider = self.get(candidate)
+            except ProviderError:
+                continue
+            if any(m.id == spec for m in provider.models()):
+                return Resolved(provider, provider.model_info(spec))
+        raise InvalidInput(f"unknown model {spec!r}; use provider:model, e.g. 'offline:analyst'")
+
+    def _configured_model(self, name: str) -> str | None:
+        config = self.settings.llm.providers.get(name)
+        return config.model if config else None
+
+    async def aclose(self) -> None:
+        for provider in self._providers.values():
+            try:
+                await provider.aclose()
+            except Exception:  # closing must never mask the shutdown reason
+                log.exception("closing provider %s failed", provider.name)

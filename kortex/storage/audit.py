@@ -1,0 +1,61 @@
+"""The append-only audit trail (``decisions``): one row per LLM call, tool call and decision."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from kortex.ids import uuid7
+from kortex.storage.schema import decisions
+from kortex.timeparse import utcnow
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    """One audit row. ``payload`` must already be redacted: no secrets, no raw prompts."""
+
+    tenant_id: str
+    kind: str
+    subject: str
+    ok: bool
+    payload: dict[str, Any]
+    session_id: str | None = None
+    turn_id: str | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+    latency_ms: int = 0
+    created_at: datetime = field(default_factory=utcnow)
+
+
+async def write_entries(conn: AsyncConnection, entries: Sequence[AuditEntry]) -> None:
+    if not entries:
+        return
+    await conn.execute(
+        decisions.insert(),
+        [
+            {
+                "id": uuid7(), "tenant_id": e.tenant_id, "kind": e.kind, "subject": e.subject[:200],
+                "ok": e.ok, "payload": e.payload, "session_id": e.session_id, "turn_id": e.turn_id,
+                "input_tokens": e.input_tokens, "output_tokens": e.output_tokens, "cost_usd": e.cost_usd,
+                "latency_ms": e.latency_ms, "created_at": e.created_at,
+            }
+            for e in entries
+        ],
+    )
+
+
+async def list_for_turn(conn: AsyncConnection, tenant_id: str, turn_id: str) -> list[dict[str, Any]]:
+    rows = (
+        await conn.execute(
+            select(decisions)
+            .where(decisions.c.tenant_id == tenant_id, decisions.c.turn_id == turn_id)
+            .order_by(decisions.c.created_at, decisions.c.id)
+        )
+    ).all()
+    return [dict(r._mapping) for r in rows]

@@ -1,0 +1,131 @@
+"""Chat sessions and their messages, always scoped by tenant."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select, tuple_
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from kortex.errors import NotFound
+from kortex.ids import uuid7
+from kortex.messages import AssistantMessage, Message, ToolCall, ToolMessage, ToolResult, UserMessage
+from kortex.storage.records import MessageRecord, SessionRecord
+from kortex.storage.schema import chat_messages, chat_sessions
+from kortex.timeparse import utcnow
+
+
+async def create_session(
+    conn: AsyncConnection, tenant_id: str, name: str, model: str | None = None
+) -> SessionRecord:
+    now = utcnow()
+    row = {
+        "id": uuid7(), "tenant_id": tenant_id, "name": name, "model": model, "turn_count": 0,
+        "input_tokens": 0, "output_tokens": 0, "cost_usd": 0.0, "created_at": now, "updated_at": now,
+    }
+    await conn.execute(chat_sessions.insert().values(**row))
+    return SessionRecord(**row)
+
+
+async def get_session(conn: AsyncConnection, tenant_id: str, session_id: str) -> SessionRecord:
+    row = (
+        await conn.execute(
+            select(chat_sessions).where(
+                chat_sessions.c.id == session_id, chat_sessions.c.tenant_id == tenant_id
+            )
+        )
+    ).first()
+    if row is None:
+        raise NotFound("session not found")
+    return SessionRecord.from_row(row)
+
+
+async def list_messages(
+    conn: AsyncConnection,
+    tenant_id: str,
+    session_id: str,
+    *,
+    after: tuple[int, int, int] | None = None,
+    limit: int = 100,
+) -> list[MessageRecord]:
+    """Messages in conversation order; ``after`` is the (turn_no, step, ord) of the last one seen."""
+    order = (chat_messages.c.turn_no, chat_messages.c.step, chat_messages.c.ord)
+    query = select(chat_messages).where(
+        chat_messages.c.tenant_id == tenant_id, chat_messages.c.session_id == session_id
+    )
+    if after is not None:
+        query = query.where(tuple_(*order) > tuple_(*after))
+    rows = (await conn.execute(query.order_by(*order).limit(limit))).all()
+    return [MessageRecord.from_row(r) for r in rows]
+
+
+async def load_history(
+    conn: AsyncConnection, tenant_id: str, session_id: str, *, limit: int
+) -> list[Message]:
+    """The conversation as the model sees it: the latest ``limit`` messages, oldest first.
+
+    The window never starts with a tool result whose call fell outside it (providers reject
+    orphaned results), so it is widened back to the preceding user message.
+    """
+    order = (chat_messages.c.turn_no.desc(), chat_messages.c.step.desc(), chat_messages.c.ord.desc())
+    rows = (
+        await conn.execute(
+            select(
+                chat_messages.c.role, chat_messages.c.content, chat_messages.c.tool_calls,
+                chat_messages.c.tool_call_id, chat_messages.c.tool_name, chat_messages.c.result,
+                chat_messages.c.is_error, chat_messages.c.error_code, chat_messages.c.truncated,
+            )
+            .where(chat_messages.c.tenant_id == tenant_id, chat_messages.c.session_id == session_id)
+            .order_by(*order)
+            .limit(limit)
+        )
+    ).all()
+    rows.reverse()
+    while rows and rows[0].role != "user":
+        rows.pop(0)
+    return [_to_message(r) for r in rows]
+
+
+def _to_message(row: Any) -> Message:
+    if row.role == "user":
+        return UserMessage(content=row.content)
+    if row.role == "assistant":
+        calls = tuple(ToolCall.model_validate(c) for c in (row.tool_calls or ()))
+        return AssistantMessage(content=row.content, tool_calls=calls)
+    return ToolMessage(
+        result=ToolResult(
+            call_id=row.tool_call_id or "", name=row.tool_name or "", content=row.result,
+            is_error=row.is_error, error_code=row.error_code, truncated=row.truncated,
+        )
+    )
+
+
+def message_row(
+    *,
+    tenant_id: str,
+    session_id: str,
+    turn_id: str,
+    turn_no: int,
+    step: int,
+    ord: int,
+    message: Message,
+) -> dict[str, Any]:
+    """The insert values for one message at its place in the conversation."""
+    row: dict[str, Any] = {
+        "id": uuid7(), "tenant_id": tenant_id, "session_id": session_id, "turn_id": turn_id,
+        "turn_no": turn_no, "step": step, "ord": ord, "role": message.role, "content": "",
+        "tool_calls": None, "tool_call_id": None, "tool_name": None, "result": None,
+        "is_error": False, "error_code": None, "truncated": False, "created_at": utcnow(),
+    }
+    if isinstance(message, UserMessage):
+        row["content"] = message.content
+    elif isinstance(message, AssistantMessage):
+        row["content"] = message.content
+        row["tool_calls"] = [c.model_dump(exclude_none=True) for c in message.tool_calls] or None
+    else:
+        result = message.result
+        row.update(
+            tool_call_id=result.call_id, tool_name=result.name, result=result.content,
+            is_error=result.is_error, error_code=result.error_code, truncated=result.truncated,
+        )
+    return row

@@ -1,0 +1,105 @@
+"""Typed rows handed out by the repositories."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from datetime import datetime
+from typing import Any, Self
+
+from sqlalchemy.engine import Row
+
+
+class _Record:
+    @classmethod
+    def from_row(cls, row: Row[Any]) -> Self:
+        mapping = row._mapping
+        return cls(**{f.name: mapping[f.name] for f in fields(cls) if f.name in mapping})  # type: ignore[call-arg, arg-type]
+
+
+@dataclass(frozen=True, slots=True)
+class TenantRecord(_Record):
+    id: str
+    name: str
+    disabled: bool
+    settings: dict[str, Any]
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRecord(_Record):
+    id: str
+    tenant_id: str
+    name: str
+    model: str | None
+    turn_count: int
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float
+    created_at: datetime
+    updated_at: datetime
+
+
+TERMINAL = frozenset({"done", "failed"})
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRecord(_Record):
+    id: str
+    tenant_id: str
+    session_id: str
+    turn_no: int
+    status: str
+    step: int
+    pending_tools: int
+    model: str | None
+    model_used: str | None
+    error: dict[str, Any] | None
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float
+    deadline_at: datetime
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+
+    @property
+    def finished(self) -> bool:
+        return self.status in TERMINAL
+
+
+@dataclass(frozen=True, slots=True)
+class MessageRecord(_Record):
+    id: str
+    session_id: str
+    turn_id: str
+    turn_no: int
+    step: int
+    ord: int
+    role: str
+    content: str
+    tool_calls: list[dict[str, Any]] | None
+    tool_call_id: str | None
+    tool_name: str | None
+    result: Any
+    is_error: bool
+    error_code: str | None
+    truncated: bool
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class InvocationRecord(_Record):
+    id: str
+    tenant_id: str
+    session_id: str
+    turn_id: str
+    turn_no: int
+    step: int
+    idx: int
+    call_id: str
+    name: str
+    arguments: dict[str, Any]
+    arguments_error: str | None
+    status: str
+    attempts: int
+    deadline_at: datetime | None

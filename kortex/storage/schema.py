@@ -1,0 +1,229 @@
+"""Table definitions. Every table carries ``tenant_id``; every query filters on it."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    Boolean,
+    Column,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+
+from kortex.storage.types import BigIntPK, JSONType, UTCDateTime, UUIDStr
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+
+def _tenant(ondelete: str | None = "CASCADE") -> Column:
+    return Column("tenant_id", UUIDStr(), ForeignKey("tenants.id", ondelete=ondelete), nullable=False)
+
+
+tenants = Table(
+    "tenants",
+    metadata,
+    Column("id", UUIDStr(), primary_key=True),
+    Column("name", String(200), nullable=False, unique=True),
+    Column("disabled", Boolean, nullable=False, default=False),
+    Column("settings", JSONType, nullable=False, default=dict),
+    Column("created_at", UTCDateTime(), nullable=False),
+)
+
+api_keys = Table(
+    "api_keys",
+    metadata,
+    Column("id", UUIDStr(), primary_key=True),
+    _tenant(),
+    Column("key_id", String(32), nullable=False, unique=True),  # public part of the key, for lookup
+    Column("secret_hash", String(64), nullable=False),          # sha256 of the secret part
+    Column("name", String(200), nullable=False, default="default"),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("revoked_at", UTCDateTime(), nullable=True),
+)
+
+chat_sessions = Table(
+    "chat_sessions",
+    metadata,
+    Column("id", UUIDStr(), primary_key=True),
+    _tenant(),
+    Column("name", String(200), nullable=False),
+    Column("model", String(200), nullable=True),
+    Column("turn_count", Integer, nullable=False, default=0),
+    Column("input_tokens", Integer, nullable=False, default=0),
+    Column("output_tokens", Integer, nullable=False, default=0),
+    Column("cost_usd", Float, nullable=False, default=0.0),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("updated_at", UTCDateTime(), nullable=False),
+    Index(None, "tenant_id", "created_at"),
+)
+
+turns = Table(
+    "turns",
+    metadata,
+    Column("id", UUIDStr(), primary_key=True),
+    _tenant(),
+    Column("session_id", UUIDStr(), ForeignKey("chat_sessions.id", ondelete="CASCADE"), nullable=False),
+    Column("turn_no", Integer, nullable=False),
+    # queued -> running -> (waiting_tools -> queued -> running)* -> done | failed
+    Column("status", String(20), nullable=False),
+    Column("step", Integer, nullable=False, default=0),
+    Column("pending_tools", Integer, nullable=False, default=0),
+    Column("model", String(200), nullable=True),       # what the caller asked for
+    Column("model_used", String(200), nullable=True),  # provider:model that answered last
+    Column("idempotency_key", String(200), nullable=True),
+    Column("request_hash", String(64), nullable=True),
+    Column("error", JSONType, nullable=True),
+    Column("input_tokens", Integer, nullable=False, default=0),
+    Column("output_tokens", Integer, nullable=False, default=0),
+    Column("cost_usd", Float, nullable=False, default=0.0),
+    Column("deadline_at", UTCDateTime(), nullable=False),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("updated_at", UTCDateTime(), nullable=False),
+    Column("finished_at", UTCDateTime(), nullable=True),
+    UniqueConstraint("session_id", "turn_no"),
+    UniqueConstraint("tenant_id", "idempotency_key"),
+    Index(None, "status", "updated_at"),
+    Index(None, "tenant_id", "status"),
+)
+
+chat_messages = Table(
+    "chat_messages",
+    metadata,
+    Column("id", UUIDStr(), primary_key=True),
+    _tenant(),
+    Column("session_id", UUIDStr(), ForeignKey("chat_sessions.id", ondelete="CASCADE"), nullable=False),
+    Column("turn_id", UUIDStr(), ForeignKey("turns.id", ondelete="CASCADE"), nullable=False),
+    # (turn_no, step, ord) orders a session's conversation and makes every write idempotent:
+    # user message (n, -1, 0); assistant at step s (n, s, 0); result of call i at step s (n, s, i+1).
+    Column("turn_no", Integer, nullable=False),
+    Column("step", Integer, nullable=False),
+    Column("ord", Integer, nullable=False),
+    Column("role", String(16), nullable=False),
+    Column("content", Text, nullable=False, default=""),
+    Column("tool_calls", JSONType, nullable=True),
+    Column("tool_call_id", String(200), nullable=True),
+    Column("tool_name", String(200), nullable=True),
+    Column("result", JSONType, nullable=True),
+    Column("is_error", Boolean, nullable=False, default=False),
+    Column("error_code", String(40), nullable=True),
+    Column("truncated", Boolean, nullable=False, default=False),
+    Column("created_at", UTCDateTime(), nullable=False),
+    UniqueConstraint("session_id", "turn_no", "step", "ord"),
+    Index(None, "tenant_id", "session_id", "turn_no"),
+)
+
+tool_invocations = Table(
+    "tool_invocations",
+    metadata,
+    Column("id", UUIDStr(), primary_key=True),
+    _tenant(),
+    Column("session_id", UUIDStr(), ForeignKey("chat_sessions.id", ondelete="CASCADE"), nullable=False),
+    Column("turn_id", UUIDStr(), ForeignKey("turns.id", ondelete="CASCADE"), nullable=False),
+    Column("turn_no", Integer, nullable=False),
+    Column("step", Integer, nullable=False),
+    Column("idx", Integer, nullable=False),
+    Column("call_id", String(200), nullable=False),
+    Column("name", String(200), nullable=False),
+    Column("arguments", JSONType, nullable=False),
+    Column("arguments_error", String(500), nullable=True),
+    Column("status", String(16), nullable=False),  # pending -> running -> done
+    Column("is_error", Boolean, nullable=False, default=False),
+    Column("error_code", String(40), nullable=True),
+    Column("truncated", Boolean, nullable=False, default=False),
+    Column("elapsed_ms", Integer, nullable=False, default=0),
+    Column("attempts", Integer, nullable=False, default=0),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("enqueued_at", UTCDateTime(), nullable=False),  # last hand-off to the queue
+    Column("started_at", UTCDateTime(), nullable=True),
+    Column("deadline_at", UTCDateTime(), nullable=True),
+    Column("finished_at", UTCDateTime(), nullable=True),
+    UniqueConstraint("turn_id", "call_id"),
+    Index(None, "status", "enqueued_at"),
+)
+
+# Append-only audit trail: one row per LLM call, tool call and proposal decision. Database
+# triggers (see the migration) reject UPDATE and DELETE.
+decisions = Table(
+    "decisions",
+    metadata,
+    Column("id", UUIDStr(), primary_key=True),
+    _tenant(ondelete=None),  # audit outlives nothing: a tenant with history is disabled, not deleted
+    Column("kind", String(32), nullable=False),  # llm_call | tool_call | proposal | ...
+    Column("session_id", UUIDStr(), nullable=True),
+    Column("turn_id", UUIDStr(), nullable=True),
+    Column("subject", String(200), nullable=False),  # tool name, provider:model, proposal action
+    Column("ok", Boolean, nullable=False),
+    Column("payload", JSONType, nullable=False),
+    Column("input_tokens", Integer, nullable=False, default=0),
+    Column("output_tokens", Integer, nullable=False, default=0),
+    Column("cost_usd", Float, nullable=False, default=0.0),
+    Column("latency_ms", Integer, nullable=False, default=0),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Index(None, "tenant_id", "created_at"),
+    Index(None, "turn_id"),
+)
+
+# ---- embedded telemetry store -------------------------------------------------------------
+
+telemetry_logs = Table(
+    "telemetry_logs",
+    metadata,
+    Column("id", BigIntPK, primary_key=True, autoincrement=True),
+    _tenant(),
+    Column("product", String(200), nullable=False),
+    Column("ts", UTCDateTime(), nullable=False),
+    Column("severity", Integer, nullable=False),  # 10 debug .. 50 fatal, for "at least" filters
+    Column("level", String(10), nullable=False),
+    Column("host", String(200), nullable=False, default=""),
+    Column("message", Text, nullable=False),
+    Column("trace_id", String(64), nullable=True),
+    Column("attrs", JSONType, nullable=True),
+    Index(None, "tenant_id", "product", "ts"),
+)
+
+telemetry_metrics = Table(
+    "telemetry_metrics",
+    metadata,
+    Column("id", BigIntPK, primary_key=True, autoincrement=True),
+    _tenant(),
+    Column("product", String(200), nullable=False),
+    Column("metric", String(200), nullable=False),
+    Column("labels", JSONType, nullable=False, default=dict),
+    Column("ts", UTCDateTime(), nullable=False),
+    Column("value", Float, nullable=False),
+    Column("unit", String(32), nullable=True),
+    Index(None, "tenant_id", "product", "metric", "ts"),
+)
+
+telemetry_deploys = Table(
+    "telemetry_deploys",
+    metadata,
+    Column("id", BigIntPK, primary_key=True, autoincrement=True),
+    _tenant(),
+    Column("product", String(200), nullable=False),
+    Column("ts", UTCDateTime(), nullable=False),
+    Column("version", String(100), nullable=False),
+    Column("actor", String(200), nullable=False, default=""),
+    Column("host", String(200), nullable=False, default=""),
+    Column("duration_s", Float, nullable=True),
+    Column("status", String(20), nullable=False, default="ok"),
+    Column("commit", String(64), nullable=True),
+    Column("rolled_back", Boolean, nullable=False, default=False),
+    Index(None, "tenant_id", "product", "ts"),
+)
+
+TENANT_TABLES = tuple(t for t in metadata.sorted_tables if "tenant_id" in t.c)

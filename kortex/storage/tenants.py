@@ -1,0 +1,81 @@
+"""Tenants and their API keys. Keys are stored as a public id plus the SHA-256 of the secret."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from kortex.errors import AuthError, Conflict, InvalidInput
+from kortex.ids import new_api_key_parts, uuid7
+from kortex.storage.records import TenantRecord
+from kortex.storage.schema import api_keys, tenants
+from kortex.timeparse import utcnow
+
+_KEY = re.compile(r"^kx_([0-9a-f]{12})_([A-Za-z0-9]{20,80})$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._-]{0,199}$")
+
+
+def hash_secret(secret: str) -> str:
+    # The secret is 240 random bits, so a plain digest is as strong as a slow KDF here and
+    # keeps authentication cheap on every request.
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class IssuedKey:
+    tenant_id: str
+    key_id: str
+    key: str  # shown once, never stored
+
+
+async def create_tenant(conn: AsyncConnection, name: str) -> TenantRecord:
+    name = name.strip()
+    if not _NAME.match(name):
+        raise InvalidInput("tenant name: 1-200 letters, digits, spaces or ._- starting with a letter or digit")
+    exists = await conn.scalar(select(tenants.c.id).where(tenants.c.name == name))
+    if exists:
+        raise Conflict(f"tenant {name!r} already exists", code="tenant_exists")
+    row = {"id": uuid7(), "name": name, "disabled": False, "settings": {}, "created_at": utcnow()}
+    await conn.execute(tenants.insert().values(**row))
+    return TenantRecord(**row)
+
+
+async def get_tenant_by_name(conn: AsyncConnection, name: str) -> TenantRecord | None:
+    row = (await conn.execute(select(tenants).where(tenants.c.name == name))).first()
+    return TenantRecord.from_row(row) if row else None
+
+
+async def issue_api_key(conn: AsyncConnection, tenant_id: str, name: str = "default") -> IssuedKey:
+    key_id, secret = new_api_key_parts()
+    await conn.execute(
+        api_keys.insert().values(
+            id=uuid7(), tenant_id=tenant_id, key_id=key_id, secret_hash=hash_secret(secret),
+            name=name[:200], created_at=utcnow(),
+        )
+    )
+    return IssuedKey(tenant_id=tenant_id, key_id=key_id, key=f"kx_{key_id}_{secret}")
+
+
+async def authenticate(conn: AsyncConnection, key: str) -> TenantRecord:
+    """Return the tenant owning ``key``; every failure looks the same to the caller."""
+    match = _KEY.match(key or "")
+    if not match:
+        raise AuthError("invalid API key")
+    key_id, secret = match.groups()
+    row = (
+        await conn.execute(
+            select(api_keys.c.secret_hash, api_keys.c.revoked_at, tenants)
+            .join(tenants, tenants.c.id == api_keys.c.tenant_id)
+            .where(api_keys.c.key_id == key_id)
+        )
+    ).first()
+    expected = row.secret_hash if row else hash_secret("x")  # compare anyway: no timing hint
+    ok = hmac.compare_digest(expected, hash_secret(secret))
+    if not row or not ok or row.revoked_at is not None or row.disabled:
+        raise AuthError("invalid API key")
+    return TenantRecord.from_row(row)

@@ -1,0 +1,157 @@
+"""Parse the time expressions models and operators write: ISO 8601 instants, durations and
+intervals, and relative forms such as "last 30m", "1 hour ago", "yesterday", "PT30M".
+
+All results are timezone-aware UTC datetimes. Bad input raises ``InvalidInput`` with a
+message a model can act on.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+
+from kortex.errors import InvalidInput
+
+_UNITS = {
+    "s": 1, "sec": 1, "secs": 1, "second": 1, "seconds": 1,
+    "m": 60, "min": 60, "mins": 60, "minute": 60, "minutes": 60,
+    "h": 3600, "hr": 3600, "hrs": 3600, "hour": 3600, "hours": 3600,
+    "d": 86400, "day": 86400, "days": 86400,
+    "w": 604800, "week": 604800, "weeks": 604800,
+}
+_SHORT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*$")
+_ISO_DURATION = re.compile(
+    r"^P(?:(?P<w>\d+(?:\.\d+)?)W)?(?:(?P<d>\d+(?:\.\d+)?)D)?"
+    r"(?:T(?:(?P<h>\d+(?:\.\d+)?)H)?(?:(?P<m>\d+(?:\.\d+)?)M)?(?:(?P<s>\d+(?:\.\d+)?)S)?)?$"
+)
+_AGO = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s+ago\s*$")
+_LAST = re.compile(r"^\s*(?:last|past|previous)\s+(?:(\d+(?:\.\d+)?)\s*)?([a-z]+)\s*$")
+
+MAX_SPAN = timedelta(days=366)
+
+EXAMPLES = "'last 30m', '1 hour ago', 'yesterday', 'PT30M', '2026-04-07T14:00:00Z/PT30M'"
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def ensure_utc(value: datetime) -> datetime:
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def parse_duration(text: str) -> timedelta:
+    """ISO 8601 duration (``PT30M``, ``P1DT2H``, ``P2W``) or short form (``30m``, ``2 hours``)."""
+    raw = text.strip()
+    if not raw:
+        raise InvalidInput("empty duration")
+    match = _ISO_DURATION.match(raw.upper())
+    if match and raw.upper() not in ("P", "PT"):
+        parts = {k: float(v) for k, v in match.groupdict().items() if v}
+        if not parts:
+            raise InvalidInput(f"invalid ISO 8601 duration {text!r}")
+        seconds = (
+            parts.get("w", 0) * 604800 + parts.get("d", 0) * 86400 + parts.get("h", 0) * 3600
+            + parts.get("m", 0) * 60 + parts.get("s", 0)
+        )
+        return _checked(timedelta(seconds=seconds), text)
+    short = _SHORT.match(raw.lower())
+    if short and short.group(2) in _UNITS:
+        return _checked(timedelta(seconds=float(short.group(1)) * _UNITS[short.group(2)]), text)
+    raise InvalidInput(f"invalid duration {text!r}; use e.g. 'PT30M', '30m', '2 hours'")
+
+
+def _checked(delta: timedelta, text: str) -> timedelta:
+    if delta <= timedelta(0):
+        raise InvalidInput(f"duration {text!r} must be positive")
+    if delta > MAX_SPAN:
+        raise InvalidInput(f"duration {text!r} is longer than {MAX_SPAN.days} days")
+    return delta
+
+
+def _start_of_day(moment: datetime) -> datetime:
+    return moment.replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+def parse_instant(text: str, *, now: datetime | None = None) -> datetime:
+    """An ISO 8601 instant or a relative one: ``now``, ``today``, ``yesterday``, ``3 hours ago``."""
+    now = ensure_utc(now or utcnow())
+    raw = text.strip()
+    low = raw.lower()
+    if low == "now":
+        return now
+    if low == "today":
+        return _start_of_day(now)
+    if low == "yesterday":
+        return _start_of_day(now) - timedelta(days=1)
+    ago = _AGO.match(low)
+    if ago:
+        unit = ago.group(2)
+        if unit not in _UNITS:
+            raise InvalidInput(f"unknown time unit {unit!r} in {text!r}")
+        return now - _checked(timedelta(seconds=float(ago.group(1)) * _UNITS[unit]), text)
+    try:
+        parsed = datetime.fromisoformat(raw.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise InvalidInput(f"invalid time {text!r}; use ISO 8601 or e.g. {EXAMPLES}") from None
+    return ensure_utc(parsed)
+
+
+def parse_range(text: str, *, now: datetime | None = None) -> tuple[datetime, datetime]:
+    """A time window ``(start, end)`` from an ISO interval or a relative expression.
+
+    Forms: ``start/end``, ``start/PT30M``, ``PT30M/end``, ``PT30M`` (the last 30 minutes),
+    ``last 30m``, ``last hour``, ``yesterday``, ``today``, ``1 hour ago`` (from then until now).
+    """
+    now = ensure_utc(now or utcnow())
+    raw = (text or "").strip()
+    if not raw:
+        raise InvalidInput(f"empty time range; use e.g. {EXAMPLES}")
+    low = raw.lower()
+    if "/" in raw:
+        left, _, right = raw.partition("/")
+        left_is_dur = left.strip().upper().startswith("P")
+        right_is_dur = right.strip().upper().startswith("P")
+        if left_is_dur and right_is_dur:
+            raise InvalidInput(f"interval {text!r} needs at least one instant")
+        if left_is_dur:
+            end = parse_instant(right, now=now)
+            start = end - parse_duration(left)
+        elif right_is_dur:
+            start = parse_instant(left, now=now)
+            end = start + parse_duration(right)
+        else:
+            start, end = parse_instant(left, now=now), parse_instant(right, now=now)
+        return _ordered(start, end, text)
+    if low == "yesterday":
+        start = _start_of_day(now) - timedelta(days=1)
+        return start, start + timedelta(days=1)
+    if low == "today":
+        return _start_of_day(now), now
+    last = _LAST.match(low)
+    if last:
+        amount, unit = last.group(1) or "1", last.group(2)
+        if unit not in _UNITS:
+            raise InvalidInput(f"unknown time unit {unit!r} in {text!r}")
+        return now - _checked(timedelta(seconds=float(amount) * _UNITS[unit]), text), now
+    if raw.upper().startswith("P"):
+        return now - parse_duration(raw), now
+    if _AGO.match(low) or low == "now":
+        return _ordered(parse_instant(raw, now=now), now, text)
+    try:
+        return _ordered(parse_instant(raw, now=now), now, text)
+    except InvalidInput:
+        raise InvalidInput(f"invalid time range {text!r}; use e.g. {EXAMPLES}") from None
+
+
+def _ordered(start: datetime, end: datetime, text: str) -> tuple[datetime, datetime]:
+    if end <= start:
+        raise InvalidInput(f"time range {text!r} ends before it starts")
+    if end - start > MAX_SPAN:
+        raise InvalidInput(f"time range {text!r} is longer than {MAX_SPAN.days} days")
+    return start, end
+
+
+def isoformat(moment: datetime) -> str:
+    """RFC 3339 with millisecond precision and a ``Z`` suffix, as the tool schemas show."""
+    return ensure_utc(moment).isoformat(timespec="milliseconds").replace("+00:00", "Z")

@@ -1,0 +1,95 @@
+"""get_logs: log lines of a product in a time window, newest first, 100 a page (rfc-005 §6.2.1)."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import Field
+
+from kortex.errors import InvalidInput
+from kortex.telemetry.sources import MAX_LOG_PAGE, LogQuery
+from kortex.timeparse import ensure_utc, isoformat
+from kortex.tools.builtin.common import Product, TimeRange, cursors, window
+from kortex.tools.spec import ToolContext, ToolInput, ToolSpec
+
+
+class GetLogsInput(ToolInput):
+    product: Product
+    time_range: TimeRange
+    query: str | None = Field(None, max_length=500, description="Text the log message must contain, optional")
+    level: Literal["debug", "info", "warn", "error", "fatal"] | None = Field(
+        None, description="Optional minimum severity")
+    limit: int = Field(MAX_LOG_PAGE, ge=1, le=MAX_LOG_PAGE, description="Lines per page, at most 100")
+    cursor: str | None = Field(None, max_length=4000,
+                               description="Opaque cursor returned by a prior call. Omit on the first page.")
+
+
+def _bind(args: GetLogsInput, ctx: ToolContext) -> dict[str, Any]:
+    return {"tool": "get_logs", "tenant": ctx.tenant_id, "product": args.product, "range": args.time_range,
+            "query": args.query, "level": args.level}
+
+
+def _cursor(ctx: ToolContext, args: GetLogsInput, start: datetime, end: datetime, last: tuple[str, int]) -> str:
+    # The window is pinned in the cursor: "last 30m" must mean the same span on every page.
+    return cursors(ctx).encode({"s": isoformat(start), "e": isoformat(end), "ts": last[0], "id": last[1]},
+                               _bind(args, ctx))
+
+
+async def run(args: GetLogsInput, ctx: ToolContext) -> dict[str, Any]:
+    started = time.monotonic()
+    before = None
+    if args.cursor:
+        pos = cursors(ctx).decode(args.cursor, _bind(args, ctx))
+        try:
+            start, end = ensure_utc(datetime.fromisoformat(pos["s"])), ensure_utc(datetime.fromisoformat(pos["e"]))
+            before = (ensure_utc(datetime.fromisoformat(pos["ts"])), int(pos["id"]))
+        except (KeyError, TypeError, ValueError):
+            raise InvalidInput("cursor is not valid; omit it to start from the first page") from None
+    else:
+        start, end = window(args.time_range, ctx)
+    page = await ctx.sources.logs.query_logs(
+        ctx.tenant_id,
+        LogQuery(product=args.product, start=start, end=end, text=args.query, min_level=args.level,
+                 limit=args.limit, before=before),
+    )
+    keys = [(isoformat(line.ts), line.id) for line in page.lines]
+    result: dict[str, Any] = {
+        "lines": [{"ts": isoformat(line.ts), "level": line.level, "host": line.host, "message": line.message}
+                  for line in page.lines],
+        "truncated": False,
+        "total_matches": page.total_matches,
+        "query_latency_ms": int((time.monotonic() - started) * 1000),
+        "_keys": keys,
+        "_window": (isoformat(start), isoformat(end)),
+    }
+    if page.has_more and keys:
+        result["next_cursor"] = _cursor(ctx, args, start, end, keys[-1])
+    return result
+
+
+def on_truncate(result: dict[str, Any], args: GetLogsInput, kept: int, ctx: ToolContext) -> dict[str, Any]:
+    """The output cap dropped lines: the next page starts right after the last line kept."""
+    keys = result.get("_keys") or []
+    if kept and kept <= len(keys):
+        start, end = (ensure_utc(datetime.fromisoformat(v)) for v in result["_window"])
+        result["next_cursor"] = _cursor(ctx, args, start, end, tuple(keys[kept - 1]))  # type: ignore[arg-type]
+    return result
+
+
+SPEC = ToolSpec(
+    name="get_logs",
+    description=(
+        "Query log entries of a product within a time range. Returns up to 100 lines, newest first, "
+        "with total_matches. When next_cursor is present, call again with the same arguments plus "
+        "cursor to fetch the next page."
+    ),
+    input_model=GetLogsInput,
+    run=run,
+    category="query",
+    redact=("lines[].ts", "lines[].level", "lines[].host", "lines[].message", "truncated", "total_matches",
+            "next_cursor", "query_latency_ms"),
+    list_field="lines",
+    on_truncate=on_truncate,
+)

@@ -1,0 +1,63 @@
+"""get_metrics: a metric series of a product with summary statistics (rfc-005 §6.2.2)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from kortex.telemetry.sources import MetricQuery, downsample
+from kortex.timeparse import isoformat, parse_duration
+from kortex.tools.builtin.common import MetricName, Product, TimeRange, stats, window
+from kortex.tools.spec import ToolContext, ToolInput, ToolSpec
+
+MAX_POINTS = 500
+
+
+class GetMetricsInput(ToolInput):
+    product: Product
+    metric_name: MetricName
+    time_range: TimeRange
+    labels: dict[str, str] | None = Field(None, description="Label filters, e.g. {\"route\": \"/pay\"}")
+    step: str | None = Field(None, max_length=20, description="Resolution, e.g. '1m', '5m', '1h'")
+
+
+async def run(args: GetMetricsInput, ctx: ToolContext) -> dict[str, Any]:
+    start, end = window(args.time_range, ctx)
+    span = (end - start).total_seconds()
+    step_s = parse_duration(args.step).total_seconds() if args.step else None
+    if step_s is not None:
+        step_s = max(step_s, span / MAX_POINTS)
+    series = await ctx.sources.metrics.query_metric(
+        ctx.tenant_id,
+        MetricQuery(product=args.product, metric=args.metric_name, start=start, end=end,
+                    labels=args.labels or {}, step_s=step_s),
+    )
+    samples = series.samples
+    if len(samples) > MAX_POINTS:  # never more than MAX_POINTS points, whatever the source holds
+        step_s = span / MAX_POINTS
+        samples = downsample(samples, step_s)
+    result: dict[str, Any] = {
+        "samples": [{"ts": isoformat(s.ts), "value": round(s.value, 6)} for s in samples],
+        "stats": stats([s.value for s in series.samples]),
+        "unit": series.unit,
+        "step_s": step_s,
+        "truncated": False,
+    }
+    if not samples:
+        result["available_metrics"] = (await ctx.sources.metrics.list_metrics(ctx.tenant_id, args.product))[:50]
+    return result
+
+
+SPEC = ToolSpec(
+    name="get_metrics",
+    description=(
+        "Query a named metric of a product within a time range. Returns the time series (at most 500 "
+        "points) and min/max/mean/p50/p95/p99. When the metric has no data, lists the metrics that exist."
+    ),
+    input_model=GetMetricsInput,
+    run=run,
+    category="query",
+    redact=("samples[].ts", "samples[].value", "stats", "unit", "step_s", "truncated", "available_metrics"),
+    list_field="samples",
+)

@@ -1,0 +1,64 @@
+"""Bound a tool result to a byte budget, flagging ``truncated`` instead of cutting silently."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from kortex.tools.spec import ToolSpec
+
+_MIN_STRING = 200
+
+
+def encoded_size(value: Any) -> int:
+    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str).encode())
+
+
+def cap_result(
+    result: dict[str, Any], spec: ToolSpec, limit: int, args: Any = None, ctx: Any = None
+) -> tuple[dict[str, Any], bool]:
+    """Return ``(result, truncated)``; the result fits in ``limit`` bytes of compact JSON."""
+    if encoded_size(result) <= limit:
+        return result, bool(result.get("truncated", False))
+    out = dict(result)
+    field = spec.list_field or _largest_list(out)
+    if field and isinstance(out.get(field), list):
+        items = out[field]
+        lo, hi = 0, len(items)
+        while lo < hi:  # the most items that still fit
+            mid = (lo + hi + 1) // 2
+            trial = {**out, field: items[:mid], "truncated": True}
+            if encoded_size(trial) <= limit:
+                lo = mid
+            else:
+                hi = mid - 1
+        out[field] = items[:lo]
+        out["truncated"] = True
+        if spec.on_truncate is not None:
+            out = spec.on_truncate(out, args, lo, ctx)
+        if encoded_size(out) <= limit:
+            return out, True
+    # Still too big: long strings are the remaining suspects.
+    budget = max(_MIN_STRING, limit // 8)
+    while budget >= _MIN_STRING:
+        out = _shorten_strings(out, budget)
+        out["truncated"] = True
+        if encoded_size(out) <= limit:
+            return out, True
+        budget //= 2
+    return {"truncated": True, "error": "result too large to return", "size_limit_bytes": limit}, True
+
+
+def _largest_list(result: dict[str, Any]) -> str | None:
+    lists = [(encoded_size(v), k) for k, v in result.items() if isinstance(v, list) and v]
+    return max(lists)[1] if lists else None
+
+
+def _shorten_strings(value: Any, budget: int) -> Any:
+    if isinstance(value, str) and len(value) > budget:
+        return value[:budget] + "…[truncated]"
+    if isinstance(value, dict):
+        return {k: _shorten_strings(v, budget) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_shorten_strings(v, budget) for v in value]
+    return value

@@ -1,0 +1,186 @@
+"""The one path every tool call takes:
+
+    lookup -> policy (deny by default) -> arguments (JSON, then the input model)
+           -> run with the tool's timeout (progress note past the interim threshold)
+           -> cap output -> redact (allowlist + secret scrub) -> audit entry -> ToolResult
+
+Nothing raises out of ``ToolPipeline.run``: every failure is an ``is_error`` result with a
+code (``policy_denied``, ``invalid_json``, ``validation``, ``timeout``, ``upstream``,
+``internal``) and a message the model can act on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from pydantic import ValidationError
+
+from kortex.errors import InvalidInput, ToolError, ToolTimeout, UpstreamError
+from kortex.messages import ToolCall, ToolResult
+from kortex.redaction import scrub
+from kortex.storage.audit import AuditEntry
+from kortex.tools.capping import cap_result, encoded_size
+from kortex.tools.policy import ToolPolicy
+from kortex.tools.registry import ToolRegistry
+from kortex.tools.spec import ToolContext, ToolSpec
+
+log = logging.getLogger(__name__)
+
+ProgressHook = Callable[[ToolCall, int], Awaitable[None]]
+
+
+def _format_elapsed(seconds: float) -> str:
+    whole = int(seconds)
+    minutes, secs = divmod(whole, 60)
+    return f"{minutes}m{secs}s" if minutes else f"{seconds:.1f}s"
+
+
+def _validation_message(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:8]:
+        where = ".".join(str(p) for p in err.get("loc", ())) or "arguments"
+        parts.append(f"{where}: {err.get('msg', 'invalid')}")
+    return "; ".join(parts)
+
+
+class ToolPipeline:
+    def __init__(
+        self,
+        registry: ToolRegistry,
+        policy: ToolPolicy,
+        *,
+        result_cap_bytes: int = 64 * 1024,
+        timeouts: dict[str, float] | None = None,
+        progress_after: float = 30.0,
+    ) -> None:
+        self.registry = registry
+        self.policy = policy
+        self.result_cap_bytes = result_cap_bytes
+        self.timeouts = dict(timeouts or {})
+        self.progress_after = progress_after
+
+    def timeout_for(self, spec: ToolSpec) -> float:
+        return spec.timeout(self.timeouts.get(spec.name))
+
+    def limits_for(self, name: str) -> tuple[float, float]:
+        """(timeout, hard ceiling) for a tool name; unknown tools get the smallest category."""
+        spec = self.registry.get(name)
+        if spec is None:
+            return 5.0, 30.0
+        return self.timeout_for(spec), spec.limits.max_timeout
+
+    async def run(
+        self,
+        call: ToolCall,
+        ctx: ToolContext,
+        *,
+        policy: ToolPolicy | None = None,
+        audit: list[AuditEntry] | None = None,
+        on_progress: ProgressHook | None = None,
+    ) -> ToolResult:
+        started = time.monotonic()
+        policy = policy or self.policy
+        spec = self.registry.get(call.name)
+        args: Any = None
+        try:
+            if spec is None or policy.decide(spec) != "allow":
+                # Unknown and disallowed look alike: the model learns nothing about hidden tools.
+                return self._finish(call, ctx, spec, started, audit, error=(
+                    "policy_denied", f"tool {call.name!r} is not available in this session"))
+            if call.arguments_error:
+                return self._finish(call, ctx, spec, started, audit, error=(
+                    "invalid_json", "Invalid tool arguments JSON: send a JSON object matching the schema"))
+            try:
+                args = spec.input_model.model_validate(call.arguments)
+            except ValidationError as exc:
+                return self._finish(call, ctx, spec, started, audit,
+                                    error=("validation", _validation_message(exc)))
+            timeout = self.timeout_for(spec)
+            raw = await self._run_with_timeout(spec, args, ctx, timeout, call, on_progress)
+            if not isinstance(raw, dict):
+                raise TypeError(f"tool {spec.name} returned {type(raw).__name__}, not a dict")
+            capped, truncated = cap_result(raw, spec, self.result_cap_bytes, args, ctx)
+            content = spec.allowlist.apply(capped)
+            if truncated:
+                content["truncated"] = True
+            return self._finish(call, ctx, spec, started, audit, content=content, truncated=truncated)
+        except ToolTimeout:
+            elapsed = time.monotonic() - started
+            return self._finish(call, ctx, spec, started, audit, error=("timeout", "tool timed out"),
+                                content={"error": "tool_timeout", "elapsed": _format_elapsed(elapsed),
+                                         "tool": call.name})
+        except InvalidInput as exc:
+            return self._finish(call, ctx, spec, started, audit, error=("validation", exc.message))
+        except UpstreamError as exc:
+            return self._finish(call, ctx, spec, started, audit, error=("upstream", exc.message))
+        except ToolError as exc:
+            return self._finish(call, ctx, spec, started, audit, error=(exc.code, exc.message))
+        except Exception:  # a bug in a tool must not end the turn
+            log.exception("tool %s failed (call %s)", call.name, call.id)
+            return self._finish(call, ctx, spec, started, audit, error=("internal", "internal error"))
+
+    async def _run_with_timeout(
+        self, spec: ToolSpec, args: Any, ctx: ToolContext, timeout: float, call: ToolCall,
+        on_progress: ProgressHook | None,
+    ) -> Any:
+        task = asyncio.ensure_future(spec.run(args, ctx))
+        deadline = time.monotonic() + timeout
+        try:
+            if on_progress is not None and self.progress_after < timeout:
+                done, _ = await asyncio.wait({task}, timeout=self.progress_after)
+                if not done:
+                    try:
+                        await on_progress(call, int(self.progress_after * 1000))
+                    except Exception:  # a lost progress note is not worth failing the call
+                        log.warning("progress note for %s failed", call.id, exc_info=True)
+            remaining = max(0.0, deadline - time.monotonic())
+            return await asyncio.wait_for(asyncio.shield(task), remaining)
+        except TimeoutError:
+            task.cancel()
+            raise ToolTimeout(f"{spec.name} exceeded {timeout:.1f}s") from None
+        finally:
+            if not task.done():
+                task.cancel()
+
+    def _finish(
+        self,
+        call: ToolCall,
+        ctx: ToolContext,
+        spec: ToolSpec | None,
+        started: float,
+        audit: list[AuditEntry] | None,
+        *,
+        content: Any = None,
+        truncated: bool = False,
+        error: tuple[str, str] | None = None,
+    ) -> ToolResult:
+        elapsed_ms = int((time.monotonic() - started) * 1000)
+        if error is not None and content is None:
+            content = {"error": error[0], "message": error[1]}
+        result = ToolResult(
+            call_id=call.id, name=call.name, content=content, is_error=error is not None,
+            error_code=error[0] if error else None, truncated=truncated, elapsed_ms=elapsed_ms,
+        )
+        if audit is not None:
+            encoded = json.dumps(content, sort_keys=True, default=str, separators=(",", ":")).encode()
+            audit.append(AuditEntry(
+                tenant_id=ctx.tenant_id, kind="tool_call", subject=call.name, ok=error is None,
+                session_id=ctx.session_id, turn_id=ctx.turn_id, latency_ms=elapsed_ms,
+                payload={
+                    "call_id": call.id,
+                    "step": ctx.step,
+                    "arguments": scrub(call.arguments),
+                    "effect": spec.effect.value if spec else None,
+                    "error_code": error[0] if error else None,
+                    "truncated": truncated,
+                    "result_bytes": encoded_size(content),
+                    "result_sha256": hashlib.sha256(encoded).hexdigest(),
+                },
+            ))
+        return result

@@ -1,0 +1,48 @@
+"""The catalogue of tool specs known to this process; name collisions fail at start-up."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+
+from kortex.llm.base import ToolSchema
+from kortex.tools.policy import ToolPolicy
+from kortex.tools.spec import ToolSpec
+
+# OpenAI allows only [a-zA-Z0-9_-]{1,64}; the other vendors accept that subset too.
+_NAME = re.compile(r"^[a-zA-Z][a-zA-Z0-9_-]{0,63}$")
+
+
+class ToolRegistry:
+    def __init__(self, specs: Iterable[ToolSpec] = ()) -> None:
+        self._specs: dict[str, ToolSpec] = {}
+        for spec in specs:
+            self.register(spec)
+
+    def register(self, spec: ToolSpec) -> None:
+        if not _NAME.match(spec.name):
+            raise ValueError(f"tool name {spec.name!r} must match {_NAME.pattern}")
+        if spec.name in self._specs:
+            raise ValueError(f"tool {spec.name!r} is registered twice")
+        spec.input_schema  # noqa: B018 - build (and so check) the schema now, not on first call
+        spec.allowlist  # noqa: B018
+        self._specs[spec.name] = spec
+
+    def get(self, name: str) -> ToolSpec | None:
+        return self._specs.get(name)
+
+    def __iter__(self) -> Iterator[ToolSpec]:
+        return iter(self._specs.values())
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+    def catalog(self, policy: ToolPolicy) -> list[ToolSpec]:
+        """The tools a model may see under ``policy`` (the pipeline enforces it again)."""
+        return [s for s in self._specs.values() if policy.decide(s) == "allow"]
+
+    def schemas(self, policy: ToolPolicy) -> tuple[ToolSchema, ...]:
+        return tuple(
+            ToolSchema(name=s.name, description=s.description, input_schema=s.input_schema)
+            for s in self.catalog(policy)
+        )

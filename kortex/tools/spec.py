@@ -1,0 +1,125 @@
+"""What a tool is: a spec (name, description, input model, effect, category, redaction
+allowlist) plus an async run function. Tools receive their I/O through ``ToolContext``."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict
+
+from kortex.redaction import Allowlist
+
+if TYPE_CHECKING:
+    from kortex.telemetry.sources import TelemetrySources
+
+
+class Effect(StrEnum):
+    READ_ONLY = "read_only"
+    STATE_CHANGE = "state_change"
+    EXTERNAL_SIDE_EFFECT = "external_side_effect"
+
+
+@dataclass(frozen=True, slots=True)
+class Category:
+    """Time limits of a family of tools (rfc-005 §6.1): a default and a hard ceiling."""
+
+    name: str
+    default_timeout: float
+    max_timeout: float
+
+
+CATEGORIES: dict[str, Category] = {
+    c.name: c
+    for c in (
+        Category("query", 30.0, 300.0),      # get_logs, get_metrics, get_traces
+        Category("analysis", 10.0, 60.0),    # compare_to_baseline, get_recent_deploys
+        Category("lookup", 5.0, 30.0),       # get_incident_history, get_admin_info, LLM-ops lookups
+        Category("action", 5.0, 30.0),       # propose_action
+    )
+}
+
+
+class ToolInput(BaseModel):
+    """Base of every tool's argument model: unknown arguments are an error the model can fix."""
+
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+
+
+ProgressFn = Callable[[str], Awaitable[None]]
+
+
+@dataclass(slots=True)
+class ToolContext:
+    """Everything a tool may touch. References only: no secrets, no raw credentials."""
+
+    tenant_id: str
+    session_id: str | None
+    turn_id: str | None
+    call_id: str
+    step: int
+    now: datetime
+    sources: TelemetrySources
+    services: dict[str, Any] = field(default_factory=dict)  # proposals store, executors, ...
+
+
+RunFn = Callable[[Any, ToolContext], Awaitable[dict[str, Any]]]
+TruncateFn = Callable[[dict[str, Any], Any, int, "ToolContext"], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    description: str
+    input_model: type[ToolInput]
+    run: RunFn
+    effect: Effect = Effect.READ_ONLY
+    category: str = "lookup"
+    redact: tuple[str, ...] = ()
+    #: the list the output cap trims first when a result is too large
+    list_field: str | None = None
+    #: fixes paging fields (next_cursor) after the cap kept only the first ``kept`` items
+    on_truncate: TruncateFn | None = None
+
+    def __post_init__(self) -> None:
+        if self.category not in CATEGORIES:
+            raise ValueError(f"tool {self.name}: unknown category {self.category!r}")
+        if not self.redact:
+            raise ValueError(f"tool {self.name}: a redaction allowlist is required")
+
+    @cached_property
+    def allowlist(self) -> Allowlist:
+        return Allowlist(self.redact)
+
+    @cached_property
+    def input_schema(self) -> dict[str, Any]:
+        """The JSON Schema the model sees, derived from the input model (never hand-written)."""
+        schema = self.input_model.model_json_schema()
+        return _clean_schema(schema)
+
+    @property
+    def limits(self) -> Category:
+        return CATEGORIES[self.category]
+
+    def timeout(self, override: float | None = None) -> float:
+        """The configured timeout, clamped to the category's hard ceiling."""
+        value = override if override is not None else self.limits.default_timeout
+        return max(0.05, min(value, self.limits.max_timeout))
+
+
+def _clean_schema(node: Any, names: bool = False) -> Any:
+    """Drop pydantic's ``title`` annotations (they only cost prompt tokens). ``names`` marks a
+    ``properties`` mapping, whose keys are argument names and must all stay."""
+    if isinstance(node, dict):
+        return {
+            k: _clean_schema(v, names=(k in ("properties", "$defs") and not names))
+            for k, v in node.items()
+            if names or not (k == "title" and isinstance(v, str))
+        }
+    if isinstance(node, list):
+        return [_clean_schema(v) for v in node]
+    return node

@@ -1,0 +1,89 @@
+"""The chat operations the API and the CLI share: sessions, posting a message, reading a turn."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from kortex.container import Kortex
+from kortex.errors import Conflict, InvalidInput, RateLimited
+from kortex.storage import chats, turns
+from kortex.storage.records import SessionRecord, TurnRecord
+from kortex.turns.handoff import NOTHING, Handoff, StepDispatch
+
+MAX_NAME = 200
+MAX_IDEMPOTENCY_KEY = 200
+
+
+@dataclass(frozen=True, slots=True)
+class PostedTurn:
+    turn: TurnRecord
+    created: bool
+    handoff: Handoff
+
+
+def _check_model(k: Kortex, model: str | None) -> str | None:
+    if model is None:
+        return None
+    model = model.strip()
+    if not model or len(model) > 200:
+        raise InvalidInput("model must be 1-200 characters, e.g. 'offline:analyst'")
+    k.providers.resolve(model)  # unknown or unavailable models fail here, as a 4xx
+    return model
+
+
+async def create_session(k: Kortex, tenant_id: str, name: str | None, model: str | None = None) -> SessionRecord:
+    name = (name or "").strip() or "untitled"
+    if len(name) > MAX_NAME:
+        raise InvalidInput(f"name is longer than {MAX_NAME} characters")
+    model = _check_model(k, model)
+    async with k.db.begin() as conn:
+        return await chats.create_session(conn, tenant_id, name, model)
+
+
+async def post_message(
+    k: Kortex,
+    tenant_id: str,
+    session_id: str,
+    content: str,
+    *,
+    model: str | None = None,
+    idempotency_key: str | None = None,
+) -> PostedTurn:
+    """Store the user message and a queued turn; the caller enqueues ``handoff`` afterwards."""
+    if not content or not content.strip():
+        raise InvalidInput("content must not be empty")
+    limit = k.settings.turn.max_message_chars
+    if len(content) > limit:
+        raise InvalidInput(f"content is longer than {limit} characters")
+    if idempotency_key is not None and not (0 < len(idempotency_key) <= MAX_IDEMPOTENCY_KEY):
+        raise InvalidInput(f"Idempotency-Key must be 1-{MAX_IDEMPOTENCY_KEY} characters")
+    model = _check_model(k, model)
+    cap = k.settings.llm.budget.max_concurrent_turns_per_tenant
+    for attempt in range(2):
+        try:
+            async with k.db.begin() as conn:
+                session = await chats.get_session(conn, tenant_id, session_id)
+                if idempotency_key is None and await turns.active_turns_for_tenant(conn, tenant_id) >= cap:
+                    raise RateLimited(f"at most {cap} turns may run at once for this tenant")
+                new = await turns.create_turn(
+                    conn, tenant_id=tenant_id, session_id=session_id, content=content,
+                    model=model or session.model, deadline=timedelta(seconds=k.settings.turn.deadline),
+                    idempotency_key=idempotency_key,
+                )
+            break
+        except Conflict as exc:
+            # Two identical requests raced on the Idempotency-Key: the loser reads the winner's turn.
+            if exc.code != "integrity" or idempotency_key is None or attempt:
+                raise
+    turn = new.turn
+    queued_step0 = turn.status == "queued" and turn.step == 0
+    # A retried request re-enqueues a turn nobody picked up yet: harmless (the step claim is a
+    # compare-and-set) and it heals a first attempt whose enqueue failed.
+    handoff = Handoff(steps=(StepDispatch(tenant_id, turn.id, 0),)) if queued_step0 else NOTHING
+    return PostedTurn(turn=turn, created=new.created, handoff=handoff)
+
+
+async def get_turn(k: Kortex, tenant_id: str, turn_id: str) -> TurnRecord:
+    async with k.db.connect() as conn:
+        return await turns.get_turn(conn, tenant_id, turn_id)

@@ -1,0 +1,49 @@
+"""Rebuild a finished turn's events from the database, for clients that arrive after its Redis
+stream expired. Entry ids are ``0-<n>``: stream-id shaped, ordered, and below any real id."""
+
+from __future__ import annotations
+
+from kortex.container import Kortex
+from kortex.events import (
+    DoneEvent,
+    ErrorEvent,
+    TextEvent,
+    ToolCallEvent,
+    ToolResultEvent,
+    TurnEvent,
+    _Event,
+)
+from kortex.messages import Usage
+from kortex.storage import chats
+from kortex.storage.records import TurnRecord
+from kortex.stream.entries import Entry
+
+
+async def replay_events(k: Kortex, turn: TurnRecord) -> list[Entry]:
+    async with k.db.connect() as conn:
+        records = await chats.list_messages(conn, turn.tenant_id, turn.session_id,
+                                            after=(turn.turn_no, -1, 0), limit=10_000)
+    records = [r for r in records if r.turn_id == turn.id]
+    events: list[_Event] = []
+    current_step = None
+    for rec in records:
+        if rec.step != current_step:
+            current_step = rec.step
+            events.append(TurnEvent(turn_id=turn.id, status="running", step=rec.step, model=turn.model_used))
+        if rec.role == "assistant":
+            if rec.content:
+                events.append(TextEvent(step=rec.step, delta=rec.content))
+            for call in rec.tool_calls or []:
+                events.append(ToolCallEvent(step=rec.step, call_id=call["id"], name=call["name"],
+                                            arguments=call.get("arguments") or {}))
+        elif rec.role == "tool":
+            events.append(ToolResultEvent(step=rec.step, call_id=rec.tool_call_id or "", name=rec.tool_name or "",
+                                          is_error=rec.is_error, error_code=rec.error_code,
+                                          truncated=rec.truncated, content=rec.result))
+    error = turn.error or {}
+    if error:
+        events.append(ErrorEvent(code=str(error.get("code", "error")), message=str(error.get("message", ""))))
+    usage = Usage(input_tokens=turn.input_tokens, output_tokens=turn.output_tokens, cost_usd=turn.cost_usd)
+    status = "failed" if turn.status == "failed" else "done"
+    events.append(DoneEvent(status=status, usage=usage, error=error.get("code") if error else None))
+    return [Entry(id=f"0-{i}", type=e.type, data=e.model_dump_json()) for i, e in enumerate(events, 1)]

@@ -1,0 +1,60 @@
+"""One tool call of a turn: claim it, run it through the pipeline, store and publish the result;
+the last result of a step hands the turn back to the ``turns`` queue."""
+
+from __future__ import annotations
+
+import logging
+
+from kortex.container import Kortex
+from kortex.events import ToolProgressEvent, ToolResultEvent
+from kortex.messages import ToolCall, ToolResult
+from kortex.storage import audit, turns
+from kortex.storage.audit import AuditEntry
+from kortex.storage.records import InvocationRecord
+from kortex.timeparse import utcnow
+from kortex.tools.spec import ToolContext
+from kortex.turns.handoff import NOTHING, Handoff, StepDispatch
+
+log = logging.getLogger(__name__)
+
+
+def result_event(inv: InvocationRecord, result: ToolResult) -> ToolResultEvent:
+    return ToolResultEvent(step=inv.step, call_id=result.call_id, name=result.name, is_error=result.is_error,
+                           error_code=result.error_code, truncated=result.truncated,
+                           elapsed_ms=result.elapsed_ms, content=result.content)
+
+
+async def run_tool(k: Kortex, tenant_id: str, invocation_id: str, tool: str, hard_limit: float) -> Handoff:
+    async with k.db.begin() as conn:
+        inv = await turns.claim_invocation(conn, tenant_id, invocation_id, hard_limit=hard_limit + 5)
+    if inv is None:
+        return NOTHING  # a duplicate delivery, or the watchdog already settled it
+    if inv.name != tool:
+        log.warning("invocation %s is %s, task said %s", inv.id, inv.name, tool)
+    ctx = ToolContext(tenant_id=tenant_id, session_id=inv.session_id, turn_id=inv.turn_id, call_id=inv.call_id,
+                      step=inv.step, now=utcnow(), sources=k.sources,
+                      services={"cursors": k.cursors, **k.services})
+    entries: list[AuditEntry] = []
+
+    async def progress(call: ToolCall, elapsed_ms: int) -> None:
+        await k.events.append(inv.turn_id, [ToolProgressEvent(
+            step=inv.step, call_id=call.id, name=call.name, elapsed_ms=elapsed_ms,
+            message=f"{call.name} is taking longer than usual; still working")])
+
+    result = await k.pipeline.run(turns.tool_call_from_record(inv), ctx, audit=entries, on_progress=progress)
+    return await settle(k, inv, result, entries)
+
+
+async def settle(k: Kortex, inv: InvocationRecord, result: ToolResult, entries: list[AuditEntry],
+                 from_status: tuple[str, ...] = ("running",)) -> Handoff:
+    """Store a result with its audit row, publish it, and advance the turn if it was the last."""
+    async with k.db.begin() as conn:
+        completion = await turns.complete_invocation(conn, inv.tenant_id, inv.id, result, from_status=from_status)
+        if completion is not None:
+            await audit.write_entries(conn, entries)
+    if completion is None:
+        return NOTHING
+    await k.events.append(inv.turn_id, [result_event(inv, result)])
+    if completion.next_step is None:
+        return NOTHING
+    return Handoff(steps=(StepDispatch(tenant_id=inv.tenant_id, turn_id=inv.turn_id, step=completion.next_step),))

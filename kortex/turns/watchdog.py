@@ -1,0 +1,77 @@
+"""The periodic sweep that keeps turns moving when workers die or messages are lost:
+fails turns past their deadline, settles tool calls past their hard limit, and re-enqueues
+work that was committed but never picked up."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+
+from kortex.container import Kortex
+from kortex.events import DoneEvent, ErrorEvent
+from kortex.messages import ToolResult, Usage
+from kortex.storage import turns
+from kortex.storage.audit import AuditEntry
+from kortex.timeparse import utcnow
+from kortex.turns.handoff import Handoff, StepDispatch
+from kortex.turns.step import tool_dispatch
+from kortex.turns.toolrun import settle
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class SweepReport:
+    failed_turns: int
+    timed_out_tools: int
+    requeued_steps: int
+    requeued_tools: int
+    handoff: Handoff
+
+
+async def sweep(k: Kortex) -> SweepReport:
+    now = utcnow()
+    handoff = Handoff()
+    async with k.db.connect() as conn:
+        expired = await turns.expired_turns(conn, now)
+    failed = 0
+    for turn in expired:
+        error = {"code": "deadline_exceeded", "message": "the turn did not finish before its deadline"}
+        async with k.db.begin() as conn:
+            moved = await turns.fail_turn(conn, turn, error)
+        if moved:
+            failed += 1
+            usage = Usage(input_tokens=turn.input_tokens, output_tokens=turn.output_tokens, cost_usd=turn.cost_usd)
+            await k.events.append(turn.id, [ErrorEvent(code="deadline_exceeded", message=error["message"]),
+                                            DoneEvent(status="failed", usage=usage, error="deadline_exceeded")],
+                                  final=True)
+
+    async with k.db.connect() as conn:
+        overdue = await turns.overdue_invocations(conn, now)
+    for inv in overdue:
+        # The worker died or hung past the hard limit: the model hears it as a timeout.
+        result = ToolResult(call_id=inv.call_id, name=inv.name, is_error=True, error_code="timeout",
+                            content={"error": "tool_timeout", "tool": inv.name,
+                                     "message": "the tool did not finish within its hard time limit"})
+        entry = AuditEntry(tenant_id=inv.tenant_id, kind="tool_call", subject=inv.name, ok=False,
+                           session_id=inv.session_id, turn_id=inv.turn_id,
+                           payload={"call_id": inv.call_id, "step": inv.step, "error_code": "timeout",
+                                    "settled_by": "watchdog"})
+        handoff += await settle(k, inv, result, [entry])
+
+    cutoff = now - timedelta(seconds=k.settings.turn.requeue_after)
+    async with k.db.begin() as conn:
+        stale_turns = await turns.stale_queued_turns(conn, cutoff)
+        stale_tools = await turns.stale_pending_invocations(conn, cutoff)
+    handoff += Handoff(
+        steps=tuple(StepDispatch(tenant_id=t.tenant_id, turn_id=t.id, step=t.step) for t in stale_turns),
+        tools=tuple(tool_dispatch(k, i.tenant_id, i.id, i.name) for i in stale_tools),
+    )
+    if failed or overdue or stale_turns or stale_tools:
+        log.info("watchdog: %d turns failed, %d tools timed out, %d steps and %d tools re-enqueued",
+                 failed, len(overdue), len(stale_turns), len(stale_tools))
+    return SweepReport(failed, len(overdue), len(stale_turns), len(stale_tools), handoff)
+
+
+__all__ = ["SweepReport", "sweep"]

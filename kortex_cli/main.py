@@ -1,0 +1,184 @@
+"""The ``kortex`` command: demo, ask, api, worker, beat, migrate and admin tasks.
+
+This is a shell like ``api/`` and ``workers/``: it parses arguments and calls into kortex/.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from kortex.config import load_settings
+from kortex.errors import KortexError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Kortex: an LLM that investigates "
+                  "production problems with read-only tools and answers with evidence.")
+admin = typer.Typer(no_args_is_help=True, help="Tenants and API keys.")
+app.add_typer(admin, name="admin")
+console = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+
+def _fail(message: str, code: int = 1) -> None:
+    err.print(f"[red]error:[/red] {message}")
+    raise typer.Exit(code)
+
+
+@app.command()
+def demo(
+    question: Annotated[str, typer.Option(help="What to ask")] = "Why is checkout slow?",
+    scenario: Annotated[str, typer.Option(help="Telemetry scenario to seed")] = "checkout-deploy-regression",
+    model: Annotated[str | None, typer.Option(help="provider:model (default: the configured one)")] = None,
+) -> None:
+    """Seed a realistic incident and ask about it through the real turn pipeline."""
+    from kortex_cli.runner import run_demo
+
+    try:
+        run_demo(console, question=question, scenario=scenario, model=model)
+    except KortexError as exc:
+        _fail(str(exc))
+
+
+@app.command()
+def ask(
+    question: Annotated[str, typer.Argument(help="The question")],
+    model: Annotated[str | None, typer.Option(help="provider:model, e.g. anthropic:claude-sonnet-4-6")] = None,
+    url: Annotated[str | None, typer.Option(envvar="KORTEX_API_URL", help="A running Kortex API; embedded if unset")] = None,
+    api_key: Annotated[str | None, typer.Option(envvar="KORTEX_API_KEY", help="API key for --url")] = None,
+    session: Annotated[str | None, typer.Option(help="Continue this session id")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the events as JSON lines")] = False,
+) -> None:
+    """Ask a question and stream the answer (against --url, or embedded)."""
+    from kortex_cli.runner import ask_embedded, ask_remote
+
+    try:
+        if url:
+            if not api_key:
+                _fail("--api-key (or KORTEX_API_KEY) is required with --url")
+            ok = ask_remote(console, url, api_key or "", question, model=model, session_id=session, as_json=as_json)
+        else:
+            ok = ask_embedded(console, question, model=model, as_json=as_json)
+    except KortexError as exc:
+        _fail(str(exc))
+    raise typer.Exit(0 if ok else 1)
+
+
+@app.command()
+def api(
+    host: Annotated[str, typer.Option(help="Bind address")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port")] = 8000,
+    workers: Annotated[int, typer.Option(help="Worker processes")] = 1,
+) -> None:
+    """Run the HTTP API (embedded mode also runs an in-process worker)."""
+    import uvicorn
+
+    settings = load_settings()
+    if settings.embedded and workers != 1:
+        _fail("the embedded mode runs in one process; use --workers 1 or set KORTEX_REDIS_URL")
+    uvicorn.run("api.main:create_app", factory=True, host=host, port=port, workers=workers,
+                log_level=settings.log_level.lower(), proxy_headers=True, timeout_graceful_shutdown=10)
+
+
+@app.command()
+def worker(
+    queues: Annotated[str, typer.Option(help="Comma-separated queues: turns, tools")] = "turns,tools",
+    concurrency: Annotated[int | None, typer.Option(help="Processes (default: CPU count)")] = None,
+    pool: Annotated[str, typer.Option(help="prefork, threads or solo")] = "prefork",
+    loglevel: Annotated[str, typer.Option(help="Log level")] = "INFO",
+) -> None:
+    """Run a Celery worker for the given queues (distributed mode)."""
+    settings = load_settings()
+    if settings.embedded:
+        _fail("set KORTEX_REDIS_URL (and KORTEX_DATABASE_URL) to run workers; the embedded mode needs none")
+    from workers.app import app as celery_app
+    from workers.queues import Queue
+
+    names = [q.strip() for q in queues.split(",") if q.strip()]
+    bad = [q for q in names if q not in {x.value for x in Queue}]
+    if bad:
+        _fail(f"unknown queue(s): {', '.join(bad)}")
+    argv = ["worker", "-Q", ",".join(names), "-P", pool, "-l", loglevel, "-E",
+            "-n", f"kortex-{'-'.join(names)}@%h"]
+    if concurrency:
+        argv += ["-c", str(concurrency)]
+    celery_app.worker_main(argv)
+
+
+@app.command()
+def beat(loglevel: Annotated[str, typer.Option(help="Log level")] = "INFO") -> None:
+    """Run the scheduler that triggers the watchdog (exactly one per deployment)."""
+    settings = load_settings()
+    if settings.embedded:
+        _fail("set KORTEX_REDIS_URL to run beat; the embedded mode schedules the watchdog itself")
+    from workers.app import app as celery_app
+
+    schedule = str(settings.home / "celerybeat-schedule")
+    os.makedirs(settings.home, exist_ok=True)
+    celery_app.start(["beat", "-l", loglevel, "-s", schedule])
+
+
+@app.command()
+def migrate() -> None:
+    """Create or upgrade the database schema."""
+    from kortex.storage.migrate import upgrade
+
+    settings = load_settings()
+    upgrade(settings.effective_database_url)
+    console.print("database is up to date")
+
+
+@app.command()
+def seed(
+    scenario: Annotated[str, typer.Argument(help="Scenario name")] = "checkout-deploy-regression",
+    tenant: Annotated[str, typer.Option(help="Tenant name")] = "demo",
+) -> None:
+    """Load a scenario's telemetry into the embedded store of a tenant."""
+    from kortex_cli.runner import seed_scenario
+
+    try:
+        counts = seed_scenario(tenant, scenario)
+    except KortexError as exc:
+        _fail(str(exc))
+    console.print(f"seeded {scenario!r} for tenant {tenant!r}: {json.dumps(counts)}")
+
+
+@admin.command("create-tenant")
+def create_tenant(name: Annotated[str, typer.Argument(help="Tenant name")]) -> None:
+    """Create a tenant and print its first API key (shown once)."""
+    from kortex_cli.runner import create_tenant_with_key
+
+    try:
+        tenant_id, key = create_tenant_with_key(name)
+    except KortexError as exc:
+        _fail(str(exc))
+    console.print(f"tenant {name!r} created (id {tenant_id})")
+    console.print("API key (shown once, store it now):")
+    print(key)
+
+
+@admin.command("create-key")
+def create_key(name: Annotated[str, typer.Argument(help="Tenant name")]) -> None:
+    """Issue another API key for an existing tenant."""
+    from kortex_cli.runner import issue_key
+
+    try:
+        key = issue_key(name)
+    except KortexError as exc:
+        _fail(str(exc))
+    print(key)
+
+
+def main(argv: list[str] | None = None) -> Any:
+    logging.basicConfig(level=os.environ.get("KORTEX_LOG_LEVEL", "WARNING").upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    return app(argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""Print turn events to a terminal as they stream."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+
+
+def _args(arguments: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={json.dumps(v)}" for k, v in arguments.items())
+
+
+class EventPrinter:
+    def __init__(self, console: Console, *, as_json: bool = False) -> None:
+        self.console = console
+        self.as_json = as_json
+        self._in_text = False
+
+    def _end_text(self) -> None:
+        if self._in_text:
+            self.console.print()
+            self._in_text = False
+
+    def show(self, event: str, data: dict[str, Any]) -> None:
+        if self.as_json:
+            print(json.dumps({"event": event, "data": data}), flush=True)
+            return
+        c = self.console
+        if event == "text":
+            c.print(escape(data.get("delta", "")), end="", soft_wrap=True)
+            c.file.flush()
+            self._in_text = True
+            return
+        self._end_text()
+        if event == "turn":
+            if data.get("step"):
+                c.print(f"[dim]· step {data['step']} ({data.get('model') or 'model'})[/dim]")
+            else:
+                c.print(f"[dim]· thinking with {data.get('model') or 'the default model'}[/dim]")
+        elif event == "tool_call":
+            c.print(f"[yellow]→ {data['name']}[/yellow]({escape(_args(data.get('arguments', {})))}) "
+                    f"[dim]{data['call_id']}[/dim]")
+        elif event == "tool_progress":
+            c.print(f"[dim]  … {data['name']} still running ({data['elapsed_ms'] // 1000}s)[/dim]")
+        elif event == "tool_result":
+            if data.get("is_error"):
+                content = data.get("content") or {}
+                msg = content.get("message") or content.get("error") if isinstance(content, dict) else content
+                c.print(f"[red]✗ {data['name']}[/red] {data.get('error_code')}: {escape(str(msg))}")
+            else:
+                c.print(f"[green]✓ {data['name']}[/green] [dim]{data.get('elapsed_ms', 0)} ms"
+                        f"{', truncated' if data.get('truncated') else ''}[/dim]")
+        elif event == "proposal":
+            c.print(f"[magenta]⚑ proposal {data['proposal_id']}[/magenta]: {data['action']} {data['product']} — "
+                    f"{escape(data.get('rationale', ''))} (awaits a human)")
+        elif event == "error":
+            c.print(f"[red]! {data.get('code')}[/red]: {escape(data.get('message', ''))}")
+        elif event == "done":
+            usage = data.get("usage") or {}
+            c.print(f"\n[dim]· {data.get('status')} · {usage.get('input_tokens', 0)} in / "
+                    f"{usage.get('output_tokens', 0)} out tokens · ${usage.get('cost_usd', 0):.4f}[/dim]")

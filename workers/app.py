@@ -1,0 +1,62 @@
+"""The Celery application: broker, queues, routing, reliability and monitoring settings.
+
+``celery -A workers.app worker`` (or ``kortex worker``) runs it. Settings come from
+``kortex.toml`` and ``KORTEX_*`` like everything else; with no Redis configured the broker is
+in-process (``memory://``) for the embedded mode.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+from kombu import Queue as KombuQueue
+
+from kortex.config import Settings, load_settings
+from workers.queues import Queue, TaskName
+
+WATCHDOG_EVERY_S = 10.0
+
+
+def make_celery(settings: Settings) -> Celery:
+    app = Celery("kortex", broker=settings.effective_broker_url, include=["workers.tasks"])
+    broker = settings.effective_broker_url
+    transport: dict[str, object] = {}
+    if broker.startswith(("redis://", "rediss://", "unix://")):
+        # Namespaces every broker key, so several deployments (or test runs) can share a Redis.
+        # The visibility timeout must outlast the longest task, or Redis redelivers it mid-run.
+        transport = {"global_keyprefix": f"{settings.redis_prefix}:celery:", "visibility_timeout": 3600}
+    elif broker.startswith("memory://"):
+        transport = {"polling_interval": 0.005}
+    app.conf.update(
+        task_serializer="json",
+        accept_content=["json"],
+        result_backend=None,
+        task_ignore_result=True,
+        task_acks_late=True,               # a task lost with its worker is redelivered ...
+        task_reject_on_worker_lost=True,   # ... and every task is safe to run twice
+        worker_prefetch_multiplier=4,
+        task_default_queue=Queue.TURNS.value,
+        task_queues=[KombuQueue(q.value, routing_key=q.value) for q in Queue],
+        task_routes={
+            TaskName.STEP.value: {"queue": Queue.TURNS.value},
+            TaskName.WATCHDOG.value: {"queue": Queue.TURNS.value},
+            TaskName.TOOL.value: {"queue": Queue.TOOLS.value},
+        },
+        broker_transport_options=transport,
+        broker_connection_retry_on_startup=True,
+        worker_send_task_events=True,      # Flower's live view
+        task_send_sent_event=True,
+        task_track_started=True,
+        worker_hijack_root_logger=False,
+        beat_schedule={
+            "watchdog": {
+                "task": TaskName.WATCHDOG.value,
+                "schedule": WATCHDOG_EVERY_S,
+                "options": {"queue": Queue.TURNS.value, "expires": WATCHDOG_EVERY_S},
+            },
+        },
+    )
+    app.conf.kortex_settings = settings
+    return app
+
+
+app = make_celery(load_settings())

@@ -1,0 +1,31 @@
+"""Hand work to the queues: the one place that turns a domain ``Handoff`` into Celery messages."""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from kortex.turns.handoff import Handoff, StepDispatch, ToolDispatch
+from workers.queues import Queue, TaskName
+
+
+def send_step(app: Celery, step: StepDispatch) -> None:
+    app.send_task(TaskName.STEP.value, kwargs={"tenant_id": step.tenant_id, "turn_id": step.turn_id,
+                                                "step": step.step}, queue=Queue.TURNS.value)
+
+
+def send_tool(app: Celery, tool: ToolDispatch) -> None:
+    app.send_task(
+        TaskName.TOOL.value,
+        kwargs={"tenant_id": tool.tenant_id, "invocation_id": tool.invocation_id, "tool": tool.tool,
+                "hard_limit": tool.hard_limit},
+        queue=Queue.TOOLS.value,
+        soft_time_limit=tool.soft_limit,
+        time_limit=tool.hard_limit,
+    )
+
+
+def dispatch(app: Celery, handoff: Handoff) -> None:
+    for tool in handoff.tools:
+        send_tool(app, tool)
+    for step in handoff.steps:
+        send_step(app, step)

@@ -1,0 +1,68 @@
+"""The embedded mode's worker: the real Celery worker, consuming both queues from the in-process
+``memory://`` broker on a thread pool inside the current process, plus the watchdog on a timer."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from celery import Celery
+from celery.worker import WorkController
+from celery.worker import state as worker_state
+
+from workers.queues import Queue, TaskName
+
+log = logging.getLogger(__name__)
+
+
+class _Controller(WorkController):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.ready = threading.Event()
+        super().__init__(*args, **kwargs)
+
+    def on_consumer_ready(self, consumer: Any) -> None:
+        self.ready.set()
+
+
+class EmbeddedWorker:
+    """Start with ``start()``; ``stop()`` drains and joins. Not for production use."""
+
+    def __init__(self, app: Celery, *, concurrency: int = 4, watchdog_every: float = 10.0) -> None:
+        self.app = app
+        self.concurrency = concurrency
+        self.watchdog_every = watchdog_every
+        self._controller: _Controller | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._timer: threading.Thread | None = None
+
+    def start(self, timeout: float = 30.0) -> None:
+        self.app.finalize()
+        self.app.set_current()
+        self._controller = _Controller(
+            app=self.app, concurrency=self.concurrency, pool="threads", hostname="kortex-embedded@localhost",
+            queues=[q.value for q in Queue], loglevel="WARNING", without_heartbeat=True, without_mingle=True,
+            without_gossip=True, ready_callback=None,
+        )
+        self._thread = threading.Thread(target=self._controller.start, name="kortex-embedded-worker", daemon=True)
+        self._thread.start()
+        if not self._controller.ready.wait(timeout):
+            raise RuntimeError("the embedded worker did not start")
+        self._timer = threading.Thread(target=self._watchdog_loop, name="kortex-embedded-beat", daemon=True)
+        self._timer.start()
+
+    def _watchdog_loop(self) -> None:
+        while not self._stop.wait(self.watchdog_every):
+            try:
+                self.app.send_task(TaskName.WATCHDOG.value, queue=Queue.TURNS.value)
+            except Exception:  # the next tick tries again
+                log.warning("embedded watchdog tick failed", exc_info=True)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._controller is not None and self._thread is not None:
+            worker_state.should_terminate = 0
+            self._thread.join(timeout)
+            worker_state.should_terminate = None
+        self._controller = None

@@ -1,0 +1,56 @@
+"""Celery tasks: shells that take ids, make one call into kortex/, and hand on what it returns."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery.exceptions import SoftTimeLimitExceeded
+
+from kortex.errors import StorageError, StreamError
+from kortex.turns.step import run_step
+from kortex.turns.toolrun import run_tool
+from kortex.turns.watchdog import sweep
+from workers import runtime
+from workers.app import app
+from workers.dispatch import dispatch
+from workers.queues import Queue, TaskName
+
+log = logging.getLogger(__name__)
+settings = app.conf.kortex_settings
+STEP_SOFT = settings.turn.step_time_limit + 30
+TRANSIENT = (StorageError, StreamError)
+
+
+@app.task(
+    name=TaskName.STEP.value, queue=Queue.TURNS.value, ignore_result=True, acks_late=True,
+    soft_time_limit=STEP_SOFT, time_limit=STEP_SOFT + 30,
+    autoretry_for=TRANSIENT, retry_backoff=True, retry_backoff_max=30, max_retries=5,
+)
+def step(*, tenant_id: str, turn_id: str, step: int) -> None:
+    handoff = runtime.run(settings, lambda k: run_step(k, tenant_id, turn_id, step))
+    dispatch(app, handoff)
+
+
+@app.task(
+    name=TaskName.TOOL.value, queue=Queue.TOOLS.value, ignore_result=True, acks_late=True,
+    autoretry_for=TRANSIENT, retry_backoff=True, retry_backoff_max=30, max_retries=5,
+)
+def tool(*, tenant_id: str, invocation_id: str, tool: str, hard_limit: float) -> None:
+    try:
+        handoff = runtime.run(settings, lambda k: run_tool(k, tenant_id, invocation_id, tool, hard_limit))
+    except SoftTimeLimitExceeded:
+        # The pipeline's own timeout did not fire (the tool blocked the loop). The watchdog
+        # settles the call as a timeout once its hard deadline passes.
+        log.warning("tool %s (%s) hit the worker's soft time limit", tool, invocation_id)
+        return
+    dispatch(app, handoff)
+
+
+@app.task(name=TaskName.WATCHDOG.value, queue=Queue.TURNS.value, ignore_result=True, acks_late=False,
+          soft_time_limit=60, time_limit=90)
+def watchdog() -> dict[str, Any]:
+    report = runtime.run(settings, sweep)
+    dispatch(app, report.handoff)
+    return {"failed_turns": report.failed_turns, "timed_out_tools": report.timed_out_tools,
+            "requeued_steps": report.requeued_steps, "requeued_tools": report.requeued_tools}
