@@ -1,0 +1,80 @@
+"""Request dependencies: the process's container and the calling tenant."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from collections import OrderedDict
+from typing import Annotated
+
+from fastapi import Depends, Header, Request
+
+from kortex.container import Kortex
+from kortex.errors import AuthError, NotFound
+from kortex.storage import tenants
+from kortex.storage.records import TenantRecord
+from kortex.stream.hub import StreamHub
+
+
+class AuthCache:
+    """Recently verified keys, so a stream of requests costs one database lookup per key and TTL.
+    A revoked key stops working within ``ttl`` seconds."""
+
+    def __init__(self, ttl: float = 30.0, size: int = 10_000) -> None:
+        self.ttl = ttl
+        self.size = size
+        self._items: OrderedDict[str, tuple[float, TenantRecord]] = OrderedDict()
+
+    def get(self, digest: str) -> TenantRecord | None:
+        item = self._items.get(digest)
+        if item is None or item[0] < time.monotonic():
+            self._items.pop(digest, None)
+            return None
+        self._items.move_to_end(digest)
+        return item[1]
+
+    def put(self, digest: str, tenant: TenantRecord) -> None:
+        self._items[digest] = (time.monotonic() + self.ttl, tenant)
+        self._items.move_to_end(digest)
+        while len(self._items) > self.size:
+            self._items.popitem(last=False)
+
+
+def kortex(request: Request) -> Kortex:
+    return request.app.state.kortex  # type: ignore[no-any-return]
+
+
+def hub(request: Request) -> StreamHub:
+    return request.app.state.hub  # type: ignore[no-any-return]
+
+
+async def current_tenant(
+    request: Request,
+    authorization: Annotated[str | None, Header(include_in_schema=False)] = None,
+) -> TenantRecord:
+    scheme, _, key = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not key.strip():
+        raise AuthError("send 'Authorization: Bearer <api key>'")
+    key = key.strip()
+    cache: AuthCache = request.app.state.auth_cache
+    digest = hashlib.sha256(key.encode()).hexdigest()
+    tenant = cache.get(digest)
+    if tenant is None:
+        async with kortex(request).db.connect() as conn:
+            tenant = await tenants.authenticate(conn, key)
+        cache.put(digest, tenant)
+    return tenant
+
+
+def object_id(value: str, what: str) -> str:
+    """Path ids are UUIDs; anything else cannot exist, so it is a 404 like an unknown id."""
+    try:
+        return str(uuid.UUID(value))
+    except ValueError:
+        raise NotFound(f"{what} not found") from None
+
+
+KortexDep = Annotated[Kortex, Depends(kortex)]
+TenantDep = Annotated[TenantRecord, Depends(current_tenant)]
+HubDep = Annotated[StreamHub, Depends(hub)]

@@ -1,0 +1,71 @@
+"""Map the error tree to HTTP: one JSON shape, ``{"error": {"code", "message", "details"}}``."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from kortex.errors import (
+    AuthError,
+    Conflict,
+    InvalidInput,
+    KortexError,
+    NotFound,
+    ProviderError,
+    RateLimited,
+    StorageError,
+    StreamError,
+)
+
+log = logging.getLogger(__name__)
+
+STATUS: tuple[tuple[type[KortexError], int], ...] = (
+    (NotFound, 404),
+    (AuthError, 401),
+    (RateLimited, 429),
+    (Conflict, 409),
+    (InvalidInput, 422),
+    (ProviderError, 422),  # only raised before enqueueing: an unknown or unavailable model
+    (StorageError, 503),
+    (StreamError, 503),
+)
+
+
+def error_response(status: int, code: str, message: str, details: object = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    body: dict[str, object] = {"code": code, "message": message}
+    if details is not None:
+        body["details"] = details
+    return JSONResponse({"error": body}, status_code=status, headers=headers)
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(KortexError)
+    async def _kortex(request: Request, exc: KortexError) -> JSONResponse:
+        status = next((s for cls, s in STATUS if isinstance(exc, cls)), 500)
+        if status >= 500:
+            log.warning("%s %s failed: %s", request.method, request.url.path, exc.message)
+        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+        if status == 429:
+            headers = {"Retry-After": "5"}
+        message = exc.message if status < 500 else "a backing service is unavailable; retry shortly"
+        return error_response(status, exc.code, message, exc.details if status < 500 else None, headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        details = [{"loc": [str(p) for p in e.get("loc", ())], "msg": e.get("msg", "")} for e in exc.errors()[:20]]
+        return error_response(422, "validation", "the request is not valid", details)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}.get(exc.status_code, "http_error")
+        return error_response(exc.status_code, code, str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("%s %s failed", request.method, request.url.path)
+        return error_response(500, "internal", "internal error")

@@ -1,0 +1,38 @@
+"""A turn's state and its event stream."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Request
+from fastapi.responses import StreamingResponse
+
+from api.deps import HubDep, KortexDep, TenantDep, object_id
+from api.schemas import TurnOut
+from api.sse import turn_events
+from kortex.turns.chat import get_turn
+
+router = APIRouter(prefix="/v1/turns", tags=["turns"])
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Connection": "keep-alive"}
+
+
+@router.get("/{turn_id}", response_model=TurnOut)
+async def read_turn(turn_id: str, k: KortexDep, tenant: TenantDep) -> TurnOut:
+    return TurnOut.of(await get_turn(k, tenant.id, object_id(turn_id, "turn")))
+
+
+@router.get("/{turn_id}/events", response_class=StreamingResponse,
+            responses={200: {"content": {"text/event-stream": {}}}})
+async def stream_events(
+    turn_id: str,
+    request: Request,
+    k: KortexDep,
+    hub: HubDep,
+    tenant: TenantDep,
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=64)] = None,
+) -> StreamingResponse:
+    turn = await get_turn(k, tenant.id, object_id(turn_id, "turn"))
+    heartbeat = request.app.state.heartbeat
+    return StreamingResponse(turn_events(k, hub, turn, last_event_id, heartbeat),
+                             media_type="text/event-stream", headers=SSE_HEADERS)

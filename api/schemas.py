@@ -1,0 +1,112 @@
+"""Request and response bodies of the HTTP API."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kortex.storage.records import MessageRecord, SessionRecord, TurnRecord
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CreateSession(_In):
+    name: str | None = Field(None, max_length=200)
+    model: str | None = Field(None, max_length=200, description="provider:model, e.g. 'offline:analyst'")
+
+
+class PostMessage(_In):
+    content: str = Field(min_length=1, max_length=200_000)
+    model: str | None = Field(None, max_length=200)
+
+
+class UsageOut(BaseModel):
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float
+
+
+class SessionOut(BaseModel):
+    id: str
+    name: str
+    model: str | None
+    created_at: datetime
+    updated_at: datetime
+    turn_count: int
+    usage: UsageOut
+
+    @classmethod
+    def of(cls, s: SessionRecord) -> SessionOut:
+        return cls(id=s.id, name=s.name, model=s.model, created_at=s.created_at, updated_at=s.updated_at,
+                   turn_count=s.turn_count,
+                   usage=UsageOut(input_tokens=s.input_tokens, output_tokens=s.output_tokens, cost_usd=s.cost_usd))
+
+
+class MessageOut(BaseModel):
+    id: str
+    turn_id: str
+    role: str
+    content: str
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    tool_name: str | None = None
+    result: Any = None
+    is_error: bool = False
+    error_code: str | None = None
+    truncated: bool = False
+    position: str
+    created_at: datetime
+
+    @classmethod
+    def of(cls, m: MessageRecord) -> MessageOut:
+        return cls(id=m.id, turn_id=m.turn_id, role=m.role, content=m.content, tool_calls=m.tool_calls,
+                   tool_call_id=m.tool_call_id, tool_name=m.tool_name, result=m.result, is_error=m.is_error,
+                   error_code=m.error_code, truncated=m.truncated, position=f"{m.turn_no}.{m.step}.{m.ord}",
+                   created_at=m.created_at)
+
+
+class MessagePage(BaseModel):
+    messages: list[MessageOut]
+    next_after: str | None = Field(None, description="Pass as ?after= to read the next page")
+
+
+class TurnAccepted(BaseModel):
+    turn_id: str
+    session_id: str
+    status: str
+    events_url: str
+
+
+class TurnOut(BaseModel):
+    id: str
+    session_id: str
+    status: str
+    step: int
+    model: str | None
+    model_used: str | None
+    usage: UsageOut
+    error: dict[str, Any] | None
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+
+    @classmethod
+    def of(cls, t: TurnRecord) -> TurnOut:
+        return cls(id=t.id, session_id=t.session_id, status=t.status, step=t.step, model=t.model,
+                   model_used=t.model_used, error=t.error, created_at=t.created_at, updated_at=t.updated_at,
+                   finished_at=t.finished_at,
+                   usage=UsageOut(input_tokens=t.input_tokens, output_tokens=t.output_tokens, cost_usd=t.cost_usd))
+
+
+class ErrorBody(BaseModel):
+    code: str
+    message: str
+    details: Any = None
+
+
+class ErrorOut(BaseModel):
+    error: ErrorBody
