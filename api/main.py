@@ -42,7 +42,7 @@ def create_app(settings: Settings | None = None, *, dispatch: Callable[[Handoff]
             if embedded_worker if embedded_worker is not None else settings.embedded:
                 from workers.embedded import EmbeddedWorker
 
-                worker = EmbeddedWorker(celery_app)
+                worker = EmbeddedWorker(celery_app, settings=settings)
                 worker.start()
         else:
             app.state.dispatch = dispatch

@@ -46,7 +46,13 @@ def resolve_env_refs(value: Any) -> Any:
 
 
 def _seconds(value: Any) -> Any:
+    """Seconds as a number (also from the environment, where it arrives as text) or a duration
+    such as ``"90s"``, ``"5m"``, ``"PT1H"``."""
     if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
         try:
             return parse_duration(value).total_seconds()
         except InvalidInput as exc:
@@ -110,6 +116,10 @@ class ToolPolicySettings(_Section):
     allowed: list[str] | None = None  # None: every registered built-in read-only tool
     result_cap_bytes: int = Field(64 * 1024, ge=1024, le=4 * 1024 * 1024)
     progress_after_s: Seconds = 30.0
+    # Beyond its own timeout a tool task gets soft_grace before the worker interrupts it and
+    # hard_grace more before the worker process is killed (a tool that blocks its thread).
+    soft_grace: Seconds = 10.0
+    hard_grace: Seconds = 10.0
 
 
 class TurnSettings(_Section):
@@ -120,6 +130,7 @@ class TurnSettings(_Section):
     heartbeat: Seconds = 15.0
     text_flush_ms: int = Field(25, ge=0, le=1000)  # coalescing window for text deltas
     requeue_after: Seconds = 30.0           # a queued turn or tool untouched this long is re-enqueued
+    watchdog_every: Seconds = 10.0          # how often beat runs the watchdog sweep
     max_message_chars: int = Field(32_000, ge=100)
 
 

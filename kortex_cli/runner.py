@@ -34,7 +34,7 @@ def embedded_stack(settings: Settings) -> Iterator[tuple[LoopThread, Kortex]]:
         from workers.app import app as celery_app
         from workers.embedded import EmbeddedWorker
 
-        worker = EmbeddedWorker(celery_app)
+        worker = EmbeddedWorker(celery_app, settings=settings)
         worker.start()
     try:
         yield loop, k

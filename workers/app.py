@@ -13,9 +13,6 @@ from kombu import Queue as KombuQueue
 from kortex.config import Settings, load_settings
 from workers.queues import Queue, TaskName
 
-WATCHDOG_EVERY_S = 10.0
-
-
 def make_celery(settings: Settings) -> Celery:
     app = Celery("kortex", broker=settings.effective_broker_url, include=["workers.tasks"])
     broker = settings.effective_broker_url
@@ -50,8 +47,8 @@ def make_celery(settings: Settings) -> Celery:
         beat_schedule={
             "watchdog": {
                 "task": TaskName.WATCHDOG.value,
-                "schedule": WATCHDOG_EVERY_S,
-                "options": {"queue": Queue.TURNS.value, "expires": WATCHDOG_EVERY_S},
+                "schedule": settings.turn.watchdog_every,
+                "options": {"queue": Queue.TURNS.value, "expires": settings.turn.watchdog_every},
             },
         },
     )

@@ -11,6 +11,7 @@ from celery import Celery
 from celery.worker import WorkController
 from celery.worker import state as worker_state
 
+from kortex.config import Settings
 from workers.queues import Queue, TaskName
 
 log = logging.getLogger(__name__)
@@ -28,10 +29,13 @@ class _Controller(WorkController):
 class EmbeddedWorker:
     """Start with ``start()``; ``stop()`` drains and joins. Not for production use."""
 
-    def __init__(self, app: Celery, *, concurrency: int = 4, watchdog_every: float = 10.0) -> None:
+    def __init__(self, app: Celery, *, settings: Settings | None = None, concurrency: int = 4,
+                 watchdog_every: float | None = None) -> None:
+        if settings is not None:
+            app.conf.kortex_settings = settings  # the tasks read it at call time
         self.app = app
         self.concurrency = concurrency
-        self.watchdog_every = watchdog_every
+        self.watchdog_every = watchdog_every or app.conf.kortex_settings.turn.watchdog_every
         self._controller: _Controller | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()

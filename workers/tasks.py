@@ -7,6 +7,7 @@ from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
 
+from kortex.config import Settings
 from kortex.errors import StorageError, StreamError
 from kortex.turns.step import run_step
 from kortex.turns.toolrun import run_tool
@@ -17,9 +18,14 @@ from workers.dispatch import dispatch
 from workers.queues import Queue, TaskName
 
 log = logging.getLogger(__name__)
-settings = app.conf.kortex_settings
-STEP_SOFT = settings.turn.step_time_limit + 30
+# Decorator limits are fixed when the module loads; everything else reads the settings the
+# app carries at call time (the embedded mode swaps them in before its worker starts).
+STEP_SOFT = app.conf.kortex_settings.turn.step_time_limit + 30
 TRANSIENT = (StorageError, StreamError)
+
+
+def _settings() -> Settings:
+    return app.conf.kortex_settings  # type: ignore[no-any-return]
 
 
 @app.task(
@@ -28,7 +34,7 @@ TRANSIENT = (StorageError, StreamError)
     autoretry_for=TRANSIENT, retry_backoff=True, retry_backoff_max=30, max_retries=5,
 )
 def step(*, tenant_id: str, turn_id: str, step: int) -> None:
-    handoff = runtime.run(settings, lambda k: run_step(k, tenant_id, turn_id, step))
+    handoff = runtime.run(_settings(), lambda k: run_step(k, tenant_id, turn_id, step))
     dispatch(app, handoff)
 
 
@@ -38,11 +44,14 @@ def step(*, tenant_id: str, turn_id: str, step: int) -> None:
 )
 def tool(*, tenant_id: str, invocation_id: str, tool: str, hard_limit: float) -> None:
     try:
-        handoff = runtime.run(settings, lambda k: run_tool(k, tenant_id, invocation_id, tool, hard_limit))
+        handoff = runtime.run(_settings(), lambda k: run_tool(k, tenant_id, invocation_id, tool, hard_limit))
     except SoftTimeLimitExceeded:
-        # The pipeline's own timeout did not fire (the tool blocked the loop). The watchdog
-        # settles the call as a timeout once its hard deadline passes.
+        # The pipeline's own timeout did not fire, so the tool is blocking the loop. The
+        # watchdog settles the call as a timeout after its hard deadline; this process stays
+        # put until the hard limit replaces it, since a wedged loop cannot run other tasks.
         log.warning("tool %s (%s) hit the worker's soft time limit", tool, invocation_id)
+        if not runtime.loop_responsive(timeout=1.0):
+            runtime.wait_to_be_killed(hard_limit)
         return
     dispatch(app, handoff)
 
@@ -50,7 +59,7 @@ def tool(*, tenant_id: str, invocation_id: str, tool: str, hard_limit: float) ->
 @app.task(name=TaskName.WATCHDOG.value, queue=Queue.TURNS.value, ignore_result=True, acks_late=False,
           soft_time_limit=60, time_limit=90)
 def watchdog() -> dict[str, Any]:
-    report = runtime.run(settings, sweep)
+    report = runtime.run(_settings(), sweep)
     dispatch(app, report.handoff)
     return {"failed_turns": report.failed_turns, "timed_out_tools": report.timed_out_tools,
             "requeued_steps": report.requeued_steps, "requeued_tools": report.requeued_tools}

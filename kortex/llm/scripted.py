@@ -11,7 +11,8 @@ A script is JSON::
 
 The step played is the number of assistant messages since the last user message, so a
 script is a whole turn. ``loop`` repeats the last step forever (for depth-limit tests).
-A step may carry ``delay_ms`` (before each chunk), ``error`` (raise a ProviderError) or
+A step may carry ``delay_ms`` (before each chunk), ``error`` (raise a ProviderError after its
+text, so text-then-failure is a mid-stream error) or
 ``arguments_raw`` on a call (arguments that are not valid JSON).
 """
 
@@ -123,26 +124,26 @@ class ScriptedProvider(Provider):
     async def stream(self, request: CompletionRequest) -> AsyncIterator[StreamChunk]:
         model = request.model or self.default_model().id
         script = self.script(model)
-        index = step_index(request.messages)
+        index = played = step_index(request.messages)
         if index >= len(script.steps):
             if not script.loop:
                 raise ProviderError(f"script {model!r} has no step {index}", provider=self.name, model=model)
             index = len(script.steps) - 1
         step = script.steps[index]
         delay = step.delay_ms / 1000.0
-        if step.error is not None:
-            raise ProviderError(step.error.message, provider=self.name, model=model,
-                                status=step.error.status, retryable=step.error.retryable)
         out_chars = 0
         for piece in step.text:
             if delay:
                 await asyncio.sleep(delay)
             out_chars += len(piece)
             yield TextChunk(text=piece)
+        if step.error is not None:  # after any text: a failure mid-stream
+            raise ProviderError(step.error.message, provider=self.name, model=model,
+                                status=step.error.status, retryable=step.error.retryable)
         for i, call in enumerate(step.tool_calls):
             if delay:
                 await asyncio.sleep(delay)
-            yield ToolCallChunk(call=_to_call(call, index, i))
+            yield ToolCallChunk(call=_to_call(call, played, i))
         in_chars = sum(len(getattr(m, "content", "") or "") for m in request.messages)
         usage = step.usage or TokenUsage(input_tokens=max(1, in_chars // 4), output_tokens=max(1, out_chars // 4))
         stop = step.stop_reason or ("tool_use" if step.tool_calls else "end_turn")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import distinct, func, select, tuple_
+from sqlalchemy import func, select, tuple_
 
 from kortex.storage.db import Database
 from kortex.storage.schema import telemetry_deploys, telemetry_logs, telemetry_metrics
@@ -89,7 +89,7 @@ class EmbeddedTelemetry:
         async with self.db.connect() as conn:
             rows = (
                 await conn.execute(
-                    select(distinct(t.c.metric)).where(t.c.tenant_id == tenant_id, t.c.product == product)
+                    select(t.c.metric).distinct().where(t.c.tenant_id == tenant_id, t.c.product == product)
                     .order_by(t.c.metric)
                 )
             ).all()

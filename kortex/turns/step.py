@@ -14,7 +14,7 @@ from kortex.events import DoneEvent, ErrorEvent, ToolCallEvent, TurnEvent
 from kortex.ids import new_call_id
 from kortex.llm.base import CompletionRequest, DoneChunk, TextChunk, ToolCallChunk, WarningChunk
 from kortex.llm.registry import Resolved
-from kortex.messages import AssistantMessage, ToolCall, Usage
+from kortex.messages import AssistantMessage, Message, ToolCall, Usage
 from kortex.prompts import DEPTH_EXCEEDED, INVESTIGATOR
 from kortex.storage import audit, chats, turns
 from kortex.storage.audit import AuditEntry
@@ -24,21 +24,17 @@ from kortex.turns.handoff import NOTHING, Handoff, StepDispatch, ToolDispatch
 
 log = logging.getLogger(__name__)
 
-#: seconds the worker adds to a tool's own timeout before interrupting, then killing, the task
-SOFT_GRACE = 10.0
-HARD_GRACE = 10.0
-
-
 def tool_dispatch(k: Kortex, tenant_id: str, invocation_id: str, tool: str) -> ToolDispatch:
     timeout, _ceiling = k.pipeline.limits_for(tool)
-    soft = timeout + SOFT_GRACE
+    soft = timeout + k.settings.tools.soft_grace
     return ToolDispatch(tenant_id=tenant_id, invocation_id=invocation_id, tool=tool, soft_limit=soft,
-                        hard_limit=soft + HARD_GRACE)
+                        hard_limit=soft + k.settings.tools.hard_grace)
 
 
-def _unique_calls(calls: list[ToolCall]) -> tuple[ToolCall, ...]:
-    """Give every call an id, unique within the step (providers occasionally repeat or omit one)."""
-    seen: set[str] = set()
+def _unique_calls(calls: list[ToolCall], taken: set[str]) -> tuple[ToolCall, ...]:
+    """Give every call an id unique in the conversation: providers occasionally omit one or
+    repeat an id from an earlier step, and results are matched to calls by id."""
+    seen = set(taken)
     out = []
     for call in calls:
         if not call.id or call.id in seen or len(call.id) > 200:
@@ -89,7 +85,7 @@ async def _run_claimed(k: Kortex, turn: TurnRecord, step: int, publisher: StepPu
     )
     started = time.monotonic()
     try:
-        text, calls, done = await asyncio.wait_for(_consume(resolved, request, publisher),
+        text, calls, done = await asyncio.wait_for(_consume(resolved, request, publisher, _call_ids(history)),
                                                    settings.turn.step_time_limit)
     except (ProviderError, TimeoutError) as exc:
         error = exc if isinstance(exc, ProviderError) else ProviderError(
@@ -110,7 +106,9 @@ async def _run_claimed(k: Kortex, turn: TurnRecord, step: int, publisher: StepPu
                 invocations = await turns.park_for_tools(conn, turn, step=step, message=message, usage=usage,
                                                          model_used=resolved.spec)
                 await audit.write_entries(conn, [entry])
-        except Conflict:
+        except Conflict as exc:
+            if exc.code != "stale_step":
+                raise
             log.warning("turn %s moved on during step %s; dropping its result", turn.id, step)
             return NOTHING
         await publisher.emit(*[ToolCallEvent(step=step, call_id=c.id, name=c.name, arguments=c.arguments)
@@ -127,8 +125,12 @@ async def _run_claimed(k: Kortex, turn: TurnRecord, step: int, publisher: StepPu
     return NOTHING
 
 
+def _call_ids(history: list[Message]) -> set[str]:
+    return {c.id for m in history if isinstance(m, AssistantMessage) for c in m.tool_calls}
+
+
 async def _consume(
-    resolved: Resolved, request: CompletionRequest, publisher: StepPublisher
+    resolved: Resolved, request: CompletionRequest, publisher: StepPublisher, taken: set[str]
 ) -> tuple[str, tuple[ToolCall, ...], DoneChunk]:
     text: list[str] = []
     calls: list[ToolCall] = []
@@ -147,7 +149,7 @@ async def _consume(
     if done is None:
         raise ProviderError("stream ended without a final chunk", provider=resolved.provider.name,
                             model=resolved.model.id, retryable=True)
-    return "".join(text), _unique_calls(calls), done
+    return "".join(text), _unique_calls(calls, taken), done
 
 
 def _total(turn: TurnRecord, usage: Usage) -> Usage:

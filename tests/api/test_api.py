@@ -1,0 +1,141 @@
+"""The HTTP API in-process (TestClient) over SQLite and the in-process stream store."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api.main import create_app
+from kortex.testing.inline import drive
+from kortex.turns.handoff import Handoff
+
+from tests.conftest import Harness
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.handoffs: list[Handoff] = []
+
+    def __call__(self, handoff: Handoff) -> None:
+        self.handoffs.append(handoff)
+
+
+@pytest.fixture
+def env(harness: Harness) -> Iterator[tuple[TestClient, Harness, Recorder]]:
+    recorder = Recorder()
+    app = create_app(harness.settings, dispatch=recorder, embedded_worker=False)
+    with TestClient(app) as client:
+        yield client, harness, recorder
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def _tenant_key(h: Harness, name: str) -> str:
+    return h.api_key(h.tenant(name))
+
+
+def test_requests_without_a_valid_key_are_401(env) -> None:
+    client, h, _ = env
+    assert client.post("/v1/sessions", json={}).status_code == 401
+    bad = client.post("/v1/sessions", json={}, headers=auth("kx_000000000000_" + "A" * 40))
+    assert bad.status_code == 401 and bad.json()["error"]["code"] == "unauthorized"
+    assert bad.headers["www-authenticate"] == "Bearer"
+    assert client.get("/v1/sessions/x", headers={"Authorization": "Basic abc"}).status_code == 401
+
+
+def test_session_lifecycle_and_turn_through_the_api(env) -> None:
+    client, h, recorder = env
+    tenant = h.tenant("acme")
+    h.seed(tenant)
+    key = h.api_key(tenant)
+    created = client.post("/v1/sessions", json={"name": "incident 42"}, headers=auth(key))
+    assert created.status_code == 201 and created.headers["location"].endswith(created.json()["id"])
+    sid = created.json()["id"]
+    assert client.get(f"/v1/sessions/{sid}", headers=auth(key)).json()["name"] == "incident 42"
+    posted = client.post(f"/v1/sessions/{sid}/messages", json={"content": "Why is checkout slow?"}, headers=auth(key))
+    assert posted.status_code == 202
+    body = posted.json()
+    assert body["status"] == "queued" and body["events_url"] == f"/v1/turns/{body['turn_id']}/events"
+    assert len(recorder.handoffs) == 1 and recorder.handoffs[0].steps[0].turn_id == body["turn_id"]
+    busy = client.post(f"/v1/sessions/{sid}/messages", json={"content": "again"}, headers=auth(key))
+    assert busy.status_code == 409 and busy.json()["error"]["code"] == "turn_in_progress"
+    h.run(drive(h.k, recorder.handoffs[0]))
+    turn = client.get(f"/v1/turns/{body['turn_id']}", headers=auth(key)).json()
+    assert turn["status"] == "done" and turn["model_used"] == "offline:analyst"
+    messages = client.get(f"/v1/sessions/{sid}/messages", headers=auth(key)).json()["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool", "tool", "tool", "assistant"]
+    page = client.get(f"/v1/sessions/{sid}/messages?limit=2", headers=auth(key)).json()
+    rest = client.get(f"/v1/sessions/{sid}/messages?after={page['next_after']}", headers=auth(key)).json()
+    assert [m["id"] for m in page["messages"] + rest["messages"]] == [m["id"] for m in messages]
+    # a finished turn's events are a finite SSE response, in order, ending with done
+    sse = client.get(body["events_url"], headers=auth(key))
+    assert sse.headers["content-type"].startswith("text/event-stream")
+    events = [line.split(": ", 1)[1] for line in sse.text.splitlines() if line.startswith("event: ")]
+    assert events[0] == "turn" and events[-1] == "done" and events.count("tool_result") == 3
+
+
+def test_idempotency_key_makes_a_retry_return_the_same_turn(env) -> None:
+    client, h, recorder = env
+    key = _tenant_key(h, "acme")
+    sid = client.post("/v1/sessions", json={}, headers=auth(key)).json()["id"]
+    headers = {**auth(key), "Idempotency-Key": "retry-1"}
+    first = client.post(f"/v1/sessions/{sid}/messages", json={"content": "hi"}, headers=headers)
+    second = client.post(f"/v1/sessions/{sid}/messages", json={"content": "hi"}, headers=headers)
+    assert first.status_code == second.status_code == 202
+    assert first.json()["turn_id"] == second.json()["turn_id"]
+    assert second.headers["idempotent-replayed"] == "true"
+    clash = client.post(f"/v1/sessions/{sid}/messages", json={"content": "different"}, headers=headers)
+    assert clash.status_code == 409 and clash.json()["error"]["code"] == "idempotency_mismatch"
+    msgs = client.get(f"/v1/sessions/{sid}/messages", headers=auth(key)).json()["messages"]
+    assert [m["role"] for m in msgs] == ["user"]
+
+
+def test_other_tenants_see_nothing(env) -> None:
+    client, h, recorder = env
+    key_a, key_b = _tenant_key(h, "a"), _tenant_key(h, "b")
+    sid = client.post("/v1/sessions", json={}, headers=auth(key_a)).json()["id"]
+    turn_id = client.post(f"/v1/sessions/{sid}/messages", json={"content": "hi"}, headers=auth(key_a)).json()["turn_id"]
+    for path in (f"/v1/sessions/{sid}", f"/v1/sessions/{sid}/messages", f"/v1/turns/{turn_id}",
+                 f"/v1/turns/{turn_id}/events"):
+        response = client.get(path, headers=auth(key_b))
+        assert response.status_code == 404 and response.json()["error"]["code"] == "not_found", path
+    assert client.post(f"/v1/sessions/{sid}/messages", json={"content": "x"}, headers=auth(key_b)).status_code == 404
+    assert client.get("/v1/sessions/not-a-uuid", headers=auth(key_a)).status_code == 404
+
+
+@pytest.mark.parametrize("body,field", [
+    ({"content": ""}, "content"), ({}, "content"), ({"content": "x", "extra": 1}, "extra"),
+    ({"content": "x", "model": "nope:nope"}, None),
+])
+def test_bad_input_gets_a_clear_4xx(env, body: dict[str, Any], field: str | None) -> None:
+    client, h, _ = env
+    key = _tenant_key(h, "acme")
+    sid = client.post("/v1/sessions", json={}, headers=auth(key)).json()["id"]
+    response = client.post(f"/v1/sessions/{sid}/messages", json=body, headers=auth(key))
+    assert response.status_code == 422
+    error = response.json()["error"]
+    assert error["message"]
+    if field:
+        assert any(field in d["loc"] for d in error["details"])
+
+
+def test_large_bodies_and_bad_json_are_rejected(env) -> None:
+    client, h, _ = env
+    key = _tenant_key(h, "acme")
+    huge = client.post("/v1/sessions", content=b"{" + b" " * (2 * 1024 * 1024) + b"}",
+                       headers={**auth(key), "content-type": "application/json"})
+    assert huge.status_code == 413
+    broken = client.post("/v1/sessions", content=b"{nope", headers={**auth(key), "content-type": "application/json"})
+    assert broken.status_code == 422
+
+
+def test_health_and_readiness(env) -> None:
+    client, _, _ = env
+    assert client.get("/healthz").json() == {"status": "ok"}
+    ready = client.get("/readyz")
+    assert ready.status_code == 200 and ready.json()["checks"] == {"database": "ok", "redis": "ok"}

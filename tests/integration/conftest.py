@@ -1,0 +1,185 @@
+"""Real services for integration tests: a throwaway PostgreSQL database, a private Redis key
+prefix, a real Celery worker process (prefork, with beat) and the API under uvicorn.
+
+Everything created here is removed at the end of the session.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+import redis
+
+from kortex.storage.migrate import upgrade
+
+from tests.conftest import SCRIPTS, Harness, make_settings
+
+ROOT = Path(__file__).resolve().parents[2]
+PG_ADMIN = os.environ.get("KORTEX_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+REDIS_URL = os.environ.get("KORTEX_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+pytestmark = pytest.mark.integration
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "integration" in str(item.fspath):
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    name = f"kortex_test_{uuid.uuid4().hex[:12]}"
+    try:
+        admin = psycopg.connect(PG_ADMIN, autocommit=True, connect_timeout=5)
+    except psycopg.OperationalError as exc:
+        pytest.fail(f"PostgreSQL is not reachable at {PG_ADMIN}: {exc}")
+    with admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    url = PG_ADMIN.rsplit("/", 1)[0] + f"/{name}"
+    upgrade(url)
+    yield url
+    with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def redis_prefix() -> Iterator[str]:
+    prefix = f"kxtest-{uuid.uuid4().hex[:10]}"
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        client.ping()
+    except redis.ConnectionError as exc:
+        pytest.fail(f"Redis is not reachable at {REDIS_URL}: {exc}")
+    yield prefix
+    keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+    if keys:
+        client.delete(*keys)
+    client.close()
+
+
+def service_env(pg_url: str, redis_prefix: str, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KORTEX_")}
+    env.update({
+        "KORTEX_DATABASE_URL": pg_url,
+        "KORTEX_REDIS_URL": REDIS_URL,
+        "KORTEX_REDIS_PREFIX": redis_prefix,
+        "KORTEX_TESTING__ENABLE_TEST_PROVIDERS": "true",
+        "KORTEX_TESTING__ENABLE_TEST_TOOLS": "true",
+        "KORTEX_TESTING__SCRIPTS_DIR": str(SCRIPTS),
+        "KORTEX_TOOLS__ALLOWED": json.dumps(["get_logs", "get_metrics", "get_recent_deploys", "debug_sleep",
+                                             "debug_echo"]),
+        "KORTEX_LLM__TOOLS__DEBUG_SLEEP__TIMEOUT": "1",
+        "KORTEX_TOOLS__SOFT_GRACE": "1",
+        "KORTEX_TOOLS__HARD_GRACE": "1",
+        "KORTEX_TURN__WATCHDOG_EVERY": "1",
+        "KORTEX_TURN__HEARTBEAT": "0.5",
+        "KORTEX_TURN__TEXT_FLUSH_MS": "0",
+        "PYTHONPATH": str(ROOT),
+        "PYTHONUNBUFFERED": "1",
+    })
+    env.update(extra)
+    return env
+
+
+class Service:
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], log: Path) -> None:
+        self.name = name
+        self.log = log
+        self._file = log.open("wb")
+        self.proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=self._file, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_for(self, predicate: Any, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited early:\n{self.output()[-4000:]}")
+            if predicate():
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"{self.name} did not become ready:\n{self.output()[-4000:]}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()  # the main process shuts its children down warmly
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(self.proc.pid, 9)  # anything left in the group (a wedged child)
+        except ProcessLookupError:
+            pass
+        if self.proc.poll() is None:
+            self.proc.wait(5)
+        self._file.close()
+
+
+@pytest.fixture(scope="session")
+def worker(pg_url: str, redis_prefix: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    logs = tmp_path_factory.mktemp("logs")
+    argv = [sys.executable, "-m", "celery", "-A", "workers.app", "worker", "-Q", "turns,tools", "-P", "prefork",
+            "-c", "4", "-B", "-s", str(logs / "beat-schedule"), "-l", "INFO", "--without-mingle",
+            "--without-gossip", "-n", f"test-{redis_prefix}@%h"]
+    service = Service("celery worker", argv, service_env(pg_url, redis_prefix), logs / "worker.log")
+    try:
+        service.wait_for(lambda: " ready." in service.output())
+        yield service
+    finally:
+        service.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def api_url(pg_url: str, redis_prefix: str, worker: Service, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    port = _free_port()
+    logs = tmp_path_factory.mktemp("api")
+    argv = [sys.executable, "-m", "uvicorn", "--factory", "api.main:create_app", "--host", "127.0.0.1",
+            "--port", str(port), "--log-level", "warning"]
+    service = Service("api", argv, service_env(pg_url, redis_prefix), logs / "api.log")
+    url = f"http://127.0.0.1:{port}"
+
+    def healthy() -> bool:
+        try:
+            return httpx.get(f"{url}/readyz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        service.wait_for(healthy)
+        yield url
+    finally:
+        service.stop()
+
+
+@pytest.fixture(scope="session")
+def pg(pg_url: str, redis_prefix: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
+    """The test process's own container on the same PostgreSQL and Redis as the services."""
+    tmp = tmp_path_factory.mktemp("harness")
+    settings = make_settings(tmp, pg_url, redis_url=REDIS_URL, redis_prefix=redis_prefix,
+                             tools={"allowed": ["get_logs", "get_metrics", "get_recent_deploys", "debug_sleep",
+                                                "debug_echo"]})
+    h = Harness(settings)
+    yield h
+    h.close()

@@ -1,0 +1,103 @@
+"""The turn state machine in SQL: idempotency, single active turn, compare-and-set steps."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from kortex.errors import Conflict, NotFound, StorageError
+from kortex.messages import AssistantMessage, ToolCall, ToolResult, Usage
+from kortex.storage import chats, turns
+from kortex.storage.schema import decisions
+from kortex.storage.audit import AuditEntry, write_entries
+
+from tests.conftest import Harness
+
+
+def _new(h: Harness, tenant: str, session: str, content: str = "hi", key: str | None = None):
+    async def work():
+        async with h.k.db.begin() as conn:
+            return await turns.create_turn(conn, tenant_id=tenant, session_id=session, content=content, model=None,
+                                           deadline=timedelta(minutes=5), idempotency_key=key)
+    return h.run(work())
+
+
+def _session(h: Harness, tenant: str) -> str:
+    async def work():
+        async with h.k.db.begin() as conn:
+            return (await chats.create_session(conn, tenant, "s")).id
+    return h.run(work())
+
+
+def test_idempotency_key_returns_the_same_turn(harness: Harness) -> None:
+    tenant = harness.tenant("acme")
+    session = _session(harness, tenant)
+    first = _new(harness, tenant, session, key="k1")
+    again = _new(harness, tenant, session, key="k1")
+    assert first.created and not again.created and again.turn.id == first.turn.id
+    with pytest.raises(Conflict) as err:
+        _new(harness, tenant, session, content="something else", key="k1")
+    assert err.value.code == "idempotency_mismatch"
+    assert [m.role for m in harness.messages(tenant, session)] == ["user"]
+
+
+def test_one_active_turn_per_session_and_sessions_are_tenant_scoped(harness: Harness) -> None:
+    tenant = harness.tenant("acme")
+    other = harness.tenant("other")
+    session = _session(harness, tenant)
+    _new(harness, tenant, session)
+    with pytest.raises(Conflict) as err:
+        _new(harness, tenant, session, content="second")
+    assert err.value.code == "turn_in_progress"
+    with pytest.raises(NotFound):
+        _new(harness, other, session)
+
+
+def test_claims_and_completions_are_compare_and_set(harness: Harness) -> None:
+    tenant = harness.tenant("acme")
+    session = _session(harness, tenant)
+    turn = _new(harness, tenant, session).turn
+
+    async def work():
+        k = harness.k
+        async with k.db.begin() as conn:
+            claimed = await turns.claim_step(conn, tenant, turn.id, 0)
+            assert claimed is not None
+            assert await turns.claim_step(conn, tenant, turn.id, 0) is None
+            assert await turns.claim_step(conn, "someone-else", turn.id, 0) is None
+            calls = (ToolCall(id="a", name="x"), ToolCall(id="b", name="y"))
+            invs = await turns.park_for_tools(conn, claimed, step=0, message=AssistantMessage(tool_calls=calls),
+                                              usage=Usage(input_tokens=3), model_used="p:m")
+        nexts = []
+        for inv in invs:
+            async with k.db.begin() as conn:
+                assert await turns.claim_invocation(conn, tenant, inv.id, hard_limit=5) is not None
+                assert await turns.claim_invocation(conn, tenant, inv.id, hard_limit=5) is None
+                done = await turns.complete_invocation(conn, tenant, inv.id, ToolResult(call_id=inv.call_id, name=inv.name))
+                nexts.append(done.next_step)
+                assert await turns.complete_invocation(conn, tenant, inv.id, ToolResult(call_id=inv.call_id, name=inv.name)) is None
+        assert nexts == [None, 1]  # only the last result advances the turn, once
+        async with k.db.connect() as conn:
+            return await turns.get_turn(conn, tenant, turn.id)
+
+    after = harness.run(work())
+    assert after.status == "queued" and after.step == 1 and after.pending_tools == 0 and after.input_tokens == 3
+
+
+def test_audit_rows_are_append_only(harness: Harness) -> None:
+    tenant = harness.tenant("acme")
+
+    async def work():
+        async with harness.k.db.begin() as conn:
+            await write_entries(conn, [AuditEntry(tenant_id=tenant, kind="tool_call", subject="x", ok=True, payload={})])
+        for stmt in (decisions.update().values(ok=False), decisions.delete()):
+            # SQLite reports the trigger's RAISE as a constraint failure, PostgreSQL as an error
+            with pytest.raises((StorageError, Conflict)):
+                async with harness.k.db.begin() as conn:
+                    await conn.execute(stmt)
+        async with harness.k.db.connect() as conn:
+            rows = (await conn.execute(decisions.select())).all()
+        assert [(r.tenant_id, r.ok) for r in rows] == [(tenant, True)]
+
+    harness.run(work())

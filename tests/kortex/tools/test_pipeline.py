@@ -1,0 +1,161 @@
+"""The tool pipeline: deny by default, validation, timeouts, caps, redaction and audit."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from pydantic import Field
+
+from kortex.messages import ToolCall
+from kortex.storage.audit import AuditEntry
+from kortex.testing.tools import TEST_TOOLS
+from kortex.tools.pipeline import ToolPipeline
+from kortex.tools.policy import ToolPolicy
+from kortex.tools.registry import ToolRegistry
+from kortex.tools.spec import Effect, ToolContext, ToolInput, ToolSpec
+
+
+class _Args(ToolInput):
+    n: int = Field(ge=0, le=10)
+
+
+async def _boom(args: _Args, ctx: ToolContext) -> dict[str, Any]:
+    raise ZeroDivisionError("bug")
+
+
+async def _write(args: _Args, ctx: ToolContext) -> dict[str, Any]:
+    return {"done": True}
+
+
+BOOM = ToolSpec(name="boom", description="raises", input_model=_Args, run=_boom, redact=("x",))
+WRITER = ToolSpec(name="writer", description="writes", input_model=_Args, run=_write, redact=("done",),
+                  effect=Effect.STATE_CHANGE)
+
+
+def _ctx() -> ToolContext:
+    return ToolContext(tenant_id="t1", session_id="s1", turn_id="u1", call_id="c1", step=0,
+                       now=datetime.now(UTC), sources=None)  # type: ignore[arg-type]
+
+
+def _pipeline(allowed=None, **kwargs: Any) -> ToolPipeline:
+    registry = ToolRegistry([*TEST_TOOLS, BOOM, WRITER])
+    policy = ToolPolicy.build(allowed, registry)
+    return ToolPipeline(registry, policy, **kwargs)
+
+
+def run(pipeline: ToolPipeline, name: str, args: dict, audit: list | None = None, **kw: Any):
+    return asyncio.run(pipeline.run(ToolCall(id="c1", name=name, arguments=args), _ctx(), audit=audit, **kw))
+
+
+def test_unknown_and_unlisted_tools_are_denied_alike() -> None:
+    p = _pipeline(allowed=["debug_echo"])
+    unknown = run(p, "rm_rf", {})
+    unlisted = run(p, "debug_sleep", {"seconds": 0})
+    for result in (unknown, unlisted):
+        assert result.is_error and result.error_code == "policy_denied"
+        assert "not available" in result.content["message"]
+    assert not run(p, "debug_echo", {"text": "hi"}).is_error
+
+
+def test_write_effects_need_explicit_allowance() -> None:
+    assert run(_pipeline(), "writer", {"n": 1}).error_code == "policy_denied"  # default: read-only only
+    assert not run(_pipeline(allowed=["writer"]), "writer", {"n": 1}).is_error
+
+
+def test_validation_errors_name_the_fields() -> None:
+    result = run(_pipeline(), "debug_echo", {"repeat": 0, "extra": 1})
+    assert result.is_error and result.error_code == "validation"
+    msg = result.content["message"]
+    assert "text" in msg and "repeat" in msg and "extra" in msg
+
+
+def test_invalid_json_arguments_are_reported_without_echoing_them() -> None:
+    p = _pipeline()
+    call = ToolCall(id="c9", name="debug_echo", arguments={}, arguments_error="invalid_json")
+    result = asyncio.run(p.run(call, _ctx()))
+    assert result.error_code == "invalid_json" and result.call_id == "c9"
+
+
+def test_timeout_becomes_a_structured_error() -> None:
+    p = _pipeline(timeouts={"debug_sleep": 0.1})
+    result = run(p, "debug_sleep", {"seconds": 5})
+    assert result.is_error and result.error_code == "timeout"
+    assert result.content["error"] == "tool_timeout" and result.content["tool"] == "debug_sleep"
+    assert result.elapsed_ms < 2000
+
+
+def test_timeouts_are_clamped_to_the_category_ceiling() -> None:
+    p = _pipeline(timeouts={"debug_sleep": 10_000})
+    timeout, ceiling = p.limits_for("debug_sleep")
+    assert timeout == ceiling == 30.0  # lookup category: 5 s default, 30 s hard
+
+
+def test_upstream_and_internal_failures_become_results() -> None:
+    up = run(_pipeline(), "debug_echo", {"text": "x", "fail": True})
+    assert up.error_code == "upstream" and "503" in up.content["message"]
+    bug = run(_pipeline(), "boom", {"n": 1})
+    assert bug.error_code == "internal" and bug.content["message"] == "internal error"
+
+
+def test_output_is_capped_and_flagged_truncated() -> None:
+    p = _pipeline(result_cap_bytes=2048)
+    result = run(p, "debug_echo", {"text": "x" * 100, "repeat": 200})
+    assert not result.is_error and result.truncated and result.content["truncated"] is True
+    assert 0 < len(result.content["items"]) < 200
+    import json
+
+    assert len(json.dumps(result.content).encode()) <= 2048
+
+
+def test_redaction_keeps_only_allowlisted_fields() -> None:
+    result = run(_pipeline(), "debug_echo", {"text": "token=abc123secret ok"})
+    assert "secret" not in result.content  # not in the allowlist
+    assert result.content["items"] == ["token=[REDACTED] ok"]
+
+
+def test_every_call_writes_one_audit_entry_with_scrubbed_arguments() -> None:
+    entries: list[AuditEntry] = []
+    p = _pipeline()
+    run(p, "debug_echo", {"text": "password=hunter2"}, audit=entries)
+    run(p, "nope", {}, audit=entries)
+    assert [e.ok for e in entries] == [True, False]
+    assert entries[0].payload["arguments"] == {"text": "password=[REDACTED]"}
+    assert entries[1].payload["error_code"] == "policy_denied"
+    assert all(e.kind == "tool_call" and e.tenant_id == "t1" for e in entries)
+
+
+def test_progress_note_fires_for_slow_tools() -> None:
+    notes: list[int] = []
+
+    async def on_progress(call: ToolCall, elapsed_ms: int) -> None:
+        notes.append(elapsed_ms)
+
+    p = _pipeline(progress_after=0.05)
+    result = run(p, "debug_sleep", {"seconds": 0.2}, on_progress=on_progress)
+    assert not result.is_error and notes == [50]
+    fast: list[int] = []
+    run(p, "debug_sleep", {"seconds": 0}, on_progress=lambda c, e: fast.append(e))  # type: ignore[arg-type,return-value]
+    assert fast == []
+
+
+def test_registry_rejects_collisions_and_bad_names() -> None:
+    with pytest.raises(ValueError):
+        ToolRegistry([BOOM, BOOM])
+    with pytest.raises(ValueError):
+        ToolRegistry([ToolSpec(name="bad name", description="", input_model=_Args, run=_boom, redact=("x",))])
+    with pytest.raises(ValueError):
+        ToolSpec(name="noredact", description="", input_model=_Args, run=_boom)
+
+
+def test_schema_keeps_argument_named_title() -> None:
+    class WithTitle(ToolInput):
+        title: str = Field(description="an argument called title")
+
+    spec = ToolSpec(name="t", description="", input_model=WithTitle, run=_boom, redact=("x",))
+    assert "title" in spec.input_schema["properties"]
+    assert "title" not in spec.input_schema  # pydantic's own annotation is gone
+    assert spec.input_schema["required"] == ["title"]
+

@@ -1,0 +1,202 @@
+"""A whole turn, driven in-process over SQLite: the state machine, events and audit."""
+
+from __future__ import annotations
+
+import json
+
+from kortex.storage import audit
+from kortex.storage.schema import tool_invocations
+from kortex.turns import chat, watchdog
+from kortex.testing.inline import drive
+from sqlalchemy import select, update
+
+from tests.conftest import Harness
+
+
+def _types(entries: list) -> list[str]:
+    return [e.type for e in entries]
+
+
+def test_two_tool_turn_streams_events_in_order_and_stores_the_conversation(harness: Harness) -> None:
+    tenant = harness.tenant("acme")
+    harness.seed(tenant)
+    turn = harness.ask(tenant, "why?", model="scripted:two_tools")
+    assert turn.status == "done" and turn.step == 1
+    entries = harness.events(turn.id)
+    types = _types(entries)
+    assert types[0] == "turn" and types[-1] == "done"
+    # text_flush_ms=0 in tests: one text event per streamed piece (three per step in the script)
+    assert types == ["turn", "text", "text", "text", "tool_call", "tool_call", "tool_result", "tool_result",
+                     "turn", "text", "text", "text", "done"]
+    data = [json.loads(e.data) for e in entries]
+    calls = [d["call_id"] for d in data if d["type"] == "tool_call"]
+    results = {d["call_id"]: d for d in data if d["type"] == "tool_result"}
+    assert calls == ["call_deploys", "call_logs"] and set(results) == set(calls)
+    assert results["call_deploys"]["content"]["deploys"][0]["version"] == "v2.14.0"
+    assert len(results["call_logs"]["content"]["lines"]) == 5
+    text = "".join(d["delta"] for d in data if d["type"] == "text")
+    assert text == "Checking deploys and errors.Deploy v2.14.0 exhausted the pool."
+    roles = [(m.role, m.step, m.ord) for m in harness.messages(tenant, turn.session_id)]
+    assert roles == [("user", -1, 0), ("assistant", 0, 0), ("tool", 0, 1), ("tool", 0, 2), ("assistant", 1, 0)]
+    rows = harness.run(_audit(harness, tenant, turn.id))
+    assert sorted(r["kind"] for r in rows) == ["llm_call", "llm_call", "tool_call", "tool_call"]
+    assert all(r["tenant_id"] == tenant for r in rows)
+    usage = data[-1]["usage"]
+    assert usage["input_tokens"] == turn.input_tokens > 0
+
+
+async def _audit(h: Harness, tenant: str, turn_id: str) -> list[dict]:
+    async with h.k.db.connect() as conn:
+        return await audit.list_for_turn(conn, tenant, turn_id)
+
+
+def test_tool_errors_are_fed_back_to_the_model_and_the_turn_finishes(harness: Harness) -> None:
+    tenant = harness.tenant("acme")
+    turn = harness.ask(tenant, "try", model="scripted:bad_calls")
+    assert turn.status == "done"
+    results = {json.loads(e.data)["call_id"]: json.loads(e.data) for e in harness.events(turn.id)
+               if e.type == "tool_result"}
+    assert results["call_badargs"]["error_code"] == "validation"
+    assert "limit" in results["call_badargs"]["content"]["message"]
+    assert "time_range" in results["call_badargs"]["content"]["message"]
+    assert results["call_unknown"]["error_code"] == "policy_denied"
+    assert results["call_badjson"]["error_code"] == "invalid_json"
+    assert all(r["is_error"] for r in results.values())
+    tool_messages = [m for m in harness.messages(tenant, turn.session_id) if m.role == "tool"]
+    assert {m.error_code for m in tool_messages} == {"validation", "policy_denied", "invalid_json"}
+
+
+def test_max_tool_depth_ends_the_turn_with_a_clear_message(harness_factory) -> None:
+    h = harness_factory(llm={"max_tool_depth": 2})
+    tenant = h.tenant("acme")
+    turn = h.ask(tenant, "loop", model="scripted:loop")
+    assert turn.status == "done"
+    assert turn.error["code"] == "tool_depth_exceeded"
+    entries = h.events(turn.id)
+    assert _types(entries)[-2:] == ["error", "done"]
+    assistant = [m for m in h.messages(tenant, turn.session_id) if m.role == "assistant"]
+    assert len(assistant) == 3  # steps 0 and 1 called tools; step 2 hit the limit
+    assert "max_tool_depth" in assistant[-1].content and assistant[-1].step == 2
+
+
+def test_provider_failure_mid_stream_fails_the_turn_without_duplicating_text(harness: Harness) -> None:
+    tenant = harness.tenant("acme")
+    turn = harness.ask(tenant, "boom", model="scripted:fail")
+    assert turn.status == "failed"
+    data = [json.loads(e.data) for e in harness.events(turn.id)]
+    assert [d["type"] for d in data] == ["turn", "text", "error", "done"]
+    assert data[1]["delta"] == "Starting, "
+    assert data[2]["code"] == "provider" and "upstream exploded" in data[2]["message"]
+    assert data[3]["status"] == "failed"
+    assert [m.role for m in harness.messages(tenant, turn.session_id)] == ["user"]
+
+
+def test_unknown_model_is_rejected_before_a_turn_exists(harness: Harness) -> None:
+    import pytest
+
+    from kortex.errors import KortexError
+
+    tenant = harness.tenant("acme")
+    with pytest.raises(KortexError):
+        harness.ask(tenant, "hi", model="scripted:no_such_script")
+    with pytest.raises(KortexError):
+        harness.ask(tenant, "hi", model="nope:model")
+
+
+def test_watchdog_settles_a_tool_that_outlived_its_worker_and_resumes_the_turn(harness: Harness) -> None:
+    tenant = harness.tenant("acme")
+
+    async def scenario():
+        k = harness.k
+        session = await chat.create_session(k, tenant, "t", "scripted:two_tools")
+        posted = await chat.post_message(k, tenant, session.id, "go")
+        from kortex.turns.step import run_step
+
+        handoff = await run_step(k, tenant, posted.turn.id, 0)
+        assert len(handoff.tools) == 2
+        # One tool was claimed by a worker that then died: mark it running, past its deadline.
+        dead = handoff.tools[0]
+        async with k.db.begin() as conn:
+            await conn.execute(update(tool_invocations).where(tool_invocations.c.id == dead.invocation_id)
+                               .values(status="running", deadline_at=posted.turn.created_at))
+        from kortex.turns.toolrun import run_tool
+
+        other = handoff.tools[1]
+        assert not await run_tool(k, tenant, other.invocation_id, other.tool, other.hard_limit)
+        report = await watchdog.sweep(k)
+        assert report.timed_out_tools == 1
+        assert [s.step for s in report.handoff.steps] == [1]
+        await drive(k, report.handoff)
+        async with k.db.connect() as conn:
+            row = (await conn.execute(select(tool_invocations).where(
+                tool_invocations.c.id == dead.invocation_id))).one()
+        assert row.is_error and row.error_code == "timeout"
+        return await chat.get_turn(k, tenant, posted.turn.id)
+
+    turn = harness.run(scenario())
+    assert turn.status == "done"
+
+
+def test_watchdog_fails_turns_past_their_deadline_and_requeues_lost_handoffs(harness_factory) -> None:
+    h = harness_factory(turn={"deadline": 600, "requeue_after": 0})
+    tenant = h.tenant("acme")
+
+    async def scenario():
+        k = h.k
+        session = await chat.create_session(k, tenant, "t", "scripted:text_only")
+        lost = await chat.post_message(k, tenant, session.id, "never enqueued")
+        report = await watchdog.sweep(k)  # requeue_after=0: the queued turn counts as lost
+        assert [s.turn_id for s in report.handoff.steps] == [lost.turn.id]
+        await drive(k, report.handoff)
+        assert (await chat.get_turn(k, tenant, lost.turn.id)).status == "done"
+
+        stuck = await chat.post_message(k, tenant, session.id, "stuck")
+        from kortex.storage.schema import turns as turns_table
+
+        async with k.db.begin() as conn:
+            await conn.execute(update(turns_table).where(turns_table.c.id == stuck.turn.id)
+                               .values(deadline_at=stuck.turn.created_at))
+        report = await watchdog.sweep(k)
+        assert report.failed_turns == 1
+        turn = await chat.get_turn(k, tenant, stuck.turn.id)
+        assert turn.status == "failed" and turn.error["code"] == "deadline_exceeded"
+        events = await k.events.read(stuck.turn.id)
+        assert [e.type for e in events][-2:] == ["error", "done"]
+
+    h.run(scenario())
+
+
+def test_a_step_delivered_twice_runs_once(harness: Harness) -> None:
+    tenant = harness.tenant("acme")
+
+    async def scenario():
+        import asyncio
+
+        from kortex.turns.step import run_step
+
+        k = harness.k
+        session = await chat.create_session(k, tenant, "t", "scripted:two_tools")
+        posted = await chat.post_message(k, tenant, session.id, "go")
+        first, second = await asyncio.gather(run_step(k, tenant, posted.turn.id, 0),
+                                             run_step(k, tenant, posted.turn.id, 0))
+        assert len(first.tools) + len(second.tools) == 2  # exactly one of them ran the step
+        await drive(k, first + second)
+        # late duplicates of every task change nothing
+        again = await run_step(k, tenant, posted.turn.id, 0)
+        assert not again
+        return posted.turn.id, session.id
+
+    turn_id, session_id = harness.run(scenario())
+    messages = harness.messages(tenant, session_id)
+    assert [m.role for m in messages] == ["user", "assistant", "tool", "tool", "assistant"]
+
+
+def test_call_ids_a_model_repeats_across_steps_are_made_unique(harness_factory) -> None:
+    h = harness_factory(llm={"max_tool_depth": 3})
+    tenant = h.tenant("acme")
+    turn = h.ask(tenant, "again and again", model="scripted:repeat_id")
+    assert turn.status == "done" and turn.error["code"] == "tool_depth_exceeded"
+    ids = [json.loads(e.data)["call_id"] for e in h.events(turn.id) if e.type == "tool_call"]
+    assert len(ids) == 3 and len(set(ids)) == 3 and ids[0] == "call_same"
+    results = [json.loads(e.data)["call_id"] for e in h.events(turn.id) if e.type == "tool_result"]
+    assert results == ids

@@ -1,0 +1,41 @@
+"""The Celery shell: explicit names, queues, routing, and hand-offs with per-call time limits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kortex.turns.handoff import Handoff, StepDispatch, ToolDispatch
+from workers.app import app
+from workers.dispatch import dispatch
+from workers.queues import Queue, TaskName
+
+
+def test_tasks_have_explicit_names_and_queues() -> None:
+    import workers.tasks  # noqa: F401 - registers the tasks
+
+    for name in TaskName:
+        assert name.value in app.tasks
+    assert app.tasks[TaskName.STEP.value].queue == Queue.TURNS.value
+    assert app.tasks[TaskName.TOOL.value].queue == Queue.TOOLS.value
+    assert app.conf.task_acks_late and app.conf.task_reject_on_worker_lost
+    assert {q.name for q in app.conf.task_queues} == {"turns", "tools"}
+
+
+class FakeApp:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, dict[str, Any]]] = []
+
+    def send_task(self, name: str, **options: Any) -> None:
+        self.sent.append((name, options))
+
+
+def test_dispatch_sends_tools_with_their_time_limits_and_steps_to_turns() -> None:
+    fake = FakeApp()
+    dispatch(fake, Handoff(steps=(StepDispatch("t", "u", 2),),  # type: ignore[arg-type]
+                           tools=(ToolDispatch("t", "i1", "get_logs", 40.0, 50.0),)))
+    (tool_name, tool_opts), (step_name, step_opts) = fake.sent
+    assert tool_name == "kortex.tool.run" and tool_opts["queue"] == "tools"
+    assert tool_opts["soft_time_limit"] == 40.0 and tool_opts["time_limit"] == 50.0
+    assert tool_opts["kwargs"] == {"tenant_id": "t", "invocation_id": "i1", "tool": "get_logs", "hard_limit": 50.0}
+    assert step_name == "kortex.turn.step" and step_opts == {
+        "kwargs": {"tenant_id": "t", "turn_id": "u", "step": 2}, "queue": "turns"}
