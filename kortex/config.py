@@ -170,6 +170,7 @@ class Settings(BaseSettings):
     secret_key: Secret = None  # signs paging cursors; set it in production (KORTEX_SECRET_KEY)
     home: Path = Field(default_factory=default_home)
     log_level: str = "INFO"
+    task_events: bool = False  # Celery task events from the start; Flower enables them itself
     llm: LLMSettings = Field(default_factory=LLMSettings)
     tools: ToolPolicySettings = Field(default_factory=ToolPolicySettings)
     turn: TurnSettings = Field(default_factory=TurnSettings)

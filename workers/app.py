@@ -40,9 +40,10 @@ def make_celery(settings: Settings) -> Celery:
         },
         broker_transport_options=transport,
         broker_connection_retry_on_startup=True,
-        worker_send_task_events=True,      # Flower's live view
-        task_send_sent_event=True,
-        task_track_started=True,
+        # Task events cost three Redis publishes per task; Flower switches them on for as long
+        # as it watches (its enable_events default), so they are off otherwise.
+        worker_send_task_events=settings.task_events,
+        task_send_sent_event=settings.task_events,
         worker_hijack_root_logger=False,
         beat_schedule={
             "watchdog": {
