@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 import uuid
 from collections import OrderedDict
@@ -19,26 +20,29 @@ from kortex.stream.hub import StreamHub
 
 class AuthCache:
     """Recently verified keys, so a stream of requests costs one database lookup per key and TTL.
-    A revoked key stops working within ``ttl`` seconds."""
+    A revoked key stops working within ``ttl`` seconds. Used from the API's thread pool."""
 
     def __init__(self, ttl: float = 30.0, size: int = 10_000) -> None:
         self.ttl = ttl
         self.size = size
         self._items: OrderedDict[str, tuple[float, TenantRecord]] = OrderedDict()
+        self._lock = threading.Lock()
 
     def get(self, digest: str) -> TenantRecord | None:
-        item = self._items.get(digest)
-        if item is None or item[0] < time.monotonic():
-            self._items.pop(digest, None)
-            return None
-        self._items.move_to_end(digest)
-        return item[1]
+        with self._lock:
+            item = self._items.get(digest)
+            if item is None or item[0] < time.monotonic():
+                self._items.pop(digest, None)
+                return None
+            self._items.move_to_end(digest)
+            return item[1]
 
     def put(self, digest: str, tenant: TenantRecord) -> None:
-        self._items[digest] = (time.monotonic() + self.ttl, tenant)
-        self._items.move_to_end(digest)
-        while len(self._items) > self.size:
-            self._items.popitem(last=False)
+        with self._lock:
+            self._items[digest] = (time.monotonic() + self.ttl, tenant)
+            self._items.move_to_end(digest)
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
 
 
 def kortex(request: Request) -> Kortex:
@@ -49,7 +53,7 @@ def hub(request: Request) -> StreamHub:
     return request.app.state.hub  # type: ignore[no-any-return]
 
 
-async def current_tenant(
+def current_tenant(
     request: Request,
     authorization: Annotated[str | None, Header(include_in_schema=False)] = None,
 ) -> TenantRecord:
@@ -61,8 +65,8 @@ async def current_tenant(
     digest = hashlib.sha256(key.encode()).hexdigest()
     tenant = cache.get(digest)
     if tenant is None:
-        async with kortex(request).db.connect() as conn:
-            tenant = await tenants.authenticate(conn, key)
+        with kortex(request).db.connect() as conn:
+            tenant = tenants.authenticate(conn, key)
         cache.put(digest, tenant)
     return tenant
 

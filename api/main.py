@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.responses import Response
+from fastapi import FastAPI
+from starlette.concurrency import run_in_threadpool
 
 from api import errors
 from api.deps import AuthCache
@@ -21,6 +21,47 @@ from kortex.turns.handoff import Handoff
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 1024 * 1024
+
+
+class BodyLimit:
+    """Reject request bodies over ``limit`` bytes with 413, declared or streamed (pure ASGI, so
+    streaming responses pass through untouched)."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope.get("headers") or ()).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.limit):
+            await self._reject(scope, receive, send)
+            return
+        seen = 0
+
+        async def limited() -> dict[str, Any]:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise _TooLarge()
+            return message  # type: ignore[no-any-return]
+
+        try:
+            await self.app(scope, limited, send)
+        except _TooLarge:
+            await self._reject(scope, receive, send)
+
+    async def _reject(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        response = errors.error_response(413, "too_large", f"request body is larger than {self.limit} bytes")
+        await response(scope, receive, send)
+
+
+class _TooLarge(Exception):
+    pass
 
 
 def create_app(settings: Settings | None = None, *, dispatch: Callable[[Handoff], None] | None = None,
@@ -57,22 +98,16 @@ def create_app(settings: Settings | None = None, *, dispatch: Callable[[Handoff]
             yield
         finally:
             await hub.stop()
-            await k.aclose()
             if worker is not None:
                 worker.stop()
+            await run_in_threadpool(k.close)
 
     app = FastAPI(title="Kortex", version="0.1.0", lifespan=lifespan,
                   description="An LLM investigates production problems with read-only tools and answers "
                               "with evidence, streamed as Server-Sent Events.")
     errors.install(app)
 
-    @app.middleware("http")
-    async def limit_body(request: Request, call_next: Any) -> Response:
-        length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
-            return errors.error_response(413, "too_large", f"request body is larger than {MAX_BODY_BYTES} bytes")
-        return await call_next(request)  # type: ignore[no-any-return]
-
+    app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
     app.include_router(health.router)
     app.include_router(sessions.router)
     app.include_router(turns.router)

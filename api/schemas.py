@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kortex.messages import Usage
 from kortex.storage.records import MessageRecord, SessionRecord, TurnRecord
 
 
@@ -40,10 +41,12 @@ class SessionOut(BaseModel):
     usage: UsageOut
 
     @classmethod
-    def of(cls, s: SessionRecord) -> SessionOut:
+    def of(cls, s: SessionRecord, usage: Usage | None = None) -> SessionOut:
+        usage = usage or Usage()
         return cls(id=s.id, name=s.name, model=s.model, created_at=s.created_at, updated_at=s.updated_at,
                    turn_count=s.turn_count,
-                   usage=UsageOut(input_tokens=s.input_tokens, output_tokens=s.output_tokens, cost_usd=s.cost_usd))
+                   usage=UsageOut(input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
+                                  cost_usd=usage.cost_usd))
 
 
 class MessageOut(BaseModel):

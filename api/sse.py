@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+from starlette.concurrency import run_in_threadpool
+
 from kortex.container import Kortex
 from kortex.storage.records import TurnRecord
 from kortex.stream.entries import START, Entry, is_entry_id, parse_id
@@ -23,12 +25,12 @@ async def turn_events(
 ) -> AsyncIterator[str]:
     after = last_event_id if is_entry_id(last_event_id) else START
     yield "retry: 2000\n\n"
-    if not await k.events.exists(turn.id):
-        turn = await get_turn(k, turn.tenant_id, turn.id)
+    if not await run_in_threadpool(k.events.exists, turn.id):
+        turn = await run_in_threadpool(get_turn, k, turn.tenant_id, turn.id)
         if turn.finished:
             # The live stream has expired: rebuild it from the database (ids 0-1, 0-2, ...).
             skip = parse_id(after)[1] if after.startswith("0-") else 0
-            for entry in await replay_events(k, turn):
+            for entry in await run_in_threadpool(replay_events, k, turn):
                 if parse_id(entry.id)[1] > skip:
                     yield format_entry(entry)
             return

@@ -1,14 +1,20 @@
 """Turn benchmark: Kortex against a bare Celery baseline, measured in the same run.
 
-    ./dev bench [--turns 300] [--samples 100] [--concurrency 2]
+    ./dev bench [--script bench_turn] [--turns 300] [--samples 100] [--concurrency 2]
 
-Kortex side: a turn with the scripted provider and one tool call (get_recent_deploys over the
-embedded store): step task -> tool task -> step task, through PostgreSQL and Redis.
-Baseline: one bare Celery task writing the same number of chunks to a Redis Stream.
+Kortex side: one turn of the scripted provider with one tool call (get_recent_deploys over the
+embedded store): step task -> tool task -> step task, through PostgreSQL and Redis. The
+default script streams a realistic answer: 12 text chunks before the tool call and 123 after.
 
-Figures: latency from enqueue to the first streamed event (and to the first text), p50/p99;
-throughput in turns per second with every turn enqueued at once. Both run on workers with the
-same pool and concurrency. Needs PostgreSQL and Redis (the test services); leaves nothing behind.
+Baseline: one bare Celery task writing the same number of chunks to a Redis Stream, one XADD
+per chunk: every chunk the model streamed plus Kortex's structural events (turn, tool_call,
+tool_result, done). It runs with the same broker settings, pool and concurrency.
+
+Kortex is measured twice: as configured by default (text deltas coalesced over 25 ms, so a
+fast stream costs a few Redis writes) and with coalescing off (one write per chunk, exactly
+the baseline's writes). Figures: enqueue -> first event and -> first text (p50/p99, sequential
+turns), throughput with every turn enqueued at once, and CPU per turn by process.
+Needs PostgreSQL and Redis (the test services); leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -17,7 +23,6 @@ import argparse
 import contextlib
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -34,7 +39,6 @@ from sqlalchemy import func, select
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kortex.aio import LoopThread  # noqa: E402
 from kortex.config import Settings  # noqa: E402
 from kortex.container import Kortex  # noqa: E402
 from kortex.storage import tenants  # noqa: E402
@@ -65,12 +69,12 @@ def throwaway_database() -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def worker(argv: list[str], env: dict[str, str], ready_marker: str = " ready.") -> Iterator[None]:
+def worker(argv: list[str], env: dict[str, str]) -> Iterator[None]:
     log = tempfile.NamedTemporaryFile("w+b", suffix=".log", delete=False)
     proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 60
-        while ready_marker not in Path(log.name).read_text(errors="replace"):
+        while " ready." not in Path(log.name).read_text(errors="replace"):
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(Path(log.name).read_text(errors="replace")[-3000:])
             time.sleep(0.1)
@@ -95,7 +99,7 @@ def read_until(r: redis.Redis, key: str, stop_type: str | None, timeout: float =
     last = "0-0"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        reply = r.xread({key: last}, count=100, block=1000)
+        reply = r.xread({key: last}, count=1000, block=1000)
         now = time.perf_counter()
         for _key, entries in reply or []:
             for eid, fields in entries:
@@ -106,150 +110,189 @@ def read_until(r: redis.Redis, key: str, stop_type: str | None, timeout: float =
     raise TimeoutError(f"no {stop_type or 'entry'} on {key}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--turns", type=int, default=300, help="turns (and bare tasks) for throughput")
-    parser.add_argument("--samples", type=int, default=100, help="sequential runs for latency")
-    parser.add_argument("--concurrency", type=int, default=2, help="worker processes on each side")
-    parser.add_argument("--pool", default="prefork")
-    args = parser.parse_args()
+def cpu_snapshot() -> dict[str, tuple[str, int]]:
+    """CPU ticks used so far by every process on the machine, with a label for each."""
+    out = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        comm = stat[stat.index("(") + 1:stat.rindex(")")]
+        label = ("worker" if ("workers.app" in cmd or "bare_app" in cmd)
+                 else "bench client" if "turns.py" in cmd else comm)
+        out[pid] = (label, int(fields[11]) + int(fields[12]))
+    return out
 
-    prefix = f"kxbench-{uuid.uuid4().hex[:8]}"
-    r = redis.Redis.from_url(REDIS_URL, decode_responses=True)
-    with throwaway_database() as pg_url:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("KORTEX_")}
-        env.update({
+
+def cpu_delta(before: dict[str, tuple[str, int]], n: int) -> dict[str, float]:
+    """CPU milliseconds per turn (or task) by process kind, across the whole machine."""
+    after = cpu_snapshot()
+    tick = os.sysconf("SC_CLK_TCK")
+    totals: dict[str, float] = {}
+    for pid, (label, ticks) in after.items():
+        used = ticks - before.get(pid, (label, 0))[1]
+        if used > 0:
+            totals[label] = totals.get(label, 0.0) + used * 1000 / tick / n
+    return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, pg_url: str, prefix: str) -> None:
+        self.args = args
+        self.prefix = prefix
+        self.r = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("KORTEX_")}
+        self.env.update({
             "KORTEX_DATABASE_URL": pg_url, "KORTEX_REDIS_URL": REDIS_URL, "KORTEX_REDIS_PREFIX": prefix,
             "KORTEX_TESTING__ENABLE_TEST_PROVIDERS": "true", "PYTHONPATH": str(ROOT),
             "KORTEX_LLM__BUDGET__MAX_CONCURRENT_TURNS_PER_TENANT": "1000000",
             "BENCH_REDIS_URL": REDIS_URL, "BENCH_PREFIX": prefix,
         })
-        common = ["-P", args.pool, "-c", str(args.concurrency), "-l", "INFO", "--without-mingle", "--without-gossip"]
-        ours_argv = [sys.executable, "-m", "celery", "-A", "workers.app", "worker", "-Q", "turns,tools",
-                     "-n", f"ours-{prefix}@%h", *common]
-        bare_argv = [sys.executable, "-m", "celery", "-A", "bench.bare_app", "worker", "-Q", "bare",
-                     "-n", f"bare-{prefix}@%h", *common]
         settings = Settings(database_url=pg_url, redis_url=REDIS_URL, redis_prefix=prefix,
                             testing={"enable_test_providers": True},
                             llm={"budget": {"max_concurrent_turns_per_tenant": 1_000_000}})
-        loop = LoopThread("bench")
-        k = Kortex.create(settings)
-        celery_app = make_celery(settings)
+        self.k = Kortex.create(settings)
+        self.celery = make_celery(settings)
         os.environ.update(BENCH_REDIS_URL=REDIS_URL, BENCH_PREFIX=prefix)  # read when bare_app loads
         from bench.bare_app import app as bare_app
 
-        try:
-            with worker(ours_argv, env), worker(bare_argv, env):
-                results = run(args, loop, k, celery_app, bare_app, r, prefix)
-        finally:
-            loop.run(k.aclose())
-            loop.stop()
-            keys = list(r.scan_iter(match=f"{prefix}:*", count=1000))
-            if keys:
-                r.delete(*keys)
-    report(args, results)
+        self.bare = bare_app
+        with self.k.db.begin() as conn:
+            self.tenant_id = tenants.create_tenant(conn, "bench").id
+            scenarios.seed(conn, self.tenant_id, scenarios.get_scenario("checkout-deploy-regression"), now=utcnow())
 
+    def close(self) -> None:
+        self.k.close()
+        keys = list(self.r.scan_iter(match=f"{self.prefix}:*", count=1000))
+        if keys:
+            self.r.delete(*keys)
 
-def run(args: argparse.Namespace, loop: LoopThread, k: Kortex, celery_app: Any, bare_app: Any,
-        r: redis.Redis, prefix: str) -> dict[str, Any]:
-    async def setup() -> str:
-        async with k.db.begin() as conn:
-            tenant = await tenants.create_tenant(conn, "bench")
-            await scenarios.seed(conn, tenant.id, scenarios.get_scenario("checkout-deploy-regression"), now=utcnow())
-        return tenant.id
+    def _argv(self, app: str, queues: str, name: str) -> list[str]:
+        return [sys.executable, "-m", "celery", "-A", app, "worker", "-Q", queues, "-n", f"{name}-{self.prefix}@%h",
+                "-P", self.args.pool, "-c", str(self.args.concurrency), "-l", "INFO", "--without-mingle",
+                "--without-gossip"]
 
-    tenant_id = loop.run(setup())
+    # ---- Kortex ----
 
-    async def new_turn() -> tuple[Any, float]:
-        started = time.perf_counter()
-        session = await chat.create_session(k, tenant_id, "bench", "scripted:one_tool")
-        posted = await chat.post_message(k, tenant_id, session.id, "Why is checkout slow?")
-        return posted, time.perf_counter() - started
+    def _new_turn(self) -> Any:
+        session = chat.create_session(self.k, self.tenant_id, "bench", f"scripted:{self.args.script}")
+        return chat.post_message(self.k, self.tenant_id, session.id, "Why is checkout slow?")
 
-    def ours_once() -> tuple[float, float, float, int]:
-        posted, post_s = loop.run(new_turn())
-        key = k.events.key(posted.turn.id)
+    def _ours_once(self) -> tuple[float, float, int]:
+        posted = self._new_turn()
         t0 = time.perf_counter()
-        dispatch(celery_app, posted.handoff)
-        entries = read_until(r, key, "done")
-        first = entries[0][0] - t0
-        first_text = next(t for t, kind in entries if kind == "text") - t0
-        return first, first_text, post_s, len(entries)
+        dispatch(self.celery, posted.handoff)
+        entries = read_until(self.r, self.k.events.key(posted.turn.id), "done")
+        return entries[0][0] - t0, next(t for t, kind in entries if kind == "text") - t0, len(entries)
 
-    counter = f"{prefix}:bare-count"
+    def ours(self, flush_ms: int) -> dict[str, Any]:
+        env = {**self.env, "KORTEX_TURN__TEXT_FLUSH_MS": str(flush_ms)}
+        with worker(self._argv("workers.app", "turns,tools", f"k{flush_ms}"), env):
+            entries = [self._ours_once()[2] for _ in range(20)]  # warm-up
+            first, text = [], []
+            for _ in range(self.args.samples):
+                a, b, _n = self._ours_once()
+                first.append(a)
+                text.append(b)
+            posted = [self._new_turn() for _ in range(self.args.turns)]
+            ids = [p.turn.id for p in posted]
+            cpu = cpu_snapshot()
+            t0 = time.perf_counter()
+            for p in posted:
+                dispatch(self.celery, p.handoff)
+            while self._done(ids) < len(ids):
+                time.sleep(0.05)
+            rate = len(ids) / (time.perf_counter() - t0)
+            return {"first": first, "text": text, "rate": rate, "cpu": cpu_delta(cpu, len(ids)),
+                    "entries": max(set(entries), key=entries.count)}
 
-    def bare_send(chunks: int) -> str:
-        key = f"{prefix}:bare:{uuid.uuid4().hex}"
-        bare_app.send_task("bench.bare.write", kwargs={"key": key, "chunks": chunks, "counter": counter},
-                           queue="bare")
-        return key
-
-    def bare_once(chunks: int) -> float:
-        t0 = time.perf_counter()
-        key = bare_send(chunks)
-        return read_until(r, key, None)[0][0] - t0
-
-    # warm up both sides (process pools, connection pools, prepared statements)
-    chunk_counts = [ours_once()[3] for _ in range(20)]
-    chunks = max(set(chunk_counts), key=chunk_counts.count)
-    for _ in range(20):
-        bare_once(chunks)
-
-    ours_lat, ours_text, post_cost, bare_lat = [], [], [], []
-    for _ in range(args.samples):
-        first, first_text, post_s, _n = ours_once()
-        ours_lat.append(first)
-        ours_text.append(first_text)
-        post_cost.append(post_s)
-        bare_lat.append(bare_once(chunks))
-
-    # throughput: everything enqueued at once
-    async def many(n: int) -> list[Any]:
-        return [(await new_turn())[0] for _ in range(n)]
-
-    posted = loop.run(many(args.turns))
-    ids = [p.turn.id for p in posted]
-
-    async def done_count() -> int:
-        async with k.db.connect() as conn:
-            return int(await conn.scalar(select(func.count()).select_from(turns_table).where(
+    def _done(self, ids: list[str]) -> int:
+        with self.k.db.connect() as conn:
+            return int(conn.scalar(select(func.count()).select_from(turns_table).where(
                 turns_table.c.id.in_(ids), turns_table.c.status == "done")) or 0)
 
-    t0 = time.perf_counter()
-    for p in posted:
-        dispatch(celery_app, p.handoff)
-    while loop.run(done_count()) < len(ids):
-        time.sleep(0.02)
-    ours_tp = len(ids) / (time.perf_counter() - t0)
+    # ---- baseline ----
 
-    r.delete(counter)
-    t0 = time.perf_counter()
-    for _ in range(args.turns):
-        bare_send(chunks)
-    while int(r.get(counter) or 0) < args.turns:
-        time.sleep(0.01)
-    bare_tp = args.turns / (time.perf_counter() - t0)
-    return {"chunks": chunks, "ours_lat": ours_lat, "ours_text": ours_text, "bare_lat": bare_lat,
-            "post": post_cost, "ours_tp": ours_tp, "bare_tp": bare_tp}
+    def bare_run(self, chunks: int) -> dict[str, Any]:
+        counter = f"{self.prefix}:bare-count"
+
+        def send() -> str:
+            key = f"{self.prefix}:bare:{uuid.uuid4().hex}"
+            self.bare.send_task("bench.bare.write", kwargs={"key": key, "chunks": chunks, "counter": counter},
+                                queue="bare")
+            return key
+
+        def finished(n: int) -> None:
+            while int(self.r.get(counter) or 0) < n:
+                time.sleep(0.0005)
+
+        with worker(self._argv("bench.bare_app", "bare", "bare"), self.env):
+            first = []
+            for i in range(20 + self.args.samples):
+                t0 = time.perf_counter()
+                key = send()
+                if i >= 20:  # after the warm-up
+                    first.append(read_until(self.r, key, None)[0][0] - t0)
+                finished(i + 1)  # like the Kortex side, one task at a time: no queueing in the figure
+            self.r.delete(counter)
+            cpu = cpu_snapshot()
+            t0 = time.perf_counter()
+            for _ in range(self.args.turns):
+                send()
+            while int(self.r.get(counter) or 0) < self.args.turns:
+                time.sleep(0.01)
+            rate = self.args.turns / (time.perf_counter() - t0)
+            return {"first": first, "rate": rate, "cpu": cpu_delta(cpu, self.args.turns)}
 
 
-def report(args: argparse.Namespace, res: dict[str, Any]) -> None:
-    ms = lambda v: f"{v * 1000:7.2f} ms"  # noqa: E731
-    bl50, bl99 = pct(res["bare_lat"], 0.5), pct(res["bare_lat"], 0.99)
-    ol50, ol99 = pct(res["ours_lat"], 0.5), pct(res["ours_lat"], 0.99)
-    ot50, ot99 = pct(res["ours_text"], 0.5), pct(res["ours_text"], 0.99)
-    print(f"\nKortex turn benchmark · {args.pool} x{args.concurrency} per side · {args.samples} latency samples · "
-          f"{args.turns} turns for throughput · {res['chunks']} stream entries per turn\n")
-    print(f"{'':34}{'p50':>11}{'p99':>11}{'p50 ratio':>12}")
-    print(f"{'bare: enqueue -> first chunk':34}{ms(bl50):>11}{ms(bl99):>11}{'1.00x':>12}")
-    print(f"{'kortex: enqueue -> first event':34}{ms(ol50):>11}{ms(ol99):>11}{ol50 / bl50:>11.2f}x")
-    print(f"{'kortex: enqueue -> first text':34}{ms(ot50):>11}{ms(ot99):>11}{ot50 / bl50:>11.2f}x")
-    print(f"{'kortex: POST (session+turn rows)':34}{ms(statistics.median(res['post'])):>11}")
-    print(f"\n{'throughput':34}{'turns/s':>11}{'ratio':>11}")
-    print(f"{'bare':34}{res['bare_tp']:>11.1f}{'1.00':>11}")
-    print(f"{'kortex (3 tasks, 1 tool call)':34}{res['ours_tp']:>11.1f}{res['ours_tp'] / res['bare_tp']:>11.2f}")
-    print(json.dumps({"first_event_p50_ratio": round(ol50 / bl50, 2), "throughput_ratio":
-                      round(res["ours_tp"] / res["bare_tp"], 3)}))
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--script", default="bench_turn", help="scripted-provider script for the Kortex turns")
+    parser.add_argument("--turns", type=int, default=300, help="turns (and bare tasks) for throughput")
+    parser.add_argument("--samples", type=int, default=100, help="sequential runs for latency")
+    parser.add_argument("--concurrency", type=int, default=2, help="worker processes on each side")
+    parser.add_argument("--pool", default="prefork")
+    args = parser.parse_args()
+    prefix = f"kxbench-{uuid.uuid4().hex[:8]}"
+    with throwaway_database() as pg_url:
+        bench = Bench(args, pg_url, prefix)
+        try:
+            strict = bench.ours(flush_ms=0)        # one stream entry per chunk, as the baseline writes
+            default = bench.ours(flush_ms=25)
+            bare = bench.bare_run(strict["entries"])
+        finally:
+            bench.close()
+    report(args, bare, default, strict)
+
+
+def report(args: argparse.Namespace, bare: dict[str, Any], default: dict[str, Any], strict: dict[str, Any]) -> None:
+    ms = lambda v: f"{v * 1000:.2f} ms"  # noqa: E731
+    b50 = pct(bare["first"], 0.5)
+    print(f"\nKortex turn benchmark · script {args.script} · {args.pool} x{args.concurrency} per side · "
+          f"{args.samples} sequential turns for latency · {args.turns} for throughput")
+    print(f"baseline writes {strict['entries']} chunks per task; Kortex writes {strict['entries']} stream entries "
+          f"per turn with coalescing off, {default['entries']} with the default 25 ms coalescing\n")
+    print(f"{'latency from enqueue':44}{'p50':>10}{'p99':>10}{'p50 / bare':>12}")
+    print(f"{'bare task: first chunk':44}{ms(b50):>10}{ms(pct(bare['first'], 0.99)):>10}{'1.00x':>12}")
+    for label, res in (("kortex default", default), ("kortex, coalescing off", strict)):
+        for what, key in (("first event", "first"), ("first text", "text")):
+            p50 = pct(res[key], 0.5)
+            print(f"{label + ': ' + what:44}{ms(p50):>10}{ms(pct(res[key], 0.99)):>10}{p50 / b50:>11.2f}x")
+    print(f"\n{'throughput':44}{'per s':>10}{'/ bare':>10}   cpu ms each (whole machine)")
+    for label, res in (("bare task", bare), ("kortex turn, default", default), ("kortex turn, coalescing off", strict)):
+        cpu = res["cpu"]
+        parts = ", ".join(f"{k} {v:.1f}" for k, v in list(cpu.items())[:4])
+        print(f"{label:44}{res['rate']:>10.1f}{res['rate'] / bare['rate']:>10.2f}   {sum(cpu.values()):.1f}: {parts}")
+    print(json.dumps({
+        "first_event_p50_ratio": round(pct(default["first"], 0.5) / b50, 2),
+        "throughput_ratio_default": round(default["rate"] / bare["rate"], 3),
+        "throughput_ratio_coalescing_off": round(strict["rate"] / bare["rate"], 3),
+    }))
 
 
 if __name__ == "__main__":

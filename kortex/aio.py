@@ -22,6 +22,10 @@ class LoopThread:
         self._lock = threading.Lock()
 
     @property
+    def started(self) -> bool:
+        return self._loop is not None and self._pid == os.getpid()
+
+    @property
     def loop(self) -> asyncio.AbstractEventLoop:
         self._ensure()
         assert self._loop is not None

@@ -1,7 +1,8 @@
 """The composition root: builds every domain object of one process from its settings.
 
-One ``Kortex`` per process and event loop (its database pool and Redis clients belong to the
-loop that created them). Workers, the API and the CLI each build one and pass it down.
+One ``Kortex`` per process. Its database pool and Redis client are thread-safe; provider HTTP
+clients belong to its streaming loop. Workers, the API and the CLI each build one and pass it
+down.
 """
 
 from __future__ import annotations
@@ -10,8 +11,10 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from redis.asyncio import Redis
+from redis import Redis
+from redis.asyncio import Redis as AsyncRedis
 
+from kortex.aio import LoopThread
 from kortex.config import Settings
 from kortex.llm.providers import BUILTIN_PROVIDERS
 from kortex.llm.registry import ProviderFactory, ProviderRegistry
@@ -32,14 +35,14 @@ log = logging.getLogger(__name__)
 DEFAULT_ENABLED_EXTRA: tuple[str, ...] = ("propose_action",)
 
 
-def redis_factory(settings: Settings) -> Callable[[], Redis]:
-    """Makes single-connection clients (one per blocking reader)."""
+def redis_factory(settings: Settings) -> Callable[[], AsyncRedis]:
+    """Makes single-connection asyncio clients (one per blocking reader, e.g. the SSE hub)."""
     if settings.embedded:
-        from kortex.stream.embedded import embedded_redis
+        from kortex.stream.embedded import embedded_async_redis
 
-        return lambda: embedded_redis()
+        return embedded_async_redis
     url = settings.redis_url or ""
-    return lambda: Redis.from_url(url, decode_responses=True, single_connection_client=True)
+    return lambda: AsyncRedis.from_url(url, decode_responses=True, single_connection_client=True)
 
 
 def _shared_redis(settings: Settings) -> Redis:
@@ -73,6 +76,8 @@ class Kortex:
     sources: TelemetrySources
     cursors: CursorCodec
     services: dict[str, object] = field(default_factory=dict)
+    #: where LLM responses are streamed (asyncio); started on first use
+    loop: LoopThread = field(default_factory=lambda: LoopThread("kortex-stream"))
 
     @classmethod
     def create(
@@ -106,8 +111,18 @@ class Kortex:
         )
 
     async def aclose(self) -> None:
+        """Release what belongs to the streaming loop (provider HTTP clients)."""
         await self.providers.aclose()
+
+    def close(self) -> None:
+        """Release everything; call once, from a thread that is not the streaming loop."""
+        if self.loop.started:
+            try:
+                self.loop.run(self.aclose(), timeout=10)
+            finally:
+                self.loop.stop()
+        self.pipeline.close()
         try:
-            await self.redis.aclose()
+            self.redis.close()
         finally:
-            await self.db.dispose()
+            self.db.dispose()

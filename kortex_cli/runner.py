@@ -9,7 +9,6 @@ from typing import Any
 
 from rich.console import Console
 
-from kortex.aio import LoopThread
 from kortex.config import Settings, load_settings
 from kortex.container import Kortex
 from kortex.errors import NotFound
@@ -24,10 +23,9 @@ DEMO_TENANT = "demo"
 
 
 @contextlib.contextmanager
-def embedded_stack(settings: Settings) -> Iterator[tuple[LoopThread, Kortex]]:
-    """Database schema, a container on a loop thread, and (embedded mode) the in-process worker."""
+def embedded_stack(settings: Settings) -> Iterator[Kortex]:
+    """Database schema, a container, and (embedded mode) the in-process worker."""
     upgrade(settings.effective_database_url)
-    loop = LoopThread("kortex-cli-loop")
     k = Kortex.create(settings)
     worker = None
     if settings.embedded:
@@ -37,12 +35,11 @@ def embedded_stack(settings: Settings) -> Iterator[tuple[LoopThread, Kortex]]:
         worker = EmbeddedWorker(celery_app, settings=settings)
         worker.start()
     try:
-        yield loop, k
+        yield k
     finally:
         if worker is not None:
             worker.stop()
-        loop.run(k.aclose())
-        loop.stop()
+        k.close()
 
 
 def _dispatch(handoff: Any) -> None:
@@ -52,28 +49,28 @@ def _dispatch(handoff: Any) -> None:
     dispatch(celery_app, handoff)
 
 
-async def _tenant_id(k: Kortex, name: str, *, create: bool) -> str:
-    async with k.db.begin() as conn:
-        found = await tenants.get_tenant_by_name(conn, name)
+def _tenant_id(k: Kortex, name: str, *, create: bool) -> str:
+    with k.db.begin() as conn:
+        found = tenants.get_tenant_by_name(conn, name)
         if found is not None:
             return found.id
         if not create:
             raise NotFound(f"no tenant named {name!r}")
-        return (await tenants.create_tenant(conn, name)).id
+        return (tenants.create_tenant(conn, name)).id
 
 
-async def _seed(k: Kortex, tenant_id: str, scenario_name: str) -> dict[str, int]:
+def _seed(k: Kortex, tenant_id: str, scenario_name: str) -> dict[str, int]:
     scenario = scenarios.get_scenario(scenario_name)
-    async with k.db.begin() as conn:
-        return await scenarios.seed(conn, tenant_id, scenario, now=utcnow())
+    with k.db.begin() as conn:
+        return scenarios.seed(conn, tenant_id, scenario, now=utcnow())
 
 
-async def _ask(k: Kortex, tenant_id: str, question: str, model: str | None, printer: EventPrinter) -> bool:
-    session = await chat.create_session(k, tenant_id, name=question[:80], model=model)
-    posted = await chat.post_message(k, tenant_id, session.id, question)
+def _ask(k: Kortex, tenant_id: str, question: str, model: str | None, printer: EventPrinter) -> bool:
+    session = chat.create_session(k, tenant_id, name=question[:80], model=model)
+    posted = chat.post_message(k, tenant_id, session.id, question)
     _dispatch(posted.handoff)
     ok = False
-    async for entry in k.events.follow(posted.turn.id, idle_timeout=k.settings.turn.deadline + 30):
+    for entry in k.events.follow(posted.turn.id, idle_timeout=k.settings.turn.deadline + 30):
         printer.show(entry.type, json.loads(entry.data))
         if entry.type == "done":
             ok = json.loads(entry.data).get("status") == "done"
@@ -84,53 +81,47 @@ def run_demo(console: Console, *, question: str, scenario: str, model: str | Non
     settings = load_settings()
     mode = "embedded (SQLite + in-process worker)" if settings.embedded else "distributed"
     console.print(f"[bold]Kortex demo[/bold] · mode: {mode}")
-    with embedded_stack(settings) as (loop, k):
-        tenant_id = loop.run(_tenant_id(k, DEMO_TENANT, create=True))
-        counts = loop.run(_seed(k, tenant_id, scenario))
+    with embedded_stack(settings) as k:
+        tenant_id = _tenant_id(k, DEMO_TENANT, create=True)
+        counts = _seed(k, tenant_id, scenario)
         picked = scenarios.get_scenario(scenario)
         console.print(f"seeded scenario [cyan]{scenario}[/cyan]: {picked.title} "
                       f"({counts['logs']} log lines, {counts['metrics']} metric samples, {counts['deploys']} deploys)")
         console.print(f"\n[bold]Q:[/bold] {question}\n")
-        return loop.run(_ask(k, tenant_id, question, model, EventPrinter(console)))
+        return _ask(k, tenant_id, question, model, EventPrinter(console))
 
 
 def ask_embedded(console: Console, question: str, *, model: str | None, as_json: bool) -> bool:
     settings = load_settings()
-    with embedded_stack(settings) as (loop, k):
-        tenant_id = loop.run(_tenant_id(k, DEMO_TENANT, create=True))
-        return loop.run(_ask(k, tenant_id, question, model, EventPrinter(console, as_json=as_json)))
+    with embedded_stack(settings) as k:
+        tenant_id = _tenant_id(k, DEMO_TENANT, create=True)
+        return _ask(k, tenant_id, question, model, EventPrinter(console, as_json=as_json))
 
 
 def seed_scenario(tenant: str, scenario: str) -> dict[str, int]:
-    settings = load_settings()
-    upgrade(settings.effective_database_url)
-    loop = LoopThread("kortex-cli-loop")
-    k = Kortex.create(settings)
-    try:
-        tenant_id = loop.run(_tenant_id(k, tenant, create=tenant == DEMO_TENANT))
-        return loop.run(_seed(k, tenant_id, scenario))
-    finally:
-        loop.run(k.aclose())
-        loop.stop()
+    def work(k: Kortex) -> dict[str, int]:
+        return _seed(k, _tenant_id(k, tenant, create=tenant == DEMO_TENANT), scenario)
+
+    return _with_container(work)
 
 
 def create_tenant_with_key(name: str) -> tuple[str, str]:
-    async def work(k: Kortex) -> tuple[str, str]:
-        async with k.db.begin() as conn:
-            tenant = await tenants.create_tenant(conn, name)
-            issued = await tenants.issue_api_key(conn, tenant.id)
+    def work(k: Kortex) -> tuple[str, str]:
+        with k.db.begin() as conn:
+            tenant = tenants.create_tenant(conn, name)
+            issued = tenants.issue_api_key(conn, tenant.id)
         return tenant.id, issued.key
 
     return _with_container(work)
 
 
 def issue_key(name: str) -> str:
-    async def work(k: Kortex) -> str:
-        async with k.db.begin() as conn:
-            tenant = await tenants.get_tenant_by_name(conn, name)
+    def work(k: Kortex) -> str:
+        with k.db.begin() as conn:
+            tenant = tenants.get_tenant_by_name(conn, name)
             if tenant is None:
                 raise NotFound(f"no tenant named {name!r}")
-            return (await tenants.issue_api_key(conn, tenant.id)).key
+            return (tenants.issue_api_key(conn, tenant.id)).key
 
     return _with_container(work)
 
@@ -138,13 +129,11 @@ def issue_key(name: str) -> str:
 def _with_container(work: Any) -> Any:
     settings = load_settings()
     upgrade(settings.effective_database_url)
-    loop = LoopThread("kortex-cli-loop")
     k = Kortex.create(settings)
     try:
-        return loop.run(work(k))
+        return work(k)
     finally:
-        loop.run(k.aclose())
-        loop.stop()
+        k.close()
 
 
 def ask_remote(console: Console, url: str, api_key: str, question: str, *, model: str | None,

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Coroutine, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
-from kortex.aio import LoopThread
 from kortex.config import Settings
 from kortex.container import Kortex
 from kortex.storage import chats, tenants
@@ -21,7 +20,6 @@ from kortex.testing.inline import drive
 from kortex.timeparse import utcnow
 from kortex.turns import chat
 
-T = TypeVar("T")
 SCRIPTS = Path(__file__).parent / "scripts"
 
 
@@ -65,62 +63,57 @@ def sqlite_url(tmp_path: Path, sqlite_template: Path) -> str:
 
 
 class Harness:
-    """A container on its own loop thread, plus shortcuts tests use often."""
+    """A container plus shortcuts tests use often."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.loop = LoopThread("kortex-test-loop")
         self.k = Kortex.create(settings)
 
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 60) -> T:
-        return self.loop.run(coro, timeout)
-
     def close(self) -> None:
-        self.run(self.k.aclose())
-        self.loop.stop()
+        self.k.close()
 
     def tenant(self, name: str) -> str:
-        async def work() -> str:
-            async with self.k.db.begin() as conn:
-                found = await tenants.get_tenant_by_name(conn, name)
-                return found.id if found else (await tenants.create_tenant(conn, name)).id
+        def work() -> str:
+            with self.k.db.begin() as conn:
+                found = tenants.get_tenant_by_name(conn, name)
+                return found.id if found else (tenants.create_tenant(conn, name)).id
 
-        return self.run(work())
+        return work()
 
     def api_key(self, tenant_id: str) -> str:
-        async def work() -> str:
-            async with self.k.db.begin() as conn:
-                return (await tenants.issue_api_key(conn, tenant_id)).key
+        def work() -> str:
+            with self.k.db.begin() as conn:
+                return (tenants.issue_api_key(conn, tenant_id)).key
 
-        return self.run(work())
+        return work()
 
     def seed(self, tenant_id: str, scenario: str = "checkout-deploy-regression") -> dict[str, int]:
-        async def work() -> dict[str, int]:
-            async with self.k.db.begin() as conn:
-                return await scenarios.seed(conn, tenant_id, scenarios.get_scenario(scenario), now=utcnow())
+        def work() -> dict[str, int]:
+            with self.k.db.begin() as conn:
+                return scenarios.seed(conn, tenant_id, scenarios.get_scenario(scenario), now=utcnow())
 
-        return self.run(work())
+        return work()
 
     def ask(self, tenant_id: str, content: str, model: str | None = None, session_id: str | None = None) -> Any:
         """Post a message and drive the whole turn in-process; returns the finished turn."""
 
-        async def work() -> Any:
-            sid = session_id or (await chat.create_session(self.k, tenant_id, "test", model)).id
-            posted = await chat.post_message(self.k, tenant_id, sid, content, model=model)
-            await drive(self.k, posted.handoff)
-            return await chat.get_turn(self.k, tenant_id, posted.turn.id)
+        def work() -> Any:
+            sid = session_id or (chat.create_session(self.k, tenant_id, "test", model)).id
+            posted = chat.post_message(self.k, tenant_id, sid, content, model=model)
+            drive(self.k, posted.handoff)
+            return chat.get_turn(self.k, tenant_id, posted.turn.id)
 
-        return self.run(work())
+        return work()
 
     def messages(self, tenant_id: str, session_id: str) -> list[Any]:
-        async def work() -> list[Any]:
-            async with self.k.db.connect() as conn:
-                return await chats.list_messages(conn, tenant_id, session_id, limit=1000)
+        def work() -> list[Any]:
+            with self.k.db.connect() as conn:
+                return chats.list_messages(conn, tenant_id, session_id, limit=1000)
 
-        return self.run(work())
+        return work()
 
     def events(self, turn_id: str) -> list[Any]:
-        return self.run(self.k.events.read(turn_id))
+        return self.k.events.read(turn_id)
 
 
 @pytest.fixture

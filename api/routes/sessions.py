@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response
@@ -10,23 +9,24 @@ from fastapi import APIRouter, Header, Query, Request, Response
 from api.deps import KortexDep, TenantDep, object_id
 from api.schemas import CreateSession, MessageOut, MessagePage, PostMessage, SessionOut, TurnAccepted
 from kortex.errors import InvalidInput
-from kortex.storage import chats
+from kortex.storage import chats, turns
 from kortex.turns import chat
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 
 
 @router.post("", status_code=201, response_model=SessionOut)
-async def create_session(body: CreateSession, k: KortexDep, tenant: TenantDep, response: Response) -> SessionOut:
-    session = await chat.create_session(k, tenant.id, body.name, body.model)
+def create_session(body: CreateSession, k: KortexDep, tenant: TenantDep, response: Response) -> SessionOut:
+    session = chat.create_session(k, tenant.id, body.name, body.model)
     response.headers["Location"] = f"/v1/sessions/{session.id}"
     return SessionOut.of(session)
 
 
 @router.get("/{session_id}", response_model=SessionOut)
-async def get_session(session_id: str, k: KortexDep, tenant: TenantDep) -> SessionOut:
-    async with k.db.connect() as conn:
-        return SessionOut.of(await chats.get_session(conn, tenant.id, object_id(session_id, "session")))
+def get_session(session_id: str, k: KortexDep, tenant: TenantDep) -> SessionOut:
+    with k.db.connect() as conn:
+        session = chats.get_session(conn, tenant.id, object_id(session_id, "session"))
+        return SessionOut.of(session, turns.session_usage(conn, tenant.id, session.id))
 
 
 def _position(after: str | None) -> tuple[int, int, int] | None:
@@ -40,7 +40,7 @@ def _position(after: str | None) -> tuple[int, int, int] | None:
 
 
 @router.get("/{session_id}/messages", response_model=MessagePage)
-async def list_messages(
+def list_messages(
     session_id: str,
     k: KortexDep,
     tenant: TenantDep,
@@ -48,15 +48,15 @@ async def list_messages(
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
 ) -> MessagePage:
     sid = object_id(session_id, "session")
-    async with k.db.connect() as conn:
-        await chats.get_session(conn, tenant.id, sid)
-        rows = await chats.list_messages(conn, tenant.id, sid, after=_position(after), limit=limit)
+    with k.db.connect() as conn:
+        chats.get_session(conn, tenant.id, sid)
+        rows = chats.list_messages(conn, tenant.id, sid, after=_position(after), limit=limit)
     messages = [MessageOut.of(m) for m in rows]
     return MessagePage(messages=messages, next_after=messages[-1].position if len(messages) == limit else None)
 
 
 @router.post("/{session_id}/messages", status_code=202, response_model=TurnAccepted)
-async def post_message(
+def post_message(
     session_id: str,
     body: PostMessage,
     request: Request,
@@ -65,11 +65,10 @@ async def post_message(
     tenant: TenantDep,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)] = None,
 ) -> TurnAccepted:
-    posted = await chat.post_message(k, tenant.id, object_id(session_id, "session"), body.content,
+    posted = chat.post_message(k, tenant.id, object_id(session_id, "session"), body.content,
                                      model=body.model, idempotency_key=idempotency_key)
     if posted.handoff:
-        # Publishing to the broker is blocking I/O; keep it off the event loop.
-        await asyncio.to_thread(request.app.state.dispatch, posted.handoff)
+        request.app.state.dispatch(posted.handoff)  # a sync route: this runs on the thread pool
     turn = posted.turn
     events_url = f"/v1/turns/{turn.id}/events"
     response.headers["Location"] = f"/v1/turns/{turn.id}"

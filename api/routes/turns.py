@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import StreamingResponse
+from starlette.concurrency import run_in_threadpool
 
 from api.deps import HubDep, KortexDep, TenantDep, object_id
 from api.schemas import TurnOut
@@ -18,8 +19,8 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Connecti
 
 
 @router.get("/{turn_id}", response_model=TurnOut)
-async def read_turn(turn_id: str, k: KortexDep, tenant: TenantDep) -> TurnOut:
-    return TurnOut.of(await get_turn(k, tenant.id, object_id(turn_id, "turn")))
+def read_turn(turn_id: str, k: KortexDep, tenant: TenantDep) -> TurnOut:
+    return TurnOut.of(get_turn(k, tenant.id, object_id(turn_id, "turn")))
 
 
 @router.get("/{turn_id}/events", response_class=StreamingResponse,
@@ -32,7 +33,7 @@ async def stream_events(
     tenant: TenantDep,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=64)] = None,
 ) -> StreamingResponse:
-    turn = await get_turn(k, tenant.id, object_id(turn_id, "turn"))
+    turn = await run_in_threadpool(get_turn, k, tenant.id, object_id(turn_id, "turn"))
     heartbeat = request.app.state.heartbeat
     return StreamingResponse(turn_events(k, hub, turn, last_event_id, heartbeat),
                              media_type="text/event-stream", headers=SSE_HEADERS)

@@ -104,7 +104,10 @@ class ScriptedProvider(Provider):
             ModelInfo(id="default", display_name="scripted (no scripts)")
         ]
 
-    def unknown_model(self, model_id: str) -> ModelInfo:
+    def model_info(self, model_id: str | None) -> ModelInfo:
+        # Any script is a model; looking it up must not list the script folders on every call.
+        if not model_id:
+            return self.default_model()
         self.script(model_id)  # raises when there is no such script
         return ModelInfo(id=model_id, display_name=f"scripted {model_id}", tier="fast")
 

@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import select
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.engine import Connection
 
 from kortex.ids import uuid7
 from kortex.storage.schema import decisions
@@ -33,10 +33,10 @@ class AuditEntry:
     created_at: datetime = field(default_factory=utcnow)
 
 
-async def write_entries(conn: AsyncConnection, entries: Sequence[AuditEntry]) -> None:
+def write_entries(conn: Connection, entries: Sequence[AuditEntry]) -> None:
     if not entries:
         return
-    await conn.execute(
+    conn.execute(
         decisions.insert(),
         [
             {
@@ -50,9 +50,9 @@ async def write_entries(conn: AsyncConnection, entries: Sequence[AuditEntry]) ->
     )
 
 
-async def list_for_turn(conn: AsyncConnection, tenant_id: str, turn_id: str) -> list[dict[str, Any]]:
+def list_for_turn(conn: Connection, tenant_id: str, turn_id: str) -> list[dict[str, Any]]:
     rows = (
-        await conn.execute(
+        conn.execute(
             select(decisions)
             .where(decisions.c.tenant_id == tenant_id, decisions.c.turn_id == turn_id)
             .order_by(decisions.c.created_at, decisions.c.id)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import select, tuple_
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy import bindparam, select, tuple_
+from sqlalchemy.engine import Connection
 
 from kortex.errors import NotFound
 from kortex.ids import uuid7
@@ -15,21 +15,24 @@ from kortex.storage.schema import chat_messages, chat_sessions
 from kortex.timeparse import utcnow
 
 
-async def create_session(
-    conn: AsyncConnection, tenant_id: str, name: str, model: str | None = None
+INSERT_MESSAGE = chat_messages.insert()
+
+
+def create_session(
+    conn: Connection, tenant_id: str, name: str, model: str | None = None
 ) -> SessionRecord:
     now = utcnow()
     row = {
         "id": uuid7(), "tenant_id": tenant_id, "name": name, "model": model, "turn_count": 0,
-        "input_tokens": 0, "output_tokens": 0, "cost_usd": 0.0, "created_at": now, "updated_at": now,
+        "created_at": now, "updated_at": now,
     }
-    await conn.execute(chat_sessions.insert().values(**row))
+    conn.execute(chat_sessions.insert().values(**row))
     return SessionRecord(**row)
 
 
-async def get_session(conn: AsyncConnection, tenant_id: str, session_id: str) -> SessionRecord:
+def get_session(conn: Connection, tenant_id: str, session_id: str) -> SessionRecord:
     row = (
-        await conn.execute(
+        conn.execute(
             select(chat_sessions).where(
                 chat_sessions.c.id == session_id, chat_sessions.c.tenant_id == tenant_id
             )
@@ -40,8 +43,8 @@ async def get_session(conn: AsyncConnection, tenant_id: str, session_id: str) ->
     return SessionRecord.from_row(row)
 
 
-async def list_messages(
-    conn: AsyncConnection,
+def list_messages(
+    conn: Connection,
     tenant_id: str,
     session_id: str,
     *,
@@ -55,31 +58,29 @@ async def list_messages(
     )
     if after is not None:
         query = query.where(tuple_(*order) > tuple_(*after))
-    rows = (await conn.execute(query.order_by(*order).limit(limit))).all()
+    rows = (conn.execute(query.order_by(*order).limit(limit))).all()
     return [MessageRecord.from_row(r) for r in rows]
 
 
-async def load_history(
-    conn: AsyncConnection, tenant_id: str, session_id: str, *, limit: int
-) -> list[Message]:
+_HISTORY = (
+    select(
+        chat_messages.c.role, chat_messages.c.content, chat_messages.c.tool_calls, chat_messages.c.tool_call_id,
+        chat_messages.c.tool_name, chat_messages.c.result, chat_messages.c.is_error, chat_messages.c.error_code,
+        chat_messages.c.truncated,
+    )
+    .where(chat_messages.c.tenant_id == bindparam("p_tenant"), chat_messages.c.session_id == bindparam("p_session"))
+    .order_by(chat_messages.c.turn_no.desc(), chat_messages.c.step.desc(), chat_messages.c.ord.desc())
+    .limit(bindparam("p_limit"))
+)
+
+
+def load_history(conn: Connection, tenant_id: str, session_id: str, *, limit: int) -> list[Message]:
     """The conversation as the model sees it: the latest ``limit`` messages, oldest first.
 
     The window never starts with a tool result whose call fell outside it (providers reject
     orphaned results), so it is widened back to the preceding user message.
     """
-    order = (chat_messages.c.turn_no.desc(), chat_messages.c.step.desc(), chat_messages.c.ord.desc())
-    rows = (
-        await conn.execute(
-            select(
-                chat_messages.c.role, chat_messages.c.content, chat_messages.c.tool_calls,
-                chat_messages.c.tool_call_id, chat_messages.c.tool_name, chat_messages.c.result,
-                chat_messages.c.is_error, chat_messages.c.error_code, chat_messages.c.truncated,
-            )
-            .where(chat_messages.c.tenant_id == tenant_id, chat_messages.c.session_id == session_id)
-            .order_by(*order)
-            .limit(limit)
-        )
-    ).all()
+    rows = conn.execute(_HISTORY, {"p_tenant": tenant_id, "p_session": session_id, "p_limit": limit}).all()
     rows.reverse()
     while rows and rows[0].role != "user":
         rows.pop(0)

@@ -32,9 +32,6 @@ class SessionRecord(_Record):
     name: str
     model: str | None
     turn_count: int
-    input_tokens: int
-    output_tokens: int
-    cost_usd: float
     created_at: datetime
     updated_at: datetime
 

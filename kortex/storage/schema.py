@@ -62,10 +62,7 @@ chat_sessions = Table(
     _tenant(),
     Column("name", String(200), nullable=False),
     Column("model", String(200), nullable=True),
-    Column("turn_count", Integer, nullable=False, default=0),
-    Column("input_tokens", Integer, nullable=False, default=0),
-    Column("output_tokens", Integer, nullable=False, default=0),
-    Column("cost_usd", Float, nullable=False, default=0.0),
+    Column("turn_count", Integer, nullable=False, default=0),  # usage is summed from its turns
     Column("created_at", UTCDateTime(), nullable=False),
     Column("updated_at", UTCDateTime(), nullable=False),
     Index(None, "tenant_id", "created_at"),

@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 
 from sqlalchemy import select
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.engine import Connection
 
 from kortex.errors import AuthError, Conflict, InvalidInput
 from kortex.ids import new_api_key_parts, uuid7
@@ -33,26 +33,26 @@ class IssuedKey:
     key: str  # shown once, never stored
 
 
-async def create_tenant(conn: AsyncConnection, name: str) -> TenantRecord:
+def create_tenant(conn: Connection, name: str) -> TenantRecord:
     name = name.strip()
     if not _NAME.match(name):
         raise InvalidInput("tenant name: 1-200 letters, digits, spaces or ._- starting with a letter or digit")
-    exists = await conn.scalar(select(tenants.c.id).where(tenants.c.name == name))
+    exists = conn.scalar(select(tenants.c.id).where(tenants.c.name == name))
     if exists:
         raise Conflict(f"tenant {name!r} already exists", code="tenant_exists")
     row = {"id": uuid7(), "name": name, "disabled": False, "settings": {}, "created_at": utcnow()}
-    await conn.execute(tenants.insert().values(**row))
+    conn.execute(tenants.insert().values(**row))
     return TenantRecord(**row)
 
 
-async def get_tenant_by_name(conn: AsyncConnection, name: str) -> TenantRecord | None:
-    row = (await conn.execute(select(tenants).where(tenants.c.name == name))).first()
+def get_tenant_by_name(conn: Connection, name: str) -> TenantRecord | None:
+    row = (conn.execute(select(tenants).where(tenants.c.name == name))).first()
     return TenantRecord.from_row(row) if row else None
 
 
-async def issue_api_key(conn: AsyncConnection, tenant_id: str, name: str = "default") -> IssuedKey:
+def issue_api_key(conn: Connection, tenant_id: str, name: str = "default") -> IssuedKey:
     key_id, secret = new_api_key_parts()
-    await conn.execute(
+    conn.execute(
         api_keys.insert().values(
             id=uuid7(), tenant_id=tenant_id, key_id=key_id, secret_hash=hash_secret(secret),
             name=name[:200], created_at=utcnow(),
@@ -61,14 +61,14 @@ async def issue_api_key(conn: AsyncConnection, tenant_id: str, name: str = "defa
     return IssuedKey(tenant_id=tenant_id, key_id=key_id, key=f"kx_{key_id}_{secret}")
 
 
-async def authenticate(conn: AsyncConnection, key: str) -> TenantRecord:
+def authenticate(conn: Connection, key: str) -> TenantRecord:
     """Return the tenant owning ``key``; every failure looks the same to the caller."""
     match = _KEY.match(key or "")
     if not match:
         raise AuthError("invalid API key")
     key_id, secret = match.groups()
     row = (
-        await conn.execute(
+        conn.execute(
             select(api_keys.c.secret_hash, api_keys.c.revoked_at, tenants)
             .join(tenants, tenants.c.id == api_keys.c.tenant_id)
             .where(api_keys.c.key_id == key_id)

@@ -19,5 +19,9 @@ def embedded_server() -> fakeredis.FakeServer:
         return _server
 
 
-def embedded_redis() -> fakeredis.FakeAsyncRedis:
+def embedded_redis() -> fakeredis.FakeRedis:
+    return fakeredis.FakeRedis(server=embedded_server(), decode_responses=True)
+
+
+def embedded_async_redis() -> fakeredis.FakeAsyncRedis:
     return fakeredis.FakeAsyncRedis(server=embedded_server(), decode_responses=True)

@@ -36,7 +36,7 @@ class EmbeddedTelemetry:
     def __init__(self, db: Database) -> None:
         self.db = db
 
-    async def query_logs(self, tenant_id: str, query: LogQuery) -> LogPage:
+    def query_logs(self, tenant_id: str, query: LogQuery) -> LogPage:
         t = telemetry_logs
         limit = max(1, min(query.limit, MAX_LOG_PAGE))
         where: list[Any] = [
@@ -46,13 +46,13 @@ class EmbeddedTelemetry:
             where.append(t.c.severity >= LEVELS[query.min_level])
         if query.text:
             where.append(t.c.message.ilike(f"%{_like_escape(query.text)}%", escape="\\"))
-        async with self.db.connect() as conn:
-            total = int(await conn.scalar(select(func.count()).select_from(t).where(*where)) or 0)
+        with self.db.connect() as conn:
+            total = int(conn.scalar(select(func.count()).select_from(t).where(*where)) or 0)
             page_where = list(where)
             if query.before is not None:
                 page_where.append(tuple_(t.c.ts, t.c.id) < tuple_(*query.before))
             rows = (
-                await conn.execute(
+                conn.execute(
                     select(t.c.id, t.c.ts, t.c.level, t.c.host, t.c.message, t.c.trace_id)
                     .where(*page_where)
                     .order_by(t.c.ts.desc(), t.c.id.desc())
@@ -63,11 +63,11 @@ class EmbeddedTelemetry:
                  for r in rows[:limit]]
         return LogPage(lines=lines, total_matches=total, has_more=len(rows) > limit)
 
-    async def query_metric(self, tenant_id: str, query: MetricQuery) -> MetricSeries:
+    def query_metric(self, tenant_id: str, query: MetricQuery) -> MetricSeries:
         t = telemetry_metrics
-        async with self.db.connect() as conn:
+        with self.db.connect() as conn:
             rows = (
-                await conn.execute(
+                conn.execute(
                     select(t.c.ts, t.c.value, t.c.unit, t.c.labels)
                     .where(t.c.tenant_id == tenant_id, t.c.product == query.product, t.c.metric == query.metric,
                            t.c.ts >= query.start, t.c.ts < query.end)
@@ -84,22 +84,22 @@ class EmbeddedTelemetry:
             samples = downsample(samples, query.step_s)
         return MetricSeries(samples=samples, unit=unit)
 
-    async def list_metrics(self, tenant_id: str, product: str) -> list[str]:
+    def list_metrics(self, tenant_id: str, product: str) -> list[str]:
         t = telemetry_metrics
-        async with self.db.connect() as conn:
+        with self.db.connect() as conn:
             rows = (
-                await conn.execute(
+                conn.execute(
                     select(t.c.metric).distinct().where(t.c.tenant_id == tenant_id, t.c.product == product)
                     .order_by(t.c.metric)
                 )
             ).all()
         return [r[0] for r in rows]
 
-    async def list_deploys(self, tenant_id: str, product: str, start: datetime, end: datetime) -> list[Deploy]:
+    def list_deploys(self, tenant_id: str, product: str, start: datetime, end: datetime) -> list[Deploy]:
         t = telemetry_deploys
-        async with self.db.connect() as conn:
+        with self.db.connect() as conn:
             rows = (
-                await conn.execute(
+                conn.execute(
                     select(t)
                     .where(t.c.tenant_id == tenant_id, t.c.product == product, t.c.ts >= start, t.c.ts < end)
                     .order_by(t.c.ts.desc())

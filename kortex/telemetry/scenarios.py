@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import delete
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.engine import Connection
 
 from kortex.errors import InvalidInput
 from kortex.storage.schema import telemetry_deploys, telemetry_logs, telemetry_metrics
@@ -134,15 +134,15 @@ def get_scenario(name: str) -> Scenario:
         raise InvalidInput(f"unknown scenario {name!r}; choose from {', '.join(sorted(SCENARIOS))}") from None
 
 
-async def seed(conn: AsyncConnection, tenant_id: str, scenario: Scenario, *, now: datetime,
+def seed(conn: Connection, tenant_id: str, scenario: Scenario, *, now: datetime,
                replace: bool = True, seed_value: int = 7) -> dict[str, int]:
     """Write ``scenario``'s telemetry for ``tenant_id``; ``replace`` clears the tenant's old data."""
     batch = scenario.build(now, random.Random(seed_value))
     if replace:
         for table in (telemetry_logs, telemetry_metrics, telemetry_deploys):
-            await conn.execute(delete(table).where(table.c.tenant_id == tenant_id))
+            conn.execute(delete(table).where(table.c.tenant_id == tenant_id))
     for table, rows in ((telemetry_logs, batch.logs), (telemetry_metrics, batch.metrics),
                         (telemetry_deploys, batch.deploys)):
         for i in range(0, len(rows), 2000):
-            await conn.execute(table.insert(), [{**r, "tenant_id": tenant_id} for r in rows[i:i + 2000]])
+            conn.execute(table.insert(), [{**r, "tenant_id": tenant_id} for r in rows[i:i + 2000]])
     return {"logs": len(batch.logs), "metrics": len(batch.metrics), "deploys": len(batch.deploys)}

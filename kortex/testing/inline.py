@@ -1,11 +1,11 @@
 """Run a turn's hand-offs in-process, without a broker: for unit tests and the no-queue baseline.
 
-Tool calls of one step run concurrently, as they would on several workers."""
+Tool calls of one step run concurrently on threads, as they would on several workers."""
 
 from __future__ import annotations
 
-import asyncio
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 
 from kortex.container import Kortex
 from kortex.turns.handoff import Handoff
@@ -13,20 +13,21 @@ from kortex.turns.step import run_step
 from kortex.turns.toolrun import run_tool
 
 
-async def drive(k: Kortex, handoff: Handoff, *, max_handoffs: int = 1000) -> int:
+def drive(k: Kortex, handoff: Handoff, *, max_handoffs: int = 1000) -> int:
     """Carry out ``handoff`` and everything it leads to; returns how many tasks ran."""
     pending: deque[Handoff] = deque([handoff])
     ran = 0
-    while pending:
-        current = pending.popleft()
-        if current.tools:
-            results = await asyncio.gather(*(
-                run_tool(k, t.tenant_id, t.invocation_id, t.tool, t.hard_limit) for t in current.tools))
-            pending.extend(results)
-            ran += len(current.tools)
-        for step in current.steps:
-            pending.append(await run_step(k, step.tenant_id, step.turn_id, step.step))
-            ran += 1
-        if ran > max_handoffs:
-            raise RuntimeError("runaway turn: too many hand-offs")
+    with ThreadPoolExecutor(8, thread_name_prefix="inline-tool") as pool:
+        while pending:
+            current = pending.popleft()
+            if current.tools:
+                futures = [pool.submit(run_tool, k, t.tenant_id, t.invocation_id, t.tool, t.hard_limit)
+                           for t in current.tools]
+                pending.extend(f.result() for f in futures)
+                ran += len(current.tools)
+            for step in current.steps:
+                pending.append(run_step(k, step.tenant_id, step.turn_id, step.step))
+                ran += 1
+            if ran > max_handoffs:
+                raise RuntimeError("runaway turn: too many hand-offs")
     return ran

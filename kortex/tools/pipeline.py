@@ -11,12 +11,13 @@ code (``policy_denied``, ``invalid_json``, ``validation``, ``timeout``, ``upstre
 
 from __future__ import annotations
 
-import asyncio
+import concurrent.futures
 import hashlib
 import json
 import logging
+import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
@@ -32,7 +33,7 @@ from kortex.tools.spec import ToolContext, ToolSpec
 
 log = logging.getLogger(__name__)
 
-ProgressHook = Callable[[ToolCall, int], Awaitable[None]]
+ProgressHook = Callable[[ToolCall, int], None]
 
 
 def _format_elapsed(seconds: float) -> str:
@@ -58,12 +59,26 @@ class ToolPipeline:
         result_cap_bytes: int = 64 * 1024,
         timeouts: dict[str, float] | None = None,
         progress_after: float = 30.0,
+        max_threads: int = 32,
     ) -> None:
         self.registry = registry
         self.policy = policy
         self.result_cap_bytes = result_cap_bytes
         self.timeouts = dict(timeouts or {})
         self.progress_after = progress_after
+        self.max_threads = max_threads
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def _pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        with self._lock:
+            if self._executor is None:
+                self._executor = concurrent.futures.ThreadPoolExecutor(self.max_threads, "kortex-tool")
+            return self._executor
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
 
     def timeout_for(self, spec: ToolSpec) -> float:
         return spec.timeout(self.timeouts.get(spec.name))
@@ -75,7 +90,7 @@ class ToolPipeline:
             return 5.0, 30.0
         return self.timeout_for(spec), spec.limits.max_timeout
 
-    async def run(
+    def run(
         self,
         call: ToolCall,
         ctx: ToolContext,
@@ -102,7 +117,7 @@ class ToolPipeline:
                 return self._finish(call, ctx, spec, started, audit,
                                     error=("validation", _validation_message(exc)))
             timeout = self.timeout_for(spec)
-            raw = await self._run_with_timeout(spec, args, ctx, timeout, call, on_progress)
+            raw = self._run_with_timeout(spec, args, ctx, timeout, call, on_progress)
             if not isinstance(raw, dict):
                 raise TypeError(f"tool {spec.name} returned {type(raw).__name__}, not a dict")
             capped, truncated = cap_result(raw, spec, self.result_cap_bytes, args, ctx)
@@ -125,28 +140,26 @@ class ToolPipeline:
             log.exception("tool %s failed (call %s)", call.name, call.id)
             return self._finish(call, ctx, spec, started, audit, error=("internal", "internal error"))
 
-    async def _run_with_timeout(
+    def _run_with_timeout(
         self, spec: ToolSpec, args: Any, ctx: ToolContext, timeout: float, call: ToolCall,
         on_progress: ProgressHook | None,
     ) -> Any:
-        task = asyncio.ensure_future(spec.run(args, ctx))
+        future = self._pool().submit(spec.run, args, ctx)
         deadline = time.monotonic() + timeout
         try:
             if on_progress is not None and self.progress_after < timeout:
-                done, _ = await asyncio.wait({task}, timeout=self.progress_after)
-                if not done:
+                try:
+                    return future.result(self.progress_after)
+                except concurrent.futures.TimeoutError:
                     try:
-                        await on_progress(call, int(self.progress_after * 1000))
+                        on_progress(call, int(self.progress_after * 1000))
                     except Exception:  # a lost progress note is not worth failing the call
                         log.warning("progress note for %s failed", call.id, exc_info=True)
-            remaining = max(0.0, deadline - time.monotonic())
-            return await asyncio.wait_for(asyncio.shield(task), remaining)
-        except TimeoutError:
-            task.cancel()
+            return future.result(max(0.0, deadline - time.monotonic()))
+        except concurrent.futures.TimeoutError:
+            # The thread cannot be stopped; the source's own deadline ends it soon after.
+            future.cancel()
             raise ToolTimeout(f"{spec.name} exceeded {timeout:.1f}s") from None
-        finally:
-            if not task.done():
-                task.cancel()
 
     def _finish(
         self,

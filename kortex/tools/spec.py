@@ -1,9 +1,13 @@
 """What a tool is: a spec (name, description, input model, effect, category, redaction
-allowlist) plus an async run function. Tools receive their I/O through ``ToolContext``."""
+allowlist) plus a run function. Tools receive their I/O through ``ToolContext``.
+
+Run functions are plain blocking functions: the pipeline runs them on its own threads and
+bounds them with a timeout, and every source a tool reads enforces a deadline of its own
+(statement timeouts, HTTP timeouts) so an abandoned call still ends."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -50,9 +54,6 @@ class ToolInput(BaseModel):
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
 
 
-ProgressFn = Callable[[str], Awaitable[None]]
-
-
 @dataclass(slots=True)
 class ToolContext:
     """Everything a tool may touch. References only: no secrets, no raw credentials."""
@@ -67,7 +68,7 @@ class ToolContext:
     services: dict[str, Any] = field(default_factory=dict)  # proposals store, executors, ...
 
 
-RunFn = Callable[[Any, ToolContext], Awaitable[dict[str, Any]]]
+RunFn = Callable[[Any, ToolContext], dict[str, Any]]
 TruncateFn = Callable[[dict[str, Any], Any, int, "ToolContext"], dict[str, Any]]
 
 

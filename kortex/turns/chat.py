@@ -32,16 +32,16 @@ def _check_model(k: Kortex, model: str | None) -> str | None:
     return model
 
 
-async def create_session(k: Kortex, tenant_id: str, name: str | None, model: str | None = None) -> SessionRecord:
+def create_session(k: Kortex, tenant_id: str, name: str | None, model: str | None = None) -> SessionRecord:
     name = (name or "").strip() or "untitled"
     if len(name) > MAX_NAME:
         raise InvalidInput(f"name is longer than {MAX_NAME} characters")
     model = _check_model(k, model)
-    async with k.db.begin() as conn:
-        return await chats.create_session(conn, tenant_id, name, model)
+    with k.db.begin() as conn:
+        return chats.create_session(conn, tenant_id, name, model)
 
 
-async def post_message(
+def post_message(
     k: Kortex,
     tenant_id: str,
     session_id: str,
@@ -62,11 +62,11 @@ async def post_message(
     cap = k.settings.llm.budget.max_concurrent_turns_per_tenant
     for attempt in range(2):
         try:
-            async with k.db.begin() as conn:
-                session = await chats.get_session(conn, tenant_id, session_id)
-                if idempotency_key is None and await turns.active_turns_for_tenant(conn, tenant_id) >= cap:
+            with k.db.begin() as conn:
+                session = chats.get_session(conn, tenant_id, session_id)
+                if idempotency_key is None and turns.active_turns_for_tenant(conn, tenant_id) >= cap:
                     raise RateLimited(f"at most {cap} turns may run at once for this tenant")
-                new = await turns.create_turn(
+                new = turns.create_turn(
                     conn, tenant_id=tenant_id, session_id=session_id, content=content,
                     model=model or session.model, deadline=timedelta(seconds=k.settings.turn.deadline),
                     idempotency_key=idempotency_key,
@@ -84,6 +84,6 @@ async def post_message(
     return PostedTurn(turn=turn, created=new.created, handoff=handoff)
 
 
-async def get_turn(k: Kortex, tenant_id: str, turn_id: str) -> TurnRecord:
-    async with k.db.connect() as conn:
-        return await turns.get_turn(conn, tenant_id, turn_id)
+def get_turn(k: Kortex, tenant_id: str, turn_id: str) -> TurnRecord:
+    with k.db.connect() as conn:
+        return turns.get_turn(conn, tenant_id, turn_id)

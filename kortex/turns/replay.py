@@ -19,9 +19,9 @@ from kortex.storage.records import TurnRecord
 from kortex.stream.entries import Entry
 
 
-async def replay_events(k: Kortex, turn: TurnRecord) -> list[Entry]:
-    async with k.db.connect() as conn:
-        records = await chats.list_messages(conn, turn.tenant_id, turn.session_id,
+def replay_events(k: Kortex, turn: TurnRecord) -> list[Entry]:
+    with k.db.connect() as conn:
+        records = chats.list_messages(conn, turn.tenant_id, turn.session_id,
                                             after=(turn.turn_no, -1, 0), limit=10_000)
     records = [r for r in records if r.turn_id == turn.id]
     events: list[_Event] = []

@@ -10,7 +10,7 @@ from typing import Any
 
 from kortex.container import Kortex
 from kortex.errors import Conflict, KortexError, ProviderError
-from kortex.events import DoneEvent, ErrorEvent, ToolCallEvent, TurnEvent
+from kortex.events import DoneEvent, ErrorEvent, TextEvent, ToolCallEvent, TurnEvent
 from kortex.ids import new_call_id
 from kortex.llm.base import CompletionRequest, DoneChunk, TextChunk, ToolCallChunk, WarningChunk
 from kortex.llm.registry import Resolved
@@ -20,9 +20,10 @@ from kortex.storage import audit, chats, turns
 from kortex.storage.audit import AuditEntry
 from kortex.storage.records import TurnRecord
 from kortex.stream.store import StepPublisher
-from kortex.turns.handoff import NOTHING, Handoff, StepDispatch, ToolDispatch
+from kortex.turns.handoff import NOTHING, Handoff, ToolDispatch
 
 log = logging.getLogger(__name__)
+
 
 def tool_dispatch(k: Kortex, tenant_id: str, invocation_id: str, tool: str) -> ToolDispatch:
     timeout, _ceiling = k.pipeline.limits_for(tool)
@@ -44,32 +45,30 @@ def _unique_calls(calls: list[ToolCall], taken: set[str]) -> tuple[ToolCall, ...
     return tuple(out)
 
 
-async def run_step(k: Kortex, tenant_id: str, turn_id: str, step: int) -> Handoff:
-    async with k.db.begin() as conn:
-        turn = await turns.claim_step(conn, tenant_id, turn_id, step)
-    if turn is None:
-        return NOTHING  # another delivery of this step has it, or the turn moved on
-    publisher = StepPublisher(k.events, turn.id, step, k.settings.turn.text_flush_ms)
+def run_step(k: Kortex, tenant_id: str, turn_id: str, step: int) -> Handoff:
+    with k.db.connect() as conn:
+        turn = turns.claim_step(conn, tenant_id, turn_id, step)
+        if turn is None:
+            return NOTHING  # another delivery of this step has it, or the turn moved on
+        try:
+            resolved = k.providers.resolve(turn.model)
+        except KortexError as exc:
+            _fail(k, turn, step, exc.code, exc.message)
+            return NOTHING
+        k.events.append(turn.id, [TurnEvent(turn_id=turn.id, status="running", step=step, model=resolved.spec)])
+        history = chats.load_history(conn, turn.tenant_id, turn.session_id,
+                                     limit=k.settings.llm.max_history_messages)
     try:
-        return await _run_claimed(k, turn, step, publisher)
+        return _run_claimed(k, turn, step, resolved, history)
     except Exception as exc:  # whatever broke, the client must hear the turn ended
         log.exception("step %s of turn %s failed", step, turn.id)
         code = exc.code if isinstance(exc, KortexError) else "internal"
-        await _fail(k, turn, step, publisher, code, "the turn failed unexpectedly; see the server logs")
+        _fail(k, turn, step, code, "the turn failed unexpectedly; see the server logs")
         return NOTHING
 
 
-async def _run_claimed(k: Kortex, turn: TurnRecord, step: int, publisher: StepPublisher) -> Handoff:
+def _run_claimed(k: Kortex, turn: TurnRecord, step: int, resolved: Resolved, history: list[Message]) -> Handoff:
     settings = k.settings
-    try:
-        resolved = k.providers.resolve(turn.model)
-    except KortexError as exc:
-        await _fail(k, turn, step, publisher, exc.code, exc.message)
-        return NOTHING
-    await publisher.emit(TurnEvent(turn_id=turn.id, status="running", step=step, model=resolved.spec))
-    async with k.db.connect() as conn:
-        history = await chats.load_history(conn, turn.tenant_id, turn.session_id,
-                                           limit=settings.llm.max_history_messages)
     depth = settings.llm.max_tool_depth
     provider_config = settings.llm.providers.get(resolved.provider.name)
     request = CompletionRequest(
@@ -83,45 +82,46 @@ async def _run_claimed(k: Kortex, turn: TurnRecord, step: int, publisher: StepPu
         metadata={"tenant_id": turn.tenant_id, "session_id": turn.session_id, "turn_id": turn.id,
                   "purpose": "chat"},
     )
+    publisher = StepPublisher(k.events, turn.id, step, settings.turn.text_flush_ms)
     started = time.monotonic()
+    limit = settings.turn.step_time_limit
     try:
-        text, calls, done = await asyncio.wait_for(_consume(resolved, request, publisher, _call_ids(history)),
-                                                   settings.turn.step_time_limit)
+        text, calls, done = k.loop.run(
+            asyncio.wait_for(_consume(resolved, request, publisher, _call_ids(history)), limit), timeout=limit + 5)
     except (ProviderError, TimeoutError) as exc:
         error = exc if isinstance(exc, ProviderError) else ProviderError(
-            f"no answer within {settings.turn.step_time_limit:.0f}s", provider=resolved.provider.name,
-            model=resolved.model.id, code="step_timeout")
-        await _fail(k, turn, step, publisher, error.code, str(error), retryable=error.retryable,
-                    llm_entry=_llm_audit(turn, step, resolved, None, started, error=error))
+            f"no answer within {limit:.0f}s", provider=resolved.provider.name, model=resolved.model.id,
+            code="step_timeout")
+        _fail(k, turn, step, error.code, str(error), retryable=error.retryable,
+              llm_entry=_llm_audit(turn, step, resolved, None, started, error=error))
         return NOTHING
     usage = Usage(input_tokens=done.usage.input_tokens, output_tokens=done.usage.output_tokens,
                   cost_usd=resolved.model.cost(done.usage.input_tokens, done.usage.output_tokens))
     entry = _llm_audit(turn, step, resolved, done, started, usage=usage, calls=calls, text_chars=len(text))
     if calls and step >= depth:
-        return await _depth_exceeded(k, turn, step, publisher, text, usage, resolved, entry, depth)
+        return _depth_exceeded(k, turn, step, text, usage, resolved, entry, depth)
     if calls:
         message = AssistantMessage(content=text, tool_calls=calls)
         try:
-            async with k.db.begin() as conn:
-                invocations = await turns.park_for_tools(conn, turn, step=step, message=message, usage=usage,
-                                                         model_used=resolved.spec)
-                await audit.write_entries(conn, [entry])
+            with k.db.begin() as conn:
+                invocations = turns.park_for_tools(conn, turn, step=step, message=message, usage=usage,
+                                                   model_used=resolved.spec)
+                audit.write_entries(conn, [entry])
         except Conflict as exc:
             if exc.code != "stale_step":
                 raise
             log.warning("turn %s moved on during step %s; dropping its result", turn.id, step)
             return NOTHING
-        await publisher.emit(*[ToolCallEvent(step=step, call_id=c.id, name=c.name, arguments=c.arguments)
-                               for c in calls])
+        k.events.append(turn.id, [ToolCallEvent(step=step, call_id=c.id, name=c.name, arguments=c.arguments)
+                                  for c in calls])
         return Handoff(tools=tuple(tool_dispatch(k, turn.tenant_id, inv.id, inv.name) for inv in invocations))
-    message = AssistantMessage(content=text)
-    async with k.db.begin() as conn:
-        finished = await turns.finish_turn(conn, turn, step=step, message=message, usage=usage,
-                                           model_used=resolved.spec)
+    with k.db.begin() as conn:
+        finished = turns.finish_turn(conn, turn, step=step, message=AssistantMessage(content=text), usage=usage,
+                                     model_used=resolved.spec)
         if finished:
-            await audit.write_entries(conn, [entry])
+            audit.write_entries(conn, [entry])
     if finished:
-        await publisher.emit(DoneEvent(status="done", usage=_total(turn, usage)), final=True)
+        k.events.append(turn.id, [DoneEvent(status="done", usage=_total(turn, usage))], final=True)
     return NOTHING
 
 
@@ -135,17 +135,19 @@ async def _consume(
     text: list[str] = []
     calls: list[ToolCall] = []
     done: DoneChunk | None = None
-    async for chunk in resolved.provider.stream(request):
-        if isinstance(chunk, TextChunk):
-            text.append(chunk.text)
-            await publisher.text(chunk.text)
-        elif isinstance(chunk, ToolCallChunk):
-            calls.append(chunk.call)
-        elif isinstance(chunk, WarningChunk):
-            await publisher.emit(ErrorEvent(code=chunk.code, message=chunk.message))
-        elif isinstance(chunk, DoneChunk):
-            done = chunk
-    await publisher.flush()
+    try:
+        async for chunk in resolved.provider.stream(request):
+            if isinstance(chunk, TextChunk):
+                text.append(chunk.text)
+                publisher.text(chunk.text)
+            elif isinstance(chunk, ToolCallChunk):
+                calls.append(chunk.call)
+            elif isinstance(chunk, WarningChunk):
+                publisher.emit(ErrorEvent(code=chunk.code, message=chunk.message))
+            elif isinstance(chunk, DoneChunk):
+                done = chunk
+    finally:
+        publisher.flush()  # whatever was streamed reaches the client before any error
     if done is None:
         raise ProviderError("stream ended without a final chunk", provider=resolved.provider.name,
                             model=resolved.model.id, retryable=True)
@@ -185,39 +187,36 @@ def _llm_audit(
     )
 
 
-async def _depth_exceeded(
-    k: Kortex, turn: TurnRecord, step: int, publisher: StepPublisher, text: str, usage: Usage,
-    resolved: Resolved, entry: AuditEntry, depth: int,
+def _depth_exceeded(
+    k: Kortex, turn: TurnRecord, step: int, text: str, usage: Usage, resolved: Resolved, entry: AuditEntry,
+    depth: int,
 ) -> Handoff:
     note = DEPTH_EXCEEDED.format(depth=depth)
-    await publisher.text(("\n\n" if text else "") + note)
     content = f"{text}\n\n{note}" if text else note
     error = {"code": "tool_depth_exceeded", "message": note}
-    async with k.db.begin() as conn:
-        finished = await turns.finish_turn(conn, turn, step=step, message=AssistantMessage(content=content),
-                                           usage=usage, model_used=resolved.spec, error=error)
+    with k.db.begin() as conn:
+        finished = turns.finish_turn(conn, turn, step=step, message=AssistantMessage(content=content),
+                                     usage=usage, model_used=resolved.spec, error=error)
         if finished:
-            await audit.write_entries(conn, [entry])
+            audit.write_entries(conn, [entry])
     if finished:
-        await publisher.emit(ErrorEvent(code="tool_depth_exceeded", message=note),
-                             DoneEvent(status="done", usage=_total(turn, usage), error="tool_depth_exceeded"),
-                             final=True)
+        k.events.append(turn.id, [
+            TextEvent(step=step, delta=("\n\n" if text else "") + note),
+            ErrorEvent(code="tool_depth_exceeded", message=note),
+            DoneEvent(status="done", usage=_total(turn, usage), error="tool_depth_exceeded"),
+        ], final=True)
     return NOTHING
 
 
-async def _fail(
-    k: Kortex, turn: TurnRecord, step: int, publisher: StepPublisher, code: str, message: str, *,
-    retryable: bool = False, llm_entry: AuditEntry | None = None,
+def _fail(
+    k: Kortex, turn: TurnRecord, step: int, code: str, message: str, *, retryable: bool = False,
+    llm_entry: AuditEntry | None = None,
 ) -> None:
-    async with k.db.begin() as conn:
-        finished = await turns.finish_turn(conn, turn, step=step, message=None, usage=Usage(), model_used=None,
-                                           status="failed", error={"code": code, "message": message})
+    with k.db.begin() as conn:
+        finished = turns.finish_turn(conn, turn, step=step, message=None, usage=Usage(), model_used=None,
+                                     status="failed", error={"code": code, "message": message})
         if finished and llm_entry is not None:
-            await audit.write_entries(conn, [llm_entry])
+            audit.write_entries(conn, [llm_entry])
     if finished:
-        await publisher.emit(ErrorEvent(code=code, message=message, retryable=retryable),
-                             DoneEvent(status="failed", usage=_total(turn, Usage()), error=code), final=True)
-
-
-def step_dispatch(turn: TurnRecord) -> StepDispatch:
-    return StepDispatch(tenant_id=turn.tenant_id, turn_id=turn.id, step=turn.step)
+        k.events.append(turn.id, [ErrorEvent(code=code, message=message, retryable=retryable),
+                                  DoneEvent(status="failed", usage=_total(turn, Usage()), error=code)], final=True)

@@ -24,9 +24,9 @@ def result_event(inv: InvocationRecord, result: ToolResult) -> ToolResultEvent:
                            elapsed_ms=result.elapsed_ms, content=result.content)
 
 
-async def run_tool(k: Kortex, tenant_id: str, invocation_id: str, tool: str, hard_limit: float) -> Handoff:
-    async with k.db.begin() as conn:
-        inv = await turns.claim_invocation(conn, tenant_id, invocation_id, hard_limit=hard_limit + 5)
+def run_tool(k: Kortex, tenant_id: str, invocation_id: str, tool: str, hard_limit: float) -> Handoff:
+    with k.db.connect() as conn:
+        inv = turns.claim_invocation(conn, tenant_id, invocation_id, hard_limit=hard_limit + 5)
     if inv is None:
         return NOTHING  # a duplicate delivery, or the watchdog already settled it
     if inv.name != tool:
@@ -36,25 +36,25 @@ async def run_tool(k: Kortex, tenant_id: str, invocation_id: str, tool: str, har
                       services={"cursors": k.cursors, **k.services})
     entries: list[AuditEntry] = []
 
-    async def progress(call: ToolCall, elapsed_ms: int) -> None:
-        await k.events.append(inv.turn_id, [ToolProgressEvent(
+    def progress(call: ToolCall, elapsed_ms: int) -> None:
+        k.events.append(inv.turn_id, [ToolProgressEvent(
             step=inv.step, call_id=call.id, name=call.name, elapsed_ms=elapsed_ms,
             message=f"{call.name} is taking longer than usual; still working")])
 
-    result = await k.pipeline.run(turns.tool_call_from_record(inv), ctx, audit=entries, on_progress=progress)
-    return await settle(k, inv, result, entries)
+    result = k.pipeline.run(turns.tool_call_from_record(inv), ctx, audit=entries, on_progress=progress)
+    return settle(k, inv, result, entries)
 
 
-async def settle(k: Kortex, inv: InvocationRecord, result: ToolResult, entries: list[AuditEntry],
-                 from_status: tuple[str, ...] = ("running",)) -> Handoff:
+def settle(k: Kortex, inv: InvocationRecord, result: ToolResult, entries: list[AuditEntry],
+           from_status: tuple[str, ...] = ("running",)) -> Handoff:
     """Store a result with its audit row, publish it, and advance the turn if it was the last."""
-    async with k.db.begin() as conn:
-        completion = await turns.complete_invocation(conn, inv.tenant_id, inv.id, result, from_status=from_status)
+    with k.db.begin() as conn:
+        completion = turns.complete_invocation(conn, inv.tenant_id, inv.id, result, from_status=from_status)
         if completion is not None:
-            await audit.write_entries(conn, entries)
+            audit.write_entries(conn, entries)
     if completion is None:
         return NOTHING
-    await k.events.append(inv.turn_id, [result_event(inv, result)])
+    k.events.append(inv.turn_id, [result_event(inv, result)])
     if completion.next_step is None:
         return NOTHING
     return Handoff(steps=(StepDispatch(tenant_id=inv.tenant_id, turn_id=inv.turn_id, step=completion.next_step),))

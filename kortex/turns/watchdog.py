@@ -30,25 +30,25 @@ class SweepReport:
     handoff: Handoff
 
 
-async def sweep(k: Kortex) -> SweepReport:
+def sweep(k: Kortex) -> SweepReport:
     now = utcnow()
     handoff = Handoff()
-    async with k.db.connect() as conn:
-        expired = await turns.expired_turns(conn, now)
+    with k.db.connect() as conn:
+        expired = turns.expired_turns(conn, now)
     failed = 0
     for turn in expired:
         error = {"code": "deadline_exceeded", "message": "the turn did not finish before its deadline"}
-        async with k.db.begin() as conn:
-            moved = await turns.fail_turn(conn, turn, error)
+        with k.db.begin() as conn:
+            moved = turns.fail_turn(conn, turn, error)
         if moved:
             failed += 1
             usage = Usage(input_tokens=turn.input_tokens, output_tokens=turn.output_tokens, cost_usd=turn.cost_usd)
-            await k.events.append(turn.id, [ErrorEvent(code="deadline_exceeded", message=error["message"]),
+            k.events.append(turn.id, [ErrorEvent(code="deadline_exceeded", message=error["message"]),
                                             DoneEvent(status="failed", usage=usage, error="deadline_exceeded")],
                                   final=True)
 
-    async with k.db.connect() as conn:
-        overdue = await turns.overdue_invocations(conn, now)
+    with k.db.connect() as conn:
+        overdue = turns.overdue_invocations(conn, now)
     for inv in overdue:
         # The worker died or hung past the hard limit: the model hears it as a timeout.
         result = ToolResult(call_id=inv.call_id, name=inv.name, is_error=True, error_code="timeout",
@@ -58,12 +58,12 @@ async def sweep(k: Kortex) -> SweepReport:
                            session_id=inv.session_id, turn_id=inv.turn_id,
                            payload={"call_id": inv.call_id, "step": inv.step, "error_code": "timeout",
                                     "settled_by": "watchdog"})
-        handoff += await settle(k, inv, result, [entry])
+        handoff += settle(k, inv, result, [entry])
 
     cutoff = now - timedelta(seconds=k.settings.turn.requeue_after)
-    async with k.db.begin() as conn:
-        stale_turns = await turns.stale_queued_turns(conn, cutoff)
-        stale_tools = await turns.stale_pending_invocations(conn, cutoff)
+    with k.db.begin() as conn:
+        stale_turns = turns.stale_queued_turns(conn, cutoff)
+        stale_tools = turns.stale_pending_invocations(conn, cutoff)
     handoff += Handoff(
         steps=tuple(StepDispatch(tenant_id=t.tenant_id, turn_id=t.id, step=t.step) for t in stale_turns),
         tools=tuple(tool_dispatch(k, i.tenant_id, i.id, i.name) for i in stale_tools),

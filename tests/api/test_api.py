@@ -64,7 +64,7 @@ def test_session_lifecycle_and_turn_through_the_api(env) -> None:
     assert len(recorder.handoffs) == 1 and recorder.handoffs[0].steps[0].turn_id == body["turn_id"]
     busy = client.post(f"/v1/sessions/{sid}/messages", json={"content": "again"}, headers=auth(key))
     assert busy.status_code == 409 and busy.json()["error"]["code"] == "turn_in_progress"
-    h.run(drive(h.k, recorder.handoffs[0]))
+    drive(h.k, recorder.handoffs[0])
     turn = client.get(f"/v1/turns/{body['turn_id']}", headers=auth(key)).json()
     assert turn["status"] == "done" and turn["model_used"] == "offline:analyst"
     messages = client.get(f"/v1/sessions/{sid}/messages", headers=auth(key)).json()["messages"]

@@ -80,7 +80,7 @@ def service_env(pg_url: str, redis_prefix: str, **extra: str) -> dict[str, str]:
         "KORTEX_TESTING__ENABLE_TEST_TOOLS": "true",
         "KORTEX_TESTING__SCRIPTS_DIR": str(SCRIPTS),
         "KORTEX_TOOLS__ALLOWED": json.dumps(["get_logs", "get_metrics", "get_recent_deploys", "debug_sleep",
-                                             "debug_echo"]),
+                                             "debug_echo", "debug_crash"]),
         "KORTEX_LLM__TOOLS__DEBUG_SLEEP__TIMEOUT": "1",
         "KORTEX_TOOLS__SOFT_GRACE": "1",
         "KORTEX_TOOLS__HARD_GRACE": "1",

@@ -55,11 +55,11 @@ def wait_done(api_url: str, key: str, turn_id: str, timeout: float = 30) -> dict
 
 
 def invocations(pg: Harness, turn_id: str) -> list[Any]:
-    async def work() -> list[Any]:
-        async with pg.k.db.connect() as conn:
-            return (await conn.execute(select(tool_invocations).where(tool_invocations.c.turn_id == turn_id)
+    def work() -> list[Any]:
+        with pg.k.db.connect() as conn:
+            return (conn.execute(select(tool_invocations).where(tool_invocations.c.turn_id == turn_id)
                                        .order_by(tool_invocations.c.idx))).all()
-    return pg.run(work())
+    return work()
 
 
 def test_full_turn_with_two_parallel_tool_calls_streams_the_exact_sequence(api_url, pg, tenant) -> None:
@@ -107,7 +107,7 @@ def test_a_client_arriving_after_done_gets_the_full_replay(api_url, pg, tenant) 
     live = read_events(url, key)
     assert [e.event for e in live][-1] == "done" and len(live) == 13
     # Once the Redis stream has expired the turn is rebuilt from PostgreSQL.
-    pg.run(pg.k.redis.delete(pg.k.events.key(started["turn_id"])))
+    pg.k.events.delete(started["turn_id"])
     replay = read_events(url, key)
     assert [e.event for e in replay] == ["turn", "text", "tool_call", "tool_call", "tool_result", "tool_result",
                                          "turn", "text", "done"]
@@ -122,12 +122,12 @@ def test_a_client_arriving_after_done_gets_the_full_replay(api_url, pg, tenant) 
 def test_duplicate_deliveries_produce_one_message_and_one_run_per_call(api_url, pg, tenant) -> None:
     tenant_id, key = tenant
 
-    async def create() -> tuple[str, str]:
-        session = await chat.create_session(pg.k, tenant_id, "dup", "scripted:two_tools")
-        posted = await chat.post_message(pg.k, tenant_id, session.id, "twice")
+    def create() -> tuple[str, str]:
+        session = chat.create_session(pg.k, tenant_id, "dup", "scripted:two_tools")
+        posted = chat.post_message(pg.k, tenant_id, session.id, "twice")
         return session.id, posted.turn.id
 
-    session_id, turn_id = pg.run(create())
+    session_id, turn_id = create()
     celery = make_celery(pg.settings)
     for _ in range(3):  # the same step message, delivered three times
         send_step(celery, StepDispatch(tenant_id, turn_id, 0))
@@ -139,13 +139,13 @@ def test_duplicate_deliveries_produce_one_message_and_one_run_per_call(api_url, 
     rows = invocations(pg, turn_id)
     assert len(rows) == 2 and [r.attempts for r in rows] == [1, 1]
 
-    async def check() -> tuple[list[Any], list[dict]]:
-        async with pg.k.db.connect() as conn:
-            messages = (await conn.execute(select(chat_messages.c.role).where(chat_messages.c.turn_id == turn_id)
+    def check() -> tuple[list[Any], list[dict]]:
+        with pg.k.db.connect() as conn:
+            messages = (conn.execute(select(chat_messages.c.role).where(chat_messages.c.turn_id == turn_id)
                                            .order_by(chat_messages.c.step, chat_messages.c.ord))).all()
-            return messages, await audit.list_for_turn(conn, tenant_id, turn_id)
+            return messages, audit.list_for_turn(conn, tenant_id, turn_id)
 
-    messages, audit_rows = pg.run(check())
+    messages, audit_rows = check()
     assert [m.role for m in messages] == ["user", "assistant", "tool", "tool", "assistant"]
     assert sorted(r["kind"] for r in audit_rows) == ["llm_call", "llm_call", "tool_call", "tool_call"]
     events = read_events(f"{api_url}/v1/turns/{turn_id}/events", key)
@@ -162,14 +162,16 @@ def test_a_tool_hanging_past_its_limit_is_an_error_and_the_turn_finishes(api_url
     assert events[-1].event == "done" and events[-1].data["status"] == "done"
 
 
-def test_a_tool_blocking_its_worker_is_settled_by_the_watchdog(api_url, pg, tenant) -> None:
+def test_a_tool_whose_worker_dies_is_settled_by_the_watchdog(api_url, pg, tenant, worker) -> None:
     _, key = tenant
-    started = start_turn(api_url, key, "block", model="scripted:block")
+    started = start_turn(api_url, key, "crash", model="scripted:crash")
     events = read_events(api_url + started["events_url"], key, timeout=40)
     result = next(e for e in events if e.event == "tool_result")
     assert result.data["is_error"] and result.data["error_code"] == "timeout"
+    assert "hard time limit" in result.data["content"]["message"]
     assert events[-1].data["status"] == "done"
     assert "Recovered after the watchdog." in "".join(e.data.get("delta", "") for e in events)
+    assert "exited with 'exitcode 70'" in worker.output()  # the worker really lost a process
 
 
 def test_invalid_arguments_and_unknown_tools_are_fed_back_as_errors(api_url, pg, tenant) -> None:

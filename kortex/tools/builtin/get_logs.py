@@ -37,7 +37,7 @@ def _cursor(ctx: ToolContext, args: GetLogsInput, start: datetime, end: datetime
                                _bind(args, ctx))
 
 
-async def run(args: GetLogsInput, ctx: ToolContext) -> dict[str, Any]:
+def run(args: GetLogsInput, ctx: ToolContext) -> dict[str, Any]:
     started = time.monotonic()
     before = None
     if args.cursor:
@@ -49,7 +49,7 @@ async def run(args: GetLogsInput, ctx: ToolContext) -> dict[str, Any]:
             raise InvalidInput("cursor is not valid; omit it to start from the first page") from None
     else:
         start, end = window(args.time_range, ctx)
-    page = await ctx.sources.logs.query_logs(
+    page = ctx.sources.logs.query_logs(
         ctx.tenant_id,
         LogQuery(product=args.product, start=start, end=end, text=args.query, min_level=args.level,
                  limit=args.limit, before=before),

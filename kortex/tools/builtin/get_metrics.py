@@ -22,13 +22,13 @@ class GetMetricsInput(ToolInput):
     step: str | None = Field(None, max_length=20, description="Resolution, e.g. '1m', '5m', '1h'")
 
 
-async def run(args: GetMetricsInput, ctx: ToolContext) -> dict[str, Any]:
+def run(args: GetMetricsInput, ctx: ToolContext) -> dict[str, Any]:
     start, end = window(args.time_range, ctx)
     span = (end - start).total_seconds()
     step_s = parse_duration(args.step).total_seconds() if args.step else None
     if step_s is not None:
         step_s = max(step_s, span / MAX_POINTS)
-    series = await ctx.sources.metrics.query_metric(
+    series = ctx.sources.metrics.query_metric(
         ctx.tenant_id,
         MetricQuery(product=args.product, metric=args.metric_name, start=start, end=end,
                     labels=args.labels or {}, step_s=step_s),
@@ -45,7 +45,7 @@ async def run(args: GetMetricsInput, ctx: ToolContext) -> dict[str, Any]:
         "truncated": False,
     }
     if not samples:
-        result["available_metrics"] = (await ctx.sources.metrics.list_metrics(ctx.tenant_id, args.product))[:50]
+        result["available_metrics"] = (ctx.sources.metrics.list_metrics(ctx.tenant_id, args.product))[:50]
     return result
 
 

@@ -14,9 +14,9 @@ class GetRecentDeploysInput(ToolInput):
     time_range: TimeRange
 
 
-async def run(args: GetRecentDeploysInput, ctx: ToolContext) -> dict[str, Any]:
+def run(args: GetRecentDeploysInput, ctx: ToolContext) -> dict[str, Any]:
     start, end = window(args.time_range, ctx)
-    deploys = await ctx.sources.deploys.list_deploys(ctx.tenant_id, args.product, start, end)
+    deploys = ctx.sources.deploys.list_deploys(ctx.tenant_id, args.product, start, end)
     return {
         "deploys": [
             {"ts": isoformat(d.ts), "version": d.version, "actor": d.actor, "host": d.host,

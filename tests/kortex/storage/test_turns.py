@@ -16,18 +16,18 @@ from tests.conftest import Harness
 
 
 def _new(h: Harness, tenant: str, session: str, content: str = "hi", key: str | None = None):
-    async def work():
-        async with h.k.db.begin() as conn:
-            return await turns.create_turn(conn, tenant_id=tenant, session_id=session, content=content, model=None,
+    def work():
+        with h.k.db.begin() as conn:
+            return turns.create_turn(conn, tenant_id=tenant, session_id=session, content=content, model=None,
                                            deadline=timedelta(minutes=5), idempotency_key=key)
-    return h.run(work())
+    return work()
 
 
 def _session(h: Harness, tenant: str) -> str:
-    async def work():
-        async with h.k.db.begin() as conn:
-            return (await chats.create_session(conn, tenant, "s")).id
-    return h.run(work())
+    def work():
+        with h.k.db.begin() as conn:
+            return (chats.create_session(conn, tenant, "s")).id
+    return work()
 
 
 def test_idempotency_key_returns_the_same_turn(harness: Harness) -> None:
@@ -59,45 +59,45 @@ def test_claims_and_completions_are_compare_and_set(harness: Harness) -> None:
     session = _session(harness, tenant)
     turn = _new(harness, tenant, session).turn
 
-    async def work():
+    def work():
         k = harness.k
-        async with k.db.begin() as conn:
-            claimed = await turns.claim_step(conn, tenant, turn.id, 0)
+        with k.db.begin() as conn:
+            claimed = turns.claim_step(conn, tenant, turn.id, 0)
             assert claimed is not None
-            assert await turns.claim_step(conn, tenant, turn.id, 0) is None
-            assert await turns.claim_step(conn, "someone-else", turn.id, 0) is None
+            assert turns.claim_step(conn, tenant, turn.id, 0) is None
+            assert turns.claim_step(conn, "someone-else", turn.id, 0) is None
             calls = (ToolCall(id="a", name="x"), ToolCall(id="b", name="y"))
-            invs = await turns.park_for_tools(conn, claimed, step=0, message=AssistantMessage(tool_calls=calls),
+            invs = turns.park_for_tools(conn, claimed, step=0, message=AssistantMessage(tool_calls=calls),
                                               usage=Usage(input_tokens=3), model_used="p:m")
         nexts = []
         for inv in invs:
-            async with k.db.begin() as conn:
-                assert await turns.claim_invocation(conn, tenant, inv.id, hard_limit=5) is not None
-                assert await turns.claim_invocation(conn, tenant, inv.id, hard_limit=5) is None
-                done = await turns.complete_invocation(conn, tenant, inv.id, ToolResult(call_id=inv.call_id, name=inv.name))
+            with k.db.begin() as conn:
+                assert turns.claim_invocation(conn, tenant, inv.id, hard_limit=5) is not None
+                assert turns.claim_invocation(conn, tenant, inv.id, hard_limit=5) is None
+                done = turns.complete_invocation(conn, tenant, inv.id, ToolResult(call_id=inv.call_id, name=inv.name))
                 nexts.append(done.next_step)
-                assert await turns.complete_invocation(conn, tenant, inv.id, ToolResult(call_id=inv.call_id, name=inv.name)) is None
+                assert turns.complete_invocation(conn, tenant, inv.id, ToolResult(call_id=inv.call_id, name=inv.name)) is None
         assert nexts == [None, 1]  # only the last result advances the turn, once
-        async with k.db.connect() as conn:
-            return await turns.get_turn(conn, tenant, turn.id)
+        with k.db.connect() as conn:
+            return turns.get_turn(conn, tenant, turn.id)
 
-    after = harness.run(work())
+    after = work()
     assert after.status == "queued" and after.step == 1 and after.pending_tools == 0 and after.input_tokens == 3
 
 
 def test_audit_rows_are_append_only(harness: Harness) -> None:
     tenant = harness.tenant("acme")
 
-    async def work():
-        async with harness.k.db.begin() as conn:
-            await write_entries(conn, [AuditEntry(tenant_id=tenant, kind="tool_call", subject="x", ok=True, payload={})])
+    def work():
+        with harness.k.db.begin() as conn:
+            write_entries(conn, [AuditEntry(tenant_id=tenant, kind="tool_call", subject="x", ok=True, payload={})])
         for stmt in (decisions.update().values(ok=False), decisions.delete()):
             # SQLite reports the trigger's RAISE as a constraint failure, PostgreSQL as an error
             with pytest.raises((StorageError, Conflict)):
-                async with harness.k.db.begin() as conn:
-                    await conn.execute(stmt)
-        async with harness.k.db.connect() as conn:
-            rows = (await conn.execute(decisions.select())).all()
+                with harness.k.db.begin() as conn:
+                    conn.execute(stmt)
+        with harness.k.db.connect() as conn:
+            rows = (conn.execute(decisions.select())).all()
         assert [(r.tenant_id, r.ok) for r in rows] == [(tenant, True)]
 
-    harness.run(work())
+    work()

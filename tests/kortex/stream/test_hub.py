@@ -16,10 +16,10 @@ def test_fans_out_many_streams_over_one_reader_and_replays_from_an_id() -> None:
     async def go():
         server = fakeredis.FakeServer()
         factory = lambda: fakeredis.FakeAsyncRedis(server=server, decode_responses=True)  # noqa: E731
-        store = EventStore(factory(), prefix="h")
+        store = EventStore(fakeredis.FakeRedis(server=server, decode_responses=True), prefix="h")
         hub = StreamHub(factory, block_ms=5000)
         await hub.start()
-        first_ids = await store.append("a", [TextEvent(step=0, delta="a0"), TextEvent(step=0, delta="a1")])
+        first_ids = store.append("a", [TextEvent(step=0, delta="a0"), TextEvent(step=0, delta="a1")])
 
         async def reader(turn: str, after: str) -> list[str]:
             out = []
@@ -36,8 +36,8 @@ def test_fans_out_many_streams_over_one_reader_and_replays_from_an_id() -> None:
         await asyncio.sleep(0.05)
         assert hub.subscriber_count == 3
         started = time.monotonic()
-        await store.append("b", [TextEvent(step=0, delta="b0"), DoneEvent(status="done")])
-        await store.append("a", [DoneEvent(status="done")])
+        store.append("b", [TextEvent(step=0, delta="b0"), DoneEvent(status="done")])
+        store.append("a", [DoneEvent(status="done")])
         a, a_late, b = await asyncio.wait_for(asyncio.gather(ra, ra_late, rb), 2)
         # The blocked XREAD was interrupted for the new subscribers, not left to its 5 s timeout.
         assert time.monotonic() - started < 1.0

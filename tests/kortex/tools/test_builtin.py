@@ -16,7 +16,7 @@ from tests.conftest import Harness
 def call(h: Harness, tenant: str, name: str, args: dict[str, Any]) -> Any:
     ctx = ToolContext(tenant_id=tenant, session_id=None, turn_id=None, call_id="c", step=0, now=utcnow(),
                       sources=h.k.sources, services={"cursors": h.k.cursors})
-    return h.run(h.k.pipeline.run(ToolCall(id="c", name=name, arguments=args), ctx))
+    return h.k.pipeline.run(ToolCall(id="c", name=name, arguments=args), ctx)
 
 
 def test_get_logs_pages_through_every_match_without_gaps_or_repeats(harness: Harness) -> None:
@@ -51,12 +51,12 @@ def test_get_logs_window_is_pinned_by_the_cursor(harness: Harness) -> None:
     harness.seed(tenant)
     first = call(harness, tenant, "get_logs", {"product": "checkout", "time_range": "last 3h", "limit": 10})
     # New lines arriving between pages must not shift what page two returns.
-    async def add_line() -> None:
-        async with harness.k.db.begin() as conn:
-            await conn.execute(telemetry_logs.insert().values(
+    def add_line() -> None:
+        with harness.k.db.begin() as conn:
+            conn.execute(telemetry_logs.insert().values(
                 tenant_id=tenant, product="checkout", ts=utcnow() - timedelta(seconds=1), severity=20, level="info",
                 host="h", message="late arrival"))
-    harness.run(add_line())
+    add_line()
     second = call(harness, tenant, "get_logs", {"product": "checkout", "time_range": "last 3h", "limit": 10,
                                                 "cursor": first.content["next_cursor"]})
     assert not second.is_error

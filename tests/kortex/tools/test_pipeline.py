@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from datetime import UTC, datetime
 from typing import Any
 
@@ -22,11 +21,11 @@ class _Args(ToolInput):
     n: int = Field(ge=0, le=10)
 
 
-async def _boom(args: _Args, ctx: ToolContext) -> dict[str, Any]:
+def _boom(args: _Args, ctx: ToolContext) -> dict[str, Any]:
     raise ZeroDivisionError("bug")
 
 
-async def _write(args: _Args, ctx: ToolContext) -> dict[str, Any]:
+def _write(args: _Args, ctx: ToolContext) -> dict[str, Any]:
     return {"done": True}
 
 
@@ -47,7 +46,7 @@ def _pipeline(allowed=None, **kwargs: Any) -> ToolPipeline:
 
 
 def run(pipeline: ToolPipeline, name: str, args: dict, audit: list | None = None, **kw: Any):
-    return asyncio.run(pipeline.run(ToolCall(id="c1", name=name, arguments=args), _ctx(), audit=audit, **kw))
+    return pipeline.run(ToolCall(id="c1", name=name, arguments=args), _ctx(), audit=audit, **kw)
 
 
 def test_unknown_and_unlisted_tools_are_denied_alike() -> None:
@@ -75,7 +74,7 @@ def test_validation_errors_name_the_fields() -> None:
 def test_invalid_json_arguments_are_reported_without_echoing_them() -> None:
     p = _pipeline()
     call = ToolCall(id="c9", name="debug_echo", arguments={}, arguments_error="invalid_json")
-    result = asyncio.run(p.run(call, _ctx()))
+    result = p.run(call, _ctx())
     assert result.error_code == "invalid_json" and result.call_id == "c9"
 
 
@@ -130,14 +129,14 @@ def test_every_call_writes_one_audit_entry_with_scrubbed_arguments() -> None:
 def test_progress_note_fires_for_slow_tools() -> None:
     notes: list[int] = []
 
-    async def on_progress(call: ToolCall, elapsed_ms: int) -> None:
+    def on_progress(call: ToolCall, elapsed_ms: int) -> None:
         notes.append(elapsed_ms)
 
     p = _pipeline(progress_after=0.05)
     result = run(p, "debug_sleep", {"seconds": 0.2}, on_progress=on_progress)
     assert not result.is_error and notes == [50]
     fast: list[int] = []
-    run(p, "debug_sleep", {"seconds": 0}, on_progress=lambda c, e: fast.append(e))  # type: ignore[arg-type,return-value]
+    run(p, "debug_sleep", {"seconds": 0}, on_progress=lambda c, e: fast.append(e))
     assert fast == []
 
 

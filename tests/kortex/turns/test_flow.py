@@ -38,16 +38,16 @@ def test_two_tool_turn_streams_events_in_order_and_stores_the_conversation(harne
     assert text == "Checking deploys and errors.Deploy v2.14.0 exhausted the pool."
     roles = [(m.role, m.step, m.ord) for m in harness.messages(tenant, turn.session_id)]
     assert roles == [("user", -1, 0), ("assistant", 0, 0), ("tool", 0, 1), ("tool", 0, 2), ("assistant", 1, 0)]
-    rows = harness.run(_audit(harness, tenant, turn.id))
+    rows = _audit(harness, tenant, turn.id)
     assert sorted(r["kind"] for r in rows) == ["llm_call", "llm_call", "tool_call", "tool_call"]
     assert all(r["tenant_id"] == tenant for r in rows)
     usage = data[-1]["usage"]
     assert usage["input_tokens"] == turn.input_tokens > 0
 
 
-async def _audit(h: Harness, tenant: str, turn_id: str) -> list[dict]:
-    async with h.k.db.connect() as conn:
-        return await audit.list_for_turn(conn, tenant, turn_id)
+def _audit(h: Harness, tenant: str, turn_id: str) -> list[dict]:
+    with h.k.db.connect() as conn:
+        return audit.list_for_turn(conn, tenant, turn_id)
 
 
 def test_tool_errors_are_fed_back_to_the_model_and_the_turn_finishes(harness: Harness) -> None:
@@ -106,34 +106,34 @@ def test_unknown_model_is_rejected_before_a_turn_exists(harness: Harness) -> Non
 def test_watchdog_settles_a_tool_that_outlived_its_worker_and_resumes_the_turn(harness: Harness) -> None:
     tenant = harness.tenant("acme")
 
-    async def scenario():
+    def scenario():
         k = harness.k
-        session = await chat.create_session(k, tenant, "t", "scripted:two_tools")
-        posted = await chat.post_message(k, tenant, session.id, "go")
+        session = chat.create_session(k, tenant, "t", "scripted:two_tools")
+        posted = chat.post_message(k, tenant, session.id, "go")
         from kortex.turns.step import run_step
 
-        handoff = await run_step(k, tenant, posted.turn.id, 0)
+        handoff = run_step(k, tenant, posted.turn.id, 0)
         assert len(handoff.tools) == 2
         # One tool was claimed by a worker that then died: mark it running, past its deadline.
         dead = handoff.tools[0]
-        async with k.db.begin() as conn:
-            await conn.execute(update(tool_invocations).where(tool_invocations.c.id == dead.invocation_id)
+        with k.db.begin() as conn:
+            conn.execute(update(tool_invocations).where(tool_invocations.c.id == dead.invocation_id)
                                .values(status="running", deadline_at=posted.turn.created_at))
         from kortex.turns.toolrun import run_tool
 
         other = handoff.tools[1]
-        assert not await run_tool(k, tenant, other.invocation_id, other.tool, other.hard_limit)
-        report = await watchdog.sweep(k)
+        assert not run_tool(k, tenant, other.invocation_id, other.tool, other.hard_limit)
+        report = watchdog.sweep(k)
         assert report.timed_out_tools == 1
         assert [s.step for s in report.handoff.steps] == [1]
-        await drive(k, report.handoff)
-        async with k.db.connect() as conn:
-            row = (await conn.execute(select(tool_invocations).where(
+        drive(k, report.handoff)
+        with k.db.connect() as conn:
+            row = (conn.execute(select(tool_invocations).where(
                 tool_invocations.c.id == dead.invocation_id))).one()
         assert row.is_error and row.error_code == "timeout"
-        return await chat.get_turn(k, tenant, posted.turn.id)
+        return chat.get_turn(k, tenant, posted.turn.id)
 
-    turn = harness.run(scenario())
+    turn = scenario()
     assert turn.status == "done"
 
 
@@ -141,52 +141,52 @@ def test_watchdog_fails_turns_past_their_deadline_and_requeues_lost_handoffs(har
     h = harness_factory(turn={"deadline": 600, "requeue_after": 0})
     tenant = h.tenant("acme")
 
-    async def scenario():
+    def scenario():
         k = h.k
-        session = await chat.create_session(k, tenant, "t", "scripted:text_only")
-        lost = await chat.post_message(k, tenant, session.id, "never enqueued")
-        report = await watchdog.sweep(k)  # requeue_after=0: the queued turn counts as lost
+        session = chat.create_session(k, tenant, "t", "scripted:text_only")
+        lost = chat.post_message(k, tenant, session.id, "never enqueued")
+        report = watchdog.sweep(k)  # requeue_after=0: the queued turn counts as lost
         assert [s.turn_id for s in report.handoff.steps] == [lost.turn.id]
-        await drive(k, report.handoff)
-        assert (await chat.get_turn(k, tenant, lost.turn.id)).status == "done"
+        drive(k, report.handoff)
+        assert (chat.get_turn(k, tenant, lost.turn.id)).status == "done"
 
-        stuck = await chat.post_message(k, tenant, session.id, "stuck")
+        stuck = chat.post_message(k, tenant, session.id, "stuck")
         from kortex.storage.schema import turns as turns_table
 
-        async with k.db.begin() as conn:
-            await conn.execute(update(turns_table).where(turns_table.c.id == stuck.turn.id)
+        with k.db.begin() as conn:
+            conn.execute(update(turns_table).where(turns_table.c.id == stuck.turn.id)
                                .values(deadline_at=stuck.turn.created_at))
-        report = await watchdog.sweep(k)
+        report = watchdog.sweep(k)
         assert report.failed_turns == 1
-        turn = await chat.get_turn(k, tenant, stuck.turn.id)
+        turn = chat.get_turn(k, tenant, stuck.turn.id)
         assert turn.status == "failed" and turn.error["code"] == "deadline_exceeded"
-        events = await k.events.read(stuck.turn.id)
+        events = k.events.read(stuck.turn.id)
         assert [e.type for e in events][-2:] == ["error", "done"]
 
-    h.run(scenario())
+    scenario()
 
 
 def test_a_step_delivered_twice_runs_once(harness: Harness) -> None:
     tenant = harness.tenant("acme")
 
-    async def scenario():
-        import asyncio
+    def scenario():
+        from concurrent.futures import ThreadPoolExecutor
 
         from kortex.turns.step import run_step
 
         k = harness.k
-        session = await chat.create_session(k, tenant, "t", "scripted:two_tools")
-        posted = await chat.post_message(k, tenant, session.id, "go")
-        first, second = await asyncio.gather(run_step(k, tenant, posted.turn.id, 0),
-                                             run_step(k, tenant, posted.turn.id, 0))
+        session = chat.create_session(k, tenant, "t", "scripted:two_tools")
+        posted = chat.post_message(k, tenant, session.id, "go")
+        with ThreadPoolExecutor(2) as pool:
+            first, second = pool.map(lambda _: run_step(k, tenant, posted.turn.id, 0), range(2))
         assert len(first.tools) + len(second.tools) == 2  # exactly one of them ran the step
-        await drive(k, first + second)
+        drive(k, first + second)
         # late duplicates of every task change nothing
-        again = await run_step(k, tenant, posted.turn.id, 0)
+        again = run_step(k, tenant, posted.turn.id, 0)
         assert not again
         return posted.turn.id, session.id
 
-    turn_id, session_id = harness.run(scenario())
+    turn_id, session_id = scenario()
     messages = harness.messages(tenant, session_id)
     assert [m.role for m in messages] == ["user", "assistant", "tool", "tool", "assistant"]
 

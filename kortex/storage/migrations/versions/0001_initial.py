@@ -71,9 +71,6 @@ def upgrade() -> None:
     sa.Column('name', sa.String(length=200), nullable=False),
     sa.Column('model', sa.String(length=200), nullable=True),
     sa.Column('turn_count', sa.Integer(), nullable=False),
-    sa.Column('input_tokens', sa.Integer(), nullable=False),
-    sa.Column('output_tokens', sa.Integer(), nullable=False),
-    sa.Column('cost_usd', sa.Float(), nullable=False),
     sa.Column('created_at', kt.UTCDateTime(), nullable=False),
     sa.Column('updated_at', kt.UTCDateTime(), nullable=False),
     sa.ForeignKeyConstraint(['tenant_id'], ['tenants.id'], name=op.f('fk_chat_sessions_tenant_id_tenants'), ondelete='CASCADE'),
@@ -181,6 +178,7 @@ def upgrade() -> None:
     )
     with op.batch_alter_table('turns', schema=None) as batch_op:
         batch_op.create_index(batch_op.f('ix_turns_status_updated_at'), ['status', 'updated_at'], unique=False)
+        batch_op.create_index(batch_op.f('ix_turns_tenant_id_status'), ['tenant_id', 'status'], unique=False)
 
     op.create_table('chat_messages',
     sa.Column('id', kt.UUIDStr(), nullable=False),
@@ -256,6 +254,7 @@ def downgrade() -> None:
 
     op.drop_table('chat_messages')
     with op.batch_alter_table('turns', schema=None) as batch_op:
+        batch_op.drop_index(batch_op.f('ix_turns_tenant_id_status'))
         batch_op.drop_index(batch_op.f('ix_turns_status_updated_at'))
 
     op.drop_table('turns')
