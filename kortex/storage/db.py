@@ -85,7 +85,7 @@ class Database:
                 yield conn
         except IntegrityError as exc:
             # Unique constraints carry our idempotency rules; callers catch Conflict.
-            raise Conflict("a row with this key already exists", code="integrity") from exc
+            raise Conflict("the change violates a database constraint", code="integrity") from exc
         except SQLAlchemyError as exc:
             raise StorageError(f"database error: {exc.__class__.__name__}") from exc
 
@@ -97,7 +97,7 @@ class Database:
             with self._reader.connect() as conn:
                 yield conn
         except IntegrityError as exc:
-            raise Conflict("a row with this key already exists", code="integrity") from exc
+            raise Conflict("the change violates a database constraint", code="integrity") from exc
         except SQLAlchemyError as exc:
             raise StorageError(f"database error: {exc.__class__.__name__}") from exc
 
