@@ -42,7 +42,9 @@ def redis_factory(settings: Settings) -> Callable[[], AsyncRedis]:
 
         return embedded_async_redis
     url = settings.redis_url or ""
-    return lambda: AsyncRedis.from_url(url, decode_responses=True, single_connection_client=True)
+    name = f"{settings.redis_prefix}:hub"  # visible in CLIENT LIST
+    return lambda: AsyncRedis.from_url(url, decode_responses=True, single_connection_client=True,
+                                       client_name=name)
 
 
 def _shared_redis(settings: Settings) -> Redis:

@@ -13,6 +13,7 @@ from kombu import Queue as KombuQueue
 from kortex.config import Settings, load_settings
 from workers.queues import Queue, TaskName
 
+
 def make_celery(settings: Settings) -> Celery:
     app = Celery("kortex", broker=settings.effective_broker_url, include=["workers.tasks"])
     broker = settings.effective_broker_url

@@ -164,5 +164,5 @@ class Provider(abc.ABC):
         return Completion(text="".join(text), tool_calls=tuple(calls), stop_reason=done.stop_reason,
                           usage=done.usage, model=done.model)
 
-    async def aclose(self) -> None:
+    async def aclose(self) -> None:  # noqa: B027 - optional hook, most providers hold nothing
         """Release connections. Called once when the process shuts down."""

@@ -14,7 +14,6 @@ from kortex.storage.records import MessageRecord, SessionRecord
 from kortex.storage.schema import chat_messages, chat_sessions
 from kortex.timeparse import utcnow
 
-
 INSERT_MESSAGE = chat_messages.insert()
 
 

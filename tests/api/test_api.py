@@ -11,7 +11,6 @@ from fastapi.testclient import TestClient
 from api.main import create_app
 from kortex.testing.inline import drive
 from kortex.turns.handoff import Handoff
-
 from tests.conftest import Harness
 
 

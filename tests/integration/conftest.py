@@ -23,7 +23,6 @@ import pytest
 import redis
 
 from kortex.storage.migrate import upgrade
-
 from tests.conftest import SCRIPTS, Harness, make_settings
 
 ROOT = Path(__file__).resolve().parents[2]

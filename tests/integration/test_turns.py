@@ -14,12 +14,11 @@ from sqlalchemy import select
 from kortex.storage import audit
 from kortex.storage.schema import chat_messages, tool_invocations
 from kortex.turns import chat
-from workers.app import make_celery
-from workers.dispatch import send_step, send_tool
 from kortex.turns.handoff import StepDispatch, ToolDispatch
-
 from tests.conftest import Harness
 from tests.integration.sse import read_events
+from workers.app import make_celery
+from workers.dispatch import send_step, send_tool
 
 pytestmark = pytest.mark.integration
 
@@ -247,3 +246,18 @@ def test_worker_registered_explicit_task_names(worker) -> None:
     for name in ("kortex.turn.step", "kortex.tool.run", "kortex.turn.watchdog"):
         assert name in out
     assert json  # the log is plain text; names appear in the worker's task list
+
+
+def test_many_open_streams_share_one_redis_reader(api_url, pg, tenant, redis_prefix) -> None:
+    _, key = tenant
+    turns = [start_turn(api_url, key, f"slow {i}", model="scripted:slow_tool") for i in range(4)]
+    urls = [api_url + t["events_url"] for t in turns for _ in range(5)]  # 20 readers, 4 streams
+    with concurrent.futures.ThreadPoolExecutor(len(urls)) as pool:
+        futures = [pool.submit(read_events, url, key) for url in urls]
+        time.sleep(1.0)  # every reader is connected and waiting on the slow tool
+        clients = pg.k.redis.client_list()
+        hub = [c for c in clients if c.get("name") == f"{redis_prefix}:hub"]
+        results = [f.result() for f in futures]
+    assert len(hub) == 2  # one blocking reader and one control connection, for all 20 streams
+    assert all(r[-1].event == "done" for r in results)
+    assert len({tuple(e.id for e in r) for r in results}) == 4  # each stream's readers saw the same entries

@@ -8,9 +8,9 @@ from typing import Annotated
 
 from pydantic import Field
 
+from kortex.timeparse import parse_range
 from kortex.tools.cursor import CursorCodec
 from kortex.tools.spec import ToolContext
-from kortex.timeparse import parse_range
 
 Product = Annotated[
     str,

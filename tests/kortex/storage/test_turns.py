@@ -9,9 +9,8 @@ import pytest
 from kortex.errors import Conflict, NotFound, StorageError
 from kortex.messages import AssistantMessage, ToolCall, ToolResult, Usage
 from kortex.storage import chats, turns
-from kortex.storage.schema import decisions
 from kortex.storage.audit import AuditEntry, write_entries
-
+from kortex.storage.schema import decisions
 from tests.conftest import Harness
 
 

@@ -9,7 +9,6 @@ from kortex.messages import ToolCall
 from kortex.storage.schema import telemetry_logs
 from kortex.timeparse import utcnow
 from kortex.tools.spec import ToolContext
-
 from tests.conftest import Harness
 
 

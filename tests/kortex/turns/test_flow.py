@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 
-from kortex.storage import audit
-from kortex.storage.schema import tool_invocations
-from kortex.turns import chat, watchdog
-from kortex.testing.inline import drive
 from sqlalchemy import select, update
 
+from kortex.storage import audit
+from kortex.storage.schema import tool_invocations
+from kortex.testing.inline import drive
+from kortex.turns import chat, watchdog
 from tests.conftest import Harness
 
 

@@ -1,7 +1,7 @@
 """initial schema
 
 Revision ID: 0001
-Revises: 
+Revises: (none)
 Create Date: 2026-11-22
 """
 
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 from alembic import op
+from sqlalchemy.dialects import postgresql
 
 import kortex.storage.types as kt
-from sqlalchemy.dialects import postgresql
 
 revision = '0001'
 down_revision = None
