@@ -51,6 +51,18 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
+@contextmanager
+def _translated() -> Iterator[None]:
+    """SQLAlchemy errors become the error tree; constraint violations become Conflict, because
+    unique constraints carry our idempotency rules and callers catch them."""
+    try:
+        yield
+    except IntegrityError as exc:
+        raise Conflict("the change violates a database constraint", code="integrity") from exc
+    except SQLAlchemyError as exc:
+        raise StorageError(f"database error: {exc.__class__.__name__}") from exc
+
+
 class Database:
     """The application's handle on the database. One per process; safe to share between threads."""
 
@@ -80,26 +92,15 @@ class Database:
     @contextmanager
     def begin(self) -> Iterator[Connection]:
         """A connection inside one transaction, committed on success, rolled back on error."""
-        try:
-            with self.engine.begin() as conn:
-                yield conn
-        except IntegrityError as exc:
-            # Unique constraints carry our idempotency rules; callers catch Conflict.
-            raise Conflict("the change violates a database constraint", code="integrity") from exc
-        except SQLAlchemyError as exc:
-            raise StorageError(f"database error: {exc.__class__.__name__}") from exc
+        with _translated(), self.engine.begin() as conn:
+            yield conn
 
     @contextmanager
     def connect(self) -> Iterator[Connection]:
         """An autocommit connection: every statement is its own transaction. For reads and for
         single-statement compare-and-set transitions."""
-        try:
-            with self._reader.connect() as conn:
-                yield conn
-        except IntegrityError as exc:
-            raise Conflict("the change violates a database constraint", code="integrity") from exc
-        except SQLAlchemyError as exc:
-            raise StorageError(f"database error: {exc.__class__.__name__}") from exc
+        with _translated(), self._reader.connect() as conn:
+            yield conn
 
     def ping(self) -> None:
         with self.connect() as conn:
