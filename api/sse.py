@@ -4,26 +4,54 @@ stream has expired."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 
 from starlette.concurrency import run_in_threadpool
 
 from kortex.container import Kortex
+from kortex.events import DoneEvent
+from kortex.messages import Usage
 from kortex.storage.records import TurnRecord
 from kortex.stream.entries import START, Entry, is_entry_id, parse_id
-from kortex.stream.hub import StreamHub
+from kortex.stream.hub import StreamHub, SubscriptionOverflow
 from kortex.turns.chat import get_turn
 from kortex.turns.replay import replay_events
+
+log = logging.getLogger(__name__)
 
 
 def format_entry(entry: Entry) -> str:
     return f"id: {entry.id}\nevent: {entry.type}\ndata: {entry.data}\n\n"
 
 
+def resume_point(last_event_id: str | None) -> str:
+    return last_event_id if is_entry_id(last_event_id) else START
+
+
+def nothing_left(k: Kortex, turn: TurnRecord, after: str) -> bool:
+    """A finished turn with no entry after ``after``: the client has it all (answer 204, which
+    tells EventSource to stop reconnecting)."""
+    if not turn.finished or after == START:
+        return False
+    if after.startswith("0-"):  # an id from a database replay
+        return parse_id(after)[1] >= len(replay_events(k, turn))
+    return k.events.exists(turn.id) and not k.events.read(turn.id, after, count=1)
+
+
+def _closing_done(turn: TurnRecord, cursor: str) -> Entry:
+    """The ``done`` a finished turn's stream is missing (its publish failed after the commit)."""
+    error = (turn.error or {}).get("code")
+    usage = Usage(input_tokens=turn.input_tokens, output_tokens=turn.output_tokens, cost_usd=turn.cost_usd)
+    event = DoneEvent(status="failed" if turn.status == "failed" else "done", usage=usage, error=error)
+    ms, seq = parse_id(cursor)
+    return Entry(id=f"{ms}-{seq + 1}", type="done", data=event.model_dump_json())
+
+
 async def turn_events(
     k: Kortex, hub: StreamHub, turn: TurnRecord, last_event_id: str | None, heartbeat: float
 ) -> AsyncIterator[str]:
-    after = last_event_id if is_entry_id(last_event_id) else START
+    after = resume_point(last_event_id)
     yield "retry: 2000\n\n"
     if not await run_in_threadpool(k.events.exists, turn.id):
         turn = await run_in_threadpool(get_turn, k, turn.tenant_id, turn.id)
@@ -34,12 +62,30 @@ async def turn_events(
                 if parse_id(entry.id)[1] > skip:
                     yield format_entry(entry)
             return
-    async with hub.subscribe(k.events.key(turn.id), after) as subscription:
-        while True:
-            entry = await subscription.get(timeout=heartbeat)
-            if entry is None:
+    cursor = after
+    try:
+        async with hub.subscribe(k.events.key(turn.id), after) as subscription:
+            while True:
+                entry = await subscription.get(timeout=heartbeat)
+                if entry is not None:
+                    cursor = entry.id
+                    yield format_entry(entry)
+                    if entry.type == "done":
+                        return
+                    continue
+                # Idle: a finished turn whose stream never got its done must not keep the
+                # client waiting forever.
+                turn = await run_in_threadpool(get_turn, k, turn.tenant_id, turn.id)
+                if turn.finished:
+                    rest = await run_in_threadpool(k.events.read, turn.id, cursor)
+                    for late in rest:
+                        cursor = late.id
+                        yield format_entry(late)
+                        if late.type == "done":
+                            return
+                    yield format_entry(_closing_done(turn, cursor))
+                    return
                 yield ": keepalive\n\n"
-                continue
-            yield format_entry(entry)
-            if entry.type == "done":
-                return
+    except (SubscriptionOverflow, ConnectionError) as exc:
+        # The client reconnects with its Last-Event-ID and loses nothing.
+        log.info("ending event stream of turn %s: %s", turn.id, exc)

@@ -8,6 +8,8 @@ down.
 from __future__ import annotations
 
 import logging
+import os
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -43,8 +45,10 @@ def redis_factory(settings: Settings) -> Callable[[], AsyncRedis]:
         return embedded_async_redis
     url = settings.redis_url or ""
     name = f"{settings.redis_prefix}:hub"  # visible in CLIENT LIST
+    # No socket timeout: a blocking XREAD legitimately waits the whole block time, and redis-py's
+    # default (5 s) would fire first and turn every idle read into a reconnect.
     return lambda: AsyncRedis.from_url(url, decode_responses=True, single_connection_client=True,
-                                       client_name=name)
+                                       client_name=name, socket_timeout=None, socket_keepalive=True)
 
 
 def _shared_redis(settings: Settings) -> Redis:
@@ -54,6 +58,31 @@ def _shared_redis(settings: Settings) -> Redis:
         return embedded_redis()
     return Redis.from_url(settings.redis_url or "", decode_responses=True, max_connections=64,
                           health_check_interval=30)
+
+
+def cursor_key(settings: Settings) -> bytes:
+    """The key that signs paging cursors. Every process of a deployment must share it."""
+    if settings.secret_key:
+        return derive_key(settings.secret_key.get_secret_value(), "")
+    if settings.embedded:
+        # One machine: keep a random key next to the database, readable by its owner only.
+        path = settings.home / "secret.key"
+        if not path.exists():
+            settings.home.mkdir(parents=True, exist_ok=True)
+            staged = path.with_name(f".secret.key.{os.getpid()}")
+            fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as out:
+                out.write(secrets.token_hex(32))
+            try:
+                os.link(staged, path)  # atomic, and the first process to get there wins
+            except FileExistsError:
+                pass
+            finally:
+                staged.unlink()
+        return derive_key(path.read_text().strip(), "")
+    log.warning("KORTEX_SECRET_KEY is not set: cursors are signed with a key derived from the "
+                "database URL; set a secret in production")
+    return derive_key(None, settings.effective_database_url)
 
 
 def tool_specs(settings: Settings) -> list[ToolSpec]:
@@ -103,8 +132,7 @@ class Kortex:
         timeouts = {name: o.timeout for name, o in settings.llm.tools.items() if o.timeout is not None}
         pipeline = ToolPipeline(registry, policy, result_cap_bytes=settings.tools.result_cap_bytes,
                                 timeouts=timeouts, progress_after=settings.tools.progress_after_s)
-        secret = settings.secret_key.get_secret_value() if settings.secret_key else None
-        cursors = CursorCodec(derive_key(secret, settings.effective_database_url))
+        cursors = CursorCodec(cursor_key(settings))
         telemetry = EmbeddedTelemetry(db)
         return cls(
             settings=settings, db=db, redis=redis, events=events,

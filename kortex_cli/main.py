@@ -103,8 +103,8 @@ def worker(
     bad = [q for q in names if q not in {x.value for x in Queue}]
     if bad:
         _fail(f"unknown queue(s): {', '.join(bad)}")
-    argv = ["worker", "-Q", ",".join(names), "-P", pool, "-l", loglevel, "-E",
-            "-n", f"kortex-{'-'.join(names)}@%h"]
+    # Task events stay off (Flower switches them on while it watches; see workers/app.py).
+    argv = ["worker", "-Q", ",".join(names), "-P", pool, "-l", loglevel, "-n", f"kortex-{'-'.join(names)}@%h"]
     if concurrency:
         argv += ["-c", str(concurrency)]
     celery_app.worker_main(argv)

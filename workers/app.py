@@ -31,7 +31,9 @@ def make_celery(settings: Settings) -> Celery:
         task_ignore_result=True,
         task_acks_late=True,               # a task lost with its worker is redelivered ...
         task_reject_on_worker_lost=True,   # ... and every task is safe to run twice
-        worker_prefetch_multiplier=4,
+        # One message per process at a time: a step may stream an LLM answer for minutes, and
+        # messages prefetched behind it would wait while other processes sit idle.
+        worker_prefetch_multiplier=1,
         task_default_queue=Queue.TURNS.value,
         task_queues=[KombuQueue(q.value, routing_key=q.value) for q in Queue],
         task_routes={
@@ -50,7 +52,9 @@ def make_celery(settings: Settings) -> Celery:
             "watchdog": {
                 "task": TaskName.WATCHDOG.value,
                 "schedule": settings.turn.watchdog_every,
-                "options": {"queue": Queue.TURNS.value, "expires": settings.turn.watchdog_every},
+                # It shares the turns queue with long steps: let it wait a few intervals before
+                # it expires (a later sweep does the same work, so stale ones are dropped).
+                "options": {"queue": Queue.TURNS.value, "expires": max(60.0, 3 * settings.turn.watchdog_every)},
             },
         },
     )

@@ -25,6 +25,8 @@ def kortex(settings: Settings) -> Kortex:
     global _kortex, _pid
     with _lock:
         if _kortex is None or _pid != os.getpid() or _kortex.settings is not settings:
+            if _kortex is not None and _pid == os.getpid():
+                _kortex.close()  # settings swapped in this process (embedded mode): release the old one
             _kortex = Kortex.create(settings)
             _pid = os.getpid()
         return _kortex

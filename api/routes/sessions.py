@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response
@@ -13,6 +14,7 @@ from kortex.storage import chats, turns
 from kortex.turns import chat
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
+log = logging.getLogger(__name__)
 
 
 @router.post("", status_code=201, response_model=SessionOut)
@@ -68,7 +70,11 @@ def post_message(
     posted = chat.post_message(k, tenant.id, object_id(session_id, "session"), body.content,
                                      model=body.model, idempotency_key=idempotency_key)
     if posted.handoff:
-        request.app.state.dispatch(posted.handoff)  # a sync route: this runs on the thread pool
+        try:
+            request.app.state.dispatch(posted.handoff)  # a sync route: this runs on the thread pool
+        except Exception:  # the broker is down; the turn is stored, so the watchdog enqueues it later
+            log.warning("could not enqueue turn %s now; the watchdog will", posted.turn.id, exc_info=True)
+            response.headers["Kortex-Enqueue"] = "deferred"
     turn = posted.turn
     events_url = f"/v1/turns/{turn.id}/events"
     response.headers["Location"] = f"/v1/turns/{turn.id}"

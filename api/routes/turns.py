@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import HubDep, KortexDep, TenantDep, object_id
 from api.schemas import TurnOut
-from api.sse import turn_events
+from api.sse import nothing_left, resume_point, turn_events
 from kortex.turns.chat import get_turn
 
 router = APIRouter(prefix="/v1/turns", tags=["turns"])
@@ -24,7 +24,8 @@ def read_turn(turn_id: str, k: KortexDep, tenant: TenantDep) -> TurnOut:
 
 
 @router.get("/{turn_id}/events", response_class=StreamingResponse,
-            responses={200: {"content": {"text/event-stream": {}}}})
+            responses={200: {"content": {"text/event-stream": {}}},
+                       204: {"description": "the turn is finished and Last-Event-ID was its last event"}})
 async def stream_events(
     turn_id: str,
     request: Request,
@@ -32,8 +33,10 @@ async def stream_events(
     hub: HubDep,
     tenant: TenantDep,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=64)] = None,
-) -> StreamingResponse:
+) -> Response:
     turn = await run_in_threadpool(get_turn, k, tenant.id, object_id(turn_id, "turn"))
+    if await run_in_threadpool(nothing_left, k, turn, resume_point(last_event_id)):
+        return Response(status_code=204)  # the client has every event: EventSource stops here
     heartbeat = request.app.state.heartbeat
     return StreamingResponse(turn_events(k, hub, turn, last_event_id, heartbeat),
                              media_type="text/event-stream", headers=SSE_HEADERS)

@@ -69,7 +69,8 @@ class Database:
     def __init__(self, url: str, *, pool_size: int = 10, echo: bool = False) -> None:
         self.url = _normalise(url)
         self.dialect = self.url.get_backend_name()
-        kwargs: dict[str, Any] = {"echo": echo}
+        # Bound parameters carry user content and tool output: keep them out of error messages.
+        kwargs: dict[str, Any] = {"echo": echo, "hide_parameters": True}
         if self.dialect == "postgresql":
             kwargs.update(pool_size=pool_size, max_overflow=pool_size * 2, pool_pre_ping=False,
                           pool_recycle=1800)

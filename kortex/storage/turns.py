@@ -21,7 +21,7 @@ from typing import Any
 from sqlalchemy import and_, bindparam, case, func, select, update
 from sqlalchemy.engine import Connection
 
-from kortex.errors import Conflict, NotFound
+from kortex.errors import Conflict, NotFound, RateLimited
 from kortex.ids import uuid7
 from kortex.messages import AssistantMessage, ToolCall, ToolMessage, ToolResult, Usage, UserMessage
 from kortex.storage.chats import INSERT_MESSAGE, message_row
@@ -67,18 +67,19 @@ def create_turn(
     model: str | None,
     deadline: timedelta,
     idempotency_key: str | None = None,
+    max_active_per_tenant: int | None = None,
 ) -> NewTurn:
     """Store the user message and a queued turn in the caller's transaction."""
     now = utcnow()
-    # Taking the session row first serialises concurrent posts to one session (a row lock on
-    # PostgreSQL), so the idempotency and one-active-turn checks below cannot race.
-    turn_no = conn.scalar(
-        update(chat_sessions)
+    # Locking the session row first serialises concurrent posts to one session on PostgreSQL,
+    # so the idempotency and one-active-turn checks below cannot race. (SQLite has one writer
+    # at a time; a lost race there surfaces as an integrity Conflict the caller retries.)
+    locked = conn.execute(
+        select(chat_sessions.c.id)
         .where(chat_sessions.c.id == session_id, chat_sessions.c.tenant_id == tenant_id)
-        .values(turn_count=chat_sessions.c.turn_count + 1, updated_at=now)
-        .returning(chat_sessions.c.turn_count)
-    )
-    if turn_no is None:
+        .with_for_update()
+    ).first()
+    if locked is None:
         raise NotFound("session not found")
     digest = request_hash(content, model)
     if idempotency_key:
@@ -87,13 +88,21 @@ def create_turn(
             same_hash = conn.scalar(select(_t.request_hash).where(_t.id == earlier.id)) == digest
             if earlier.session_id != session_id or not same_hash:
                 raise Conflict("this Idempotency-Key was used for a different request", code="idempotency_mismatch")
-            return NewTurn(earlier, created=False)
+            return NewTurn(earlier, created=False)  # a replay changes nothing
     busy = conn.scalar(
         select(_t.id).where(_t.tenant_id == tenant_id, _t.session_id == session_id, _t.status.in_(ACTIVE)).limit(1)
     )
     if busy:
         raise Conflict("a turn is already in progress in this session", code="turn_in_progress",
                        details={"turn_id": busy})
+    if max_active_per_tenant is not None and active_turns_for_tenant(conn, tenant_id) >= max_active_per_tenant:
+        raise RateLimited(f"at most {max_active_per_tenant} turns may run at once for this tenant")
+    turn_no = conn.scalar(
+        update(chat_sessions)
+        .where(chat_sessions.c.id == session_id, chat_sessions.c.tenant_id == tenant_id)
+        .values(turn_count=chat_sessions.c.turn_count + 1, updated_at=now)
+        .returning(chat_sessions.c.turn_count)
+    )
     row: dict[str, Any] = {
         "id": uuid7(), "tenant_id": tenant_id, "session_id": session_id, "turn_no": turn_no,
         "status": "queued", "step": 0, "pending_tools": 0, "model": model, "model_used": None,
@@ -302,21 +311,32 @@ def expired_turns(conn: Connection, now: datetime, limit: int = 200) -> list[Tur
 
 
 def fail_turn(conn: Connection, turn: TurnRecord, error: dict[str, Any]) -> bool:
-    """Any active state -> failed (deadline passed, unrecoverable error)."""
+    """Any active state -> failed (deadline passed, unrecoverable error).
+
+    Tool calls still open are settled as cancelled, each with a tool message, so the session's
+    history never holds a call without its result (vendors reject such a conversation). The
+    invocations are locked before the turn, the order complete_invocation uses too, so the
+    two cannot deadlock.
+    """
     now = utcnow()
+    cancelled = conn.execute(
+        update(tool_invocations)
+        .where(_i.turn_id == turn.id, _i.tenant_id == turn.tenant_id, _i.status.in_(("pending", "running")))
+        .values(status="done", is_error=True, error_code="cancelled", finished_at=now)
+        .returning(_i.session_id, _i.turn_id, _i.turn_no, _i.step, _i.idx, _i.call_id, _i.name)
+    ).all()
     moved = conn.execute(
         update(turns)
         .where(_t.id == turn.id, _t.tenant_id == turn.tenant_id, _t.status.in_(ACTIVE))
         .values(status="failed", error=error, finished_at=now, updated_at=now)
     )
-    if moved.rowcount != 1:
-        return False
-    conn.execute(
-        update(tool_invocations)
-        .where(_i.turn_id == turn.id, _i.tenant_id == turn.tenant_id, _i.status.in_(("pending", "running")))
-        .values(status="done", is_error=True, error_code="cancelled", finished_at=now)
-    )
-    return True
+    for inv in cancelled:
+        result = ToolResult(call_id=inv.call_id, name=inv.name, is_error=True, error_code="cancelled",
+                            content={"error": "cancelled", "message": "the turn ended before this tool finished"})
+        conn.execute(INSERT_MESSAGE, message_row(tenant_id=turn.tenant_id, session_id=inv.session_id,
+                                                 turn_id=inv.turn_id, turn_no=inv.turn_no, step=inv.step,
+                                                 ord=inv.idx + 1, message=ToolMessage(result=result)))
+    return moved.rowcount == 1
 
 
 def stale_queued_turns(conn: Connection, cutoff: datetime, limit: int = 200) -> list[TurnRecord]:

@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 
 _ID = re.compile(r"^(\d{1,20})-(\d{1,20})$")
+_MAX = 2**64 - 1  # Redis rejects larger parts, and one bad id would break a shared XREAD
 
 START = "0-0"
 
@@ -14,11 +15,20 @@ def parse_id(entry_id: str) -> tuple[int, int]:
     match = _ID.match(entry_id)
     if not match:
         raise ValueError(f"not a stream entry id: {entry_id!r}")
-    return int(match.group(1)), int(match.group(2))
+    ms, seq = int(match.group(1)), int(match.group(2))
+    if ms > _MAX or seq > _MAX:
+        raise ValueError(f"stream entry id out of range: {entry_id!r}")
+    return ms, seq
 
 
 def is_entry_id(value: str | None) -> bool:
-    return bool(value) and _ID.match(value or "") is not None
+    if not value:
+        return False
+    try:
+        parse_id(value)
+    except ValueError:
+        return False
+    return True
 
 
 @dataclass(frozen=True, slots=True)

@@ -101,6 +101,7 @@ class StreamHub:
         self._task: asyncio.Task[None] | None = None
         self._running = False
         self._can_unblock = True
+        self._background: set[asyncio.Task[None]] = set()  # keeps fire-and-forget tasks alive
 
     @property
     def subscriber_count(self) -> int:
@@ -152,7 +153,9 @@ class StreamHub:
         if wait:
             await self._interrupt_read(self._gen)
         else:
-            asyncio.ensure_future(self._interrupt_read(self._gen))
+            task = asyncio.ensure_future(self._interrupt_read(self._gen))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
 
     async def _interrupt_read(self, target: int) -> None:
         """Make sure an XREAD built before generation ``target`` is not left blocking."""
@@ -171,12 +174,17 @@ class StreamHub:
                 return
             await asyncio.sleep(0.002)  # the reader is between building and sending its XREAD
 
-    async def _connect_reader(self) -> None:
-        if self._reader is not None:
+    async def _drop_reader(self) -> None:
+        reader, self._reader, self._reader_client_id = self._reader, None, None
+        if reader is not None:
             with contextlib.suppress(Exception):
-                await self._reader.aclose()
-        self._reader = self._factory()
-        self._reader_client_id = int(await self._reader.client_id())
+                await reader.aclose()
+
+    async def _connect_reader(self) -> None:
+        await self._drop_reader()
+        reader = self._factory()
+        self._reader_client_id = int(await reader.client_id())
+        self._reader = reader
 
     async def _run(self) -> None:
         backoff = 0.05
@@ -202,8 +210,15 @@ class StreamHub:
                         sub._feed(entries)
             except asyncio.CancelledError:
                 raise
+            except ResponseError as exc:
+                # Redis refused the read itself (not the connection): drop the subscribers of this
+                # round rather than retrying a command that will fail again for everyone.
+                log.warning("stream hub read refused (%s); ending its subscriptions", exc)
+                for subs in list(self._subs.values()):
+                    for sub in list(subs):
+                        sub._fail(ConnectionError("stream read refused; reconnect"))
             except (RedisError, OSError) as exc:
                 log.warning("stream hub read failed (%s); reconnecting", exc.__class__.__name__)
-                self._reader = None
+                await self._drop_reader()
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -15,6 +16,8 @@ from kortex.errors import StreamError
 from kortex.events import TextEvent, _Event
 from kortex.stream.entries import START, Entry, entries_from_redis
 from kortex.stream.keys import turn_events
+
+log = logging.getLogger(__name__)
 
 
 class EventStore:
@@ -126,35 +129,35 @@ class StepPublisher:
         self._buffer: list[str] = []
         self._sent_text = False
         self._timer: asyncio.TimerHandle | None = None
-        self.text_chars = 0
 
     def text(self, delta: str) -> None:
         if not delta:
             return
-        self.text_chars += len(delta)
         self._buffer.append(delta)
         if not self._sent_text or self.flush_s <= 0:
             self._sent_text = True
             self.flush()
         elif self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(self.flush_s, self.flush)
+            self._timer = asyncio.get_running_loop().call_later(self.flush_s, self._timed_flush)
 
     def flush(self) -> None:
         self.emit()
 
-    def pending(self) -> list[_Event]:
-        """Take the buffered text as an event, to publish with whatever comes next."""
+    def _timed_flush(self) -> None:
+        self._timer = None
+        try:
+            self.flush()
+        except StreamError:  # the text stays buffered; the next write or the final flush retries
+            log.warning("could not flush text of turn %s; will retry", self.turn_id, exc_info=True)
+
+    def emit(self, *events: _Event, final: bool = False) -> None:
+        """Flush buffered text, then publish ``events`` after it. The buffer is only dropped once
+        Redis has it, so a failed write loses nothing."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if not self._buffer:
-            return []
-        event = TextEvent(step=self.step, delta="".join(self._buffer))
-        self._buffer.clear()
-        return [event]
-
-    def emit(self, *events: _Event, final: bool = False) -> None:
-        """Flush buffered text, then publish ``events`` after it."""
-        batch = [*self.pending(), *events]
+        batch: list[_Event] = [TextEvent(step=self.step, delta="".join(self._buffer))] if self._buffer else []
+        batch.extend(events)
         if batch:
             self.store.append(self.turn_id, batch, final=final)
+        self._buffer.clear()

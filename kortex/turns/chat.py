@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from kortex.container import Kortex
-from kortex.errors import Conflict, InvalidInput, RateLimited
+from kortex.errors import Conflict, InvalidInput
 from kortex.storage import chats, turns
 from kortex.storage.records import SessionRecord, TurnRecord
 from kortex.turns.handoff import NOTHING, Handoff, StepDispatch
@@ -64,12 +64,10 @@ def post_message(
         try:
             with k.db.begin() as conn:
                 session = chats.get_session(conn, tenant_id, session_id)
-                if idempotency_key is None and turns.active_turns_for_tenant(conn, tenant_id) >= cap:
-                    raise RateLimited(f"at most {cap} turns may run at once for this tenant")
                 new = turns.create_turn(
                     conn, tenant_id=tenant_id, session_id=session_id, content=content,
                     model=model or session.model, deadline=timedelta(seconds=k.settings.turn.deadline),
-                    idempotency_key=idempotency_key,
+                    idempotency_key=idempotency_key, max_active_per_tenant=cap,
                 )
             break
         except Conflict as exc:

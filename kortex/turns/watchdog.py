@@ -9,10 +9,12 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from kortex.container import Kortex
+from kortex.errors import KortexError
 from kortex.events import DoneEvent, ErrorEvent
 from kortex.messages import ToolResult, Usage
 from kortex.storage import turns
 from kortex.storage.audit import AuditEntry
+from kortex.storage.records import TurnRecord
 from kortex.timeparse import utcnow
 from kortex.turns.handoff import Handoff, StepDispatch
 from kortex.turns.step import tool_dispatch
@@ -37,15 +39,10 @@ def sweep(k: Kortex) -> SweepReport:
         expired = turns.expired_turns(conn, now)
     failed = 0
     for turn in expired:
-        error = {"code": "deadline_exceeded", "message": "the turn did not finish before its deadline"}
-        with k.db.begin() as conn:
-            moved = turns.fail_turn(conn, turn, error)
-        if moved:
-            failed += 1
-            usage = Usage(input_tokens=turn.input_tokens, output_tokens=turn.output_tokens, cost_usd=turn.cost_usd)
-            k.events.append(turn.id, [ErrorEvent(code="deadline_exceeded", message=error["message"]),
-                                            DoneEvent(status="failed", usage=usage, error="deadline_exceeded")],
-                                  final=True)
+        try:
+            failed += _expire(k, turn)
+        except KortexError:  # one bad row must not stop the sweep; the next one retries it
+            log.exception("watchdog could not fail turn %s", turn.id)
 
     with k.db.connect() as conn:
         overdue = turns.overdue_invocations(conn, now)
@@ -58,7 +55,10 @@ def sweep(k: Kortex) -> SweepReport:
                            session_id=inv.session_id, turn_id=inv.turn_id,
                            payload={"call_id": inv.call_id, "step": inv.step, "error_code": "timeout",
                                     "settled_by": "watchdog"})
-        handoff += settle(k, inv, result, [entry])
+        try:
+            handoff += settle(k, inv, result, [entry])
+        except KortexError:
+            log.exception("watchdog could not settle tool call %s", inv.id)
 
     cutoff = now - timedelta(seconds=k.settings.turn.requeue_after)
     with k.db.begin() as conn:
@@ -72,6 +72,18 @@ def sweep(k: Kortex) -> SweepReport:
         log.info("watchdog: %d turns failed, %d tools timed out, %d steps and %d tools re-enqueued",
                  failed, len(overdue), len(stale_turns), len(stale_tools))
     return SweepReport(failed, len(overdue), len(stale_turns), len(stale_tools), handoff)
+
+
+def _expire(k: Kortex, turn: TurnRecord) -> int:
+    error = {"code": "deadline_exceeded", "message": "the turn did not finish before its deadline"}
+    with k.db.begin() as conn:
+        moved = turns.fail_turn(conn, turn, error)
+    if not moved:
+        return 0
+    usage = Usage(input_tokens=turn.input_tokens, output_tokens=turn.output_tokens, cost_usd=turn.cost_usd)
+    k.events.append(turn.id, [ErrorEvent(code="deadline_exceeded", message=error["message"]),
+                              DoneEvent(status="failed", usage=usage, error="deadline_exceeded")], final=True)
+    return 1
 
 
 __all__ = ["SweepReport", "sweep"]

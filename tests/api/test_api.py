@@ -138,3 +138,34 @@ def test_health_and_readiness(env) -> None:
     assert client.get("/healthz").json() == {"status": "ok"}
     ready = client.get("/readyz")
     assert ready.status_code == 200 and ready.json()["checks"] == {"database": "ok", "redis": "ok"}
+
+
+def test_a_turn_is_accepted_even_when_the_broker_is_down(harness: Harness) -> None:
+    def broken(handoff: Handoff) -> None:
+        raise ConnectionError("broker unreachable")
+
+    app = create_app(harness.settings, dispatch=broken, embedded_worker=False)
+    with TestClient(app) as client:
+        key = _tenant_key(harness, "acme")
+        sid = client.post("/v1/sessions", json={}, headers=auth(key)).json()["id"]
+        posted = client.post(f"/v1/sessions/{sid}/messages", json={"content": "hi"}, headers=auth(key))
+        assert posted.status_code == 202 and posted.headers["kortex-enqueue"] == "deferred"
+        turn = client.get(f"/v1/turns/{posted.json()['turn_id']}", headers=auth(key)).json()
+        assert turn["status"] == "queued"  # stored: the watchdog hands it to the queue later
+
+
+def test_reconnecting_after_done_gets_204_and_bad_event_ids_start_over(env) -> None:
+    client, h, recorder = env
+    key = _tenant_key(h, "acme")
+    sid = client.post("/v1/sessions", json={"model": "scripted:text_only"}, headers=auth(key)).json()["id"]
+    body = client.post(f"/v1/sessions/{sid}/messages", json={"content": "hi"}, headers=auth(key)).json()
+    drive(h.k, recorder.handoffs[-1])
+    full = client.get(body["events_url"], headers=auth(key))
+    ids = [line.split(": ", 1)[1] for line in full.text.splitlines() if line.startswith("id: ")]
+    done = client.get(body["events_url"], headers={**auth(key), "Last-Event-ID": ids[-1]})
+    assert done.status_code == 204
+    partial = client.get(body["events_url"], headers={**auth(key), "Last-Event-ID": ids[-2]})
+    assert partial.status_code == 200 and partial.text.count("event: ") == 1
+    for bogus in ("99999999999999999999-0", "nonsense", "1-2-3"):
+        again = client.get(body["events_url"], headers={**auth(key), "Last-Event-ID": bogus})
+        assert again.status_code == 200 and again.text.count("event: ") == len(ids)

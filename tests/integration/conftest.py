@@ -151,11 +151,12 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def api_url(pg_url: str, redis_prefix: str, worker: Service, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def api_service(pg_url: str, redis_prefix: str, worker: Service,
+                tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     port = _free_port()
     logs = tmp_path_factory.mktemp("api")
     argv = [sys.executable, "-m", "uvicorn", "--factory", "api.main:create_app", "--host", "127.0.0.1",
-            "--port", str(port), "--log-level", "warning"]
+            "--port", str(port), "--log-level", "info"]
     service = Service("api", argv, service_env(pg_url, redis_prefix), logs / "api.log")
     url = f"http://127.0.0.1:{port}"
 
@@ -167,9 +168,15 @@ def api_url(pg_url: str, redis_prefix: str, worker: Service, tmp_path_factory: p
 
     try:
         service.wait_for(healthy)
-        yield url
+        service.url = url  # type: ignore[attr-defined]
+        yield service
     finally:
         service.stop()
+
+
+@pytest.fixture(scope="session")
+def api_url(api_service: Service) -> str:
+    return api_service.url  # type: ignore[attr-defined,no-any-return]
 
 
 @pytest.fixture(scope="session")

@@ -261,3 +261,17 @@ def test_many_open_streams_share_one_redis_reader(api_url, pg, tenant, redis_pre
     assert len(hub) == 2  # one blocking reader and one control connection, for all 20 streams
     assert all(r[-1].event == "done" for r in results)
     assert len({tuple(e.id for e in r) for r in results}) == 4  # each stream's readers saw the same entries
+
+
+def test_a_stream_idle_longer_than_a_socket_timeout_stays_live(api_url, api_service, pg, tenant) -> None:
+    tenant_id, key = tenant
+    session = chat.create_session(pg.k, tenant_id, "idle", "scripted:two_tools")
+    posted = chat.post_message(pg.k, tenant_id, session.id, "queued, not yet enqueued")
+    url = f"{api_url}/v1/turns/{posted.turn.id}/events"
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        reader = pool.submit(read_events, url, key)
+        time.sleep(6.5)  # longer than redis-py's default 5 s socket timeout, while the hub blocks
+        send_step(make_celery(pg.settings), StepDispatch(tenant_id, posted.turn.id, 0))
+        events = reader.result(timeout=30)
+    assert events[-1].event == "done" and len(events) == 13
+    assert "stream hub read failed" not in api_service.output()

@@ -150,9 +150,12 @@ def test_watchdog_fails_turns_past_their_deadline_and_requeues_lost_handoffs(har
         drive(k, report.handoff)
         assert (chat.get_turn(k, tenant, lost.turn.id)).status == "done"
 
-        stuck = chat.post_message(k, tenant, session.id, "stuck")
+        tooling = chat.create_session(k, tenant, "t2", "scripted:two_tools")
+        stuck = chat.post_message(k, tenant, tooling.id, "stuck")
         from kortex.storage.schema import turns as turns_table
+        from kortex.turns.step import run_step
 
+        assert len(run_step(k, tenant, stuck.turn.id, 0).tools) == 2  # waiting on two tools forever
         with k.db.begin() as conn:
             conn.execute(update(turns_table).where(turns_table.c.id == stuck.turn.id)
                                .values(deadline_at=stuck.turn.created_at))
@@ -162,6 +165,14 @@ def test_watchdog_fails_turns_past_their_deadline_and_requeues_lost_handoffs(har
         assert turn.status == "failed" and turn.error["code"] == "deadline_exceeded"
         events = k.events.read(stuck.turn.id)
         assert [e.type for e in events][-2:] == ["error", "done"]
+        # the open calls were settled as cancelled, so the history stays valid for a vendor
+        from kortex.storage import chats as chats_store
+
+        with k.db.connect() as conn:
+            history = chats_store.load_history(conn, tenant, tooling.id, limit=50)
+        results = [m.result for m in history if m.role == "tool"]
+        assert [(r.call_id, r.error_code) for r in results] == [("call_deploys", "cancelled"),
+                                                                 ("call_logs", "cancelled")]
 
     scenario()
 
