@@ -46,9 +46,9 @@ def build_backend_degraded(now: datetime, rng: random.Random) -> TelemetryBatch:
         if deployment != "gpt-4/aws" or ts < onset:
             return latency, "success" if rng.random() > 0.01 else "error"
         roll = rng.random()
-        if roll < 0.07:
+        if roll < 0.09:
             return 30_000, "timeout"
-        if roll < 0.19:
+        if roll < 0.22:
             return int(rng.uniform(800, 3000)), "error"
         return int(latency * rng.uniform(4.0, 7.0)), "success"
 

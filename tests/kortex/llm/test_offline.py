@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import timedelta
 
+from kortex.telemetry import ingest
+from kortex.timeparse import utcnow
 from tests.conftest import Harness
 
 
@@ -23,7 +26,8 @@ def test_names_the_deploy_and_the_pool_errors_and_cites_every_call(harness: Harn
     assert "v2.14.0" in text and "connection pool exhausted" in text
     assert "database connection-pool exhaustion" in text
     calls = [d for d in data if d["type"] == "tool_call"]
-    assert {c["name"] for c in calls} == {"get_recent_deploys", "get_metrics", "get_logs"}
+    assert {c["name"] for c in calls} == {"get_recent_deploys", "compare_to_baseline", "get_logs", "get_admin_info",
+                                          "get_incident_history", "propose_action"}
     cited = set(re.findall(r"\[(call_[0-9a-f]+)\]", text))
     assert cited == {c["call_id"] for c in calls}
     assert "v2.13.2" not in text and "v5.2.1" not in text  # outside the window / another product
@@ -34,7 +38,10 @@ def test_is_deterministic(harness: Harness) -> None:
     harness.seed(tenant)
     first, _ = _answer(harness, harness.ask(tenant, "Why is checkout slow?"))
     second, _ = _answer(harness, harness.ask(tenant, "Why is checkout slow?"))
-    strip = lambda t: re.sub(r"call_[0-9a-f]+", "call", t)  # noqa: E731 - ids depend on the turn's position
+    def strip(text: str) -> str:  # call ids depend on the turn's position; proposals are new each time
+        text = re.sub(r"call_[0-9a-f]+", "call", text)
+        text = re.sub(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", "uuid", text)
+        return re.sub(r"until [0-9T:.-]+Z", "until", text)
     assert strip(first) == strip(second)
 
 
@@ -55,11 +62,17 @@ def test_question_without_a_product_asks_for_one(harness: Harness) -> None:
 
 def test_follows_up_on_a_missing_metric_with_one_that_exists(harness: Harness) -> None:
     tenant = harness.tenant("acme")
-    harness.seed(tenant)
-    turn = harness.ask(tenant, "checkout errors since the deploy?")
-    _, data = _answer(harness, turn)
-    metric_calls = [d["arguments"]["metric_name"] for d in data if d["type"] == "tool_call" and d["name"] == "get_metrics"]
-    assert metric_calls == ["http_requests_error_ratio"]
+    now = utcnow()
+    rows = [{"product": "billing", "metric": "billing_latency_p99_seconds", "ts": now - timedelta(minutes=m),
+             "value": 0.3 if m > 30 else 2.5, "unit": "seconds", "labels": {}} for m in range(1, 600)]
+    with harness.k.db.begin() as conn:
+        ingest.write(conn, tenant, "metrics", rows)
+    turn = harness.ask(tenant, "Why is billing slow?")
+    text, data = _answer(harness, turn)
+    metric_calls = [d["arguments"]["metric_name"] for d in data
+                    if d["type"] == "tool_call" and d["name"] == "compare_to_baseline"]
+    assert metric_calls == ["http_request_duration_seconds_p99", "billing_latency_p99_seconds"]
+    assert "billing_latency_p99_seconds went from 0.30 s to 2.50 s" in text
     turn2 = harness.ask(tenant, "Is checkout failing?")
     assert turn2.status == "done"
 
