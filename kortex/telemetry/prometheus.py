@@ -107,9 +107,11 @@ class PrometheusMetrics:
                 # A range selector is (end - span, end]; tools work on [start, end).
                 samples = [s for s in samples if query.start <= s.ts < query.end]
                 return MetricSeries(samples=samples, unit=unit, series=len(result))
-        step = max(1.0, query.step_s or span / 1000, span / MAX_POINTS)
+        # Several series without a step: sample their average at most 500 times (what tools show),
+        # never finer than 15 s (the usual scrape interval).
+        step = max(1.0, query.step_s or max(15.0, span / 500), span / MAX_POINTS)
         data = self._get("/api/v1/query_range", {"query": f"avg({sel})", "start": query.start.timestamp(),
-                                                  "end": query.end.timestamp(), "step": f"{step:g}s"})
+                                                  "end": query.end.timestamp(), "step": f"{step:g}"})
         result = data.get("result") or []
         count = self._count(sel, query.end, span) if result else 0
         samples = self._samples(result[0]["values"]) if result else []
