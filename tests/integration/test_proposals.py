@@ -79,8 +79,9 @@ def test_confirm_racing_reject_has_one_winner(pg: Harness, executor: CountingExe
     tenant = pg.tenant("race-mixed")
     for _ in range(5):
         proposal = pg.k.proposals.propose(tenant, NEW, session_id=None, turn_id=str(uuid.uuid4()), call_id="c")
-        calls = [lambda: pg.k.proposals.confirm(tenant, proposal.id, by="a"),
-                 lambda: pg.k.proposals.reject(tenant, proposal.id, by="b")] * 4
+        pid = proposal.id
+        calls = [lambda pid=pid: pg.k.proposals.confirm(tenant, pid, by="a"),
+                 lambda pid=pid: pg.k.proposals.reject(tenant, pid, by="b")] * 4
         outcomes = _race(calls)
         winners = [o for o in outcomes if not isinstance(o, Conflict) and o.changed]
         assert len(winners) == 1
