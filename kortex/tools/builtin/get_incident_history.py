@@ -58,13 +58,28 @@ def run(args: GetIncidentHistoryInput, ctx: ToolContext) -> dict[str, Any]:
             for h in page.hits
         ],
         "truncated": False,
+        "_keys": [(h.position[0], h.position[1].isoformat(), h.position[2]) for h in page.hits],
+        # "last 30d" stays the same 30 days on every page
+        "_window": (start.isoformat(), end.isoformat()) if start is not None and end is not None else None,
     }
     if page.has_more and page.hits:
-        score, opened, row_id = page.hits[-1].position
-        position: dict[str, Any] = {"score": score, "at": opened.isoformat(), "id": row_id}
-        if start is not None and end is not None:
-            position.update(s=start.isoformat(), e=end.isoformat())  # "last 30d" stays the same 30 days
-        result["next_cursor"] = cursors(ctx).encode(position, _bind(args, ctx))
+        result["next_cursor"] = _cursor(args, ctx, result, len(page.hits))
+    return result
+
+
+def _cursor(args: GetIncidentHistoryInput, ctx: ToolContext, result: dict[str, Any], kept: int) -> str:
+    score, opened, row_id = result["_keys"][kept - 1]
+    position: dict[str, Any] = {"score": score, "at": opened, "id": row_id}
+    if result["_window"]:
+        position.update(s=result["_window"][0], e=result["_window"][1])
+    return cursors(ctx).encode(position, _bind(args, ctx))
+
+
+def on_truncate(result: dict[str, Any], args: GetIncidentHistoryInput, kept: int,
+                ctx: ToolContext) -> dict[str, Any]:
+    """The output cap dropped incidents: page on from the last one kept, so none is skipped."""
+    if kept:
+        result["next_cursor"] = _cursor(args, ctx, result, kept)
     return result
 
 
@@ -82,4 +97,5 @@ SPEC = ToolSpec(
             "incidents[].opened_at", "incidents[].closed_at", "incidents[].status", "incidents[].findings",
             "incidents[].resolution_summary", "incidents[].match_score", "next_cursor", "truncated"),
     list_field="incidents",
+    on_truncate=on_truncate,
 )

@@ -61,12 +61,26 @@ def run(args: GetRecentRequestsInput, ctx: ToolContext) -> dict[str, Any]:
         start=start, end=end, user_id=args.user_id, user_tier=args.user_tier, deployment_id=args.deployment_id,
         model_id=args.model_id, backend_id=args.backend_id, status=args.status, limit=args.limit, before=before))
     result: dict[str, Any] = {"requests": [summary(r) for r in page.requests], "count": len(page.requests),
-                              "has_more": page.has_more, "since": isoformat(start), "until": isoformat(end)}
+                              "has_more": page.has_more, "since": isoformat(start), "until": isoformat(end),
+                              "_keys": [(r.created_at.isoformat(), r.row_id) for r in page.requests],
+                              "_window": (start.isoformat(), end.isoformat())}
     if page.has_more and page.requests:
-        last = page.requests[-1]
-        result["next_cursor"] = cursors(ctx).encode(
-            {"s": start.isoformat(), "e": end.isoformat(), "at": last.created_at.isoformat(), "id": last.row_id},
-            _bind(args, ctx))
+        result["next_cursor"] = _cursor(args, ctx, result, len(page.requests))
+    return result
+
+
+def _cursor(args: GetRecentRequestsInput, ctx: ToolContext, result: dict[str, Any], kept: int) -> str:
+    at, row_id = result["_keys"][kept - 1]
+    start, end = result["_window"]
+    return cursors(ctx).encode({"s": start, "e": end, "at": at, "id": row_id}, _bind(args, ctx))
+
+
+def on_truncate(result: dict[str, Any], args: GetRecentRequestsInput, kept: int, ctx: ToolContext) -> dict[str, Any]:
+    """The output cap dropped requests: page on from the last one kept, so none is skipped."""
+    if kept:
+        result["next_cursor"] = _cursor(args, ctx, result, kept)
+        result["has_more"] = True
+        result["count"] = kept
     return result
 
 
@@ -82,4 +96,5 @@ SPEC = ToolSpec(
     category="query",
     redact=("requests", "count", "has_more", "since", "until", "next_cursor", "truncated"),
     list_field="requests",
+    on_truncate=on_truncate,
 )

@@ -211,3 +211,20 @@ def test_request_volume_groups_and_totals(platform) -> None:
                                                    "granularity": "hour"}).content
     assert all(r["period"].endswith(":00:00.000Z") for r in hourly["data"])
     assert h.call(tenant, "get_request_volume", {"group_by": "colour"}).error_code == "validation"
+
+
+def test_the_output_cap_never_skips_requests_between_pages(seeded: tuple[Path, str], tmp_path: Path) -> None:
+    path, tenant = seeded
+    shutil.copy(path, tmp_path / "kortex.db")
+    h = Harness(make_settings(tmp_path, f"sqlite:///{tmp_path / 'kortex.db'}", tools={"result_cap_bytes": 4096}))
+    try:
+        args = {"since": "2 hours ago", "until": "1 hour ago", "limit": 100}
+        first = h.call(tenant, "get_recent_requests", args)
+        assert first.truncated and 0 < first.content["count"] < 100 and first.content["has_more"]
+        items, pages = h.page_through(tenant, "get_recent_requests", args, "requests")
+        ids = [r["id"] for r in items]
+        window = (_ts(first.content["since"]), _ts(first.content["until"]))
+        expected = _count(h, tenant, llm_requests.c.created_at >= window[0], llm_requests.c.created_at < window[1])
+        assert len(ids) == len(set(ids)) == expected and pages > expected // 100 + 1
+    finally:
+        h.close()

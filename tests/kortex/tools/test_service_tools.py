@@ -215,7 +215,7 @@ def test_incident_history_ranks_matches_and_filters(harness: Harness) -> None:
     assert harness.call(stranger, "get_incident_history", {"query": "pool"}).content["incidents"] == []
 
 
-def test_incident_history_pages_without_gaps_or_repeats(harness: Harness) -> None:
+def test_incident_history_pages_without_gaps_or_repeats(harness: Harness, harness_factory) -> None:
     tenant = harness.tenant("acme")
     now = utcnow()
     rows = [{"ref": f"INC-{i:04d}", "product": "disk", "title": f"disk full on node {i}" if i % 3 else "disk alarm",
@@ -229,6 +229,10 @@ def test_incident_history_pages_without_gaps_or_repeats(harness: Harness) -> Non
     assert len(ids) == len(set(ids)) == 31 and pages == 5
     keys = [(-i["match_score"], i["opened_at"]) for i in items]
     assert [k[0] for k in keys] == sorted(k[0] for k in keys)  # best matches first across pages
+    small = harness_factory(tools={"result_cap_bytes": 2048})
+    capped, capped_pages = small.page_through(tenant, "get_incident_history", {"query": "disk full", "limit": 25},
+                                              "incidents")
+    assert [i["id"] for i in capped] == ids and capped_pages > 2  # the cap shrinks pages, never skips
     rows[0]["title"] = "disk full, resolved"
     _write(harness, tenant, "incidents", rows[:1])  # re-sending an incident updates it
     again = harness.call(tenant, "get_incident_history", {"query": "resolved"}).content["incidents"]
