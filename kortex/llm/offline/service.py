@@ -275,6 +275,9 @@ def evidence_lines(intent: Intent, view: View, found: ServiceFindings) -> list[s
 def summary(intent: Intent, view: View, found: ServiceFindings) -> str:
     product = found.product
     sentences = []
+    trace = view.get("trace")
+    if trace is not None and trace.ok:  # asked about one request: that comes first
+        sentences.append(f"The requested {trace_summary(trace.content)} [{trace.call.id}].")
     main = found.main_shift
     if main is not None:
         metric = main.evidence.call.arguments.get("metric_name", "the metric")
@@ -294,9 +297,6 @@ def summary(intent: Intent, view: View, found: ServiceFindings) -> str:
             sentences.append(f"No deploy of {product} landed near that change [{deploys.call.id}].")
     elif any(k.startswith("metric") for k in view.by_key):
         sentences.append(f"I found no step change in {product}'s metrics over the window.")
-    trace = view.get("trace")
-    if trace is not None and trace.ok:
-        sentences.append(f"The requested {trace_summary(trace.content)} [{trace.call.id}].")
     logs = view.get("logs")
     if found.pattern and logs is not None:
         sentences.append(f"{found.log_total} error lines since; the dominant one reads \"{found.pattern[2]}\" "

@@ -89,3 +89,55 @@ def test_says_so_when_tools_are_disabled(harness_factory) -> None:
     text, data = _answer(h, h.ask(tenant, "Why is checkout slow?"))
     assert "no investigation tools are enabled" in text
     assert not [d for d in data if d["type"] == "tool_call"]
+
+
+def test_a_trace_id_in_the_question_is_looked_up_first(harness: Harness) -> None:
+    tenant = harness.tenant("acme")
+    harness.seed(tenant)
+    trace_id = harness.call(tenant, "get_logs", {"product": "checkout", "time_range": "last 1h", "level": "error",
+                                                 "limit": 1}).content["lines"][0]["trace_id"]
+    text, data = _answer(harness, harness.ask(tenant, f"What happened to request {trace_id}?"))
+    calls = [d for d in data if d["type"] == "tool_call"]
+    assert calls[0]["name"] == "get_traces" and calls[0]["arguments"]["request_id"] == trace_id
+    # the product came from the trace's root span: the rest of the investigation is about checkout
+    assert {c["arguments"].get("product") for c in calls[1:]} == {"checkout"}
+    summary = text[text.index("**Summary.**"):]
+    assert summary.startswith(f"**Summary.** The requested trace {trace_id}: checkout POST /api/checkout")
+    assert "orders-db: acquire connection" in summary and "v2.14.0" in summary
+    assert set(re.findall(r"\[(call_[0-9a-f]+)\]", text)) == {c["call_id"] for c in calls}
+
+
+def test_an_unknown_trace_without_a_product_is_said_so(harness: Harness) -> None:
+    tenant = harness.tenant("acme")
+    text, data = _answer(harness, harness.ask(tenant, "What happened to request 0123456789abcdef?"))
+    assert [d["name"] for d in data if d["type"] == "tool_call"] == ["get_traces"]
+    assert "could not find trace" in text and "no trace has id" in text
+
+
+def test_an_llm_request_id_starts_from_its_routing_decision(harness: Harness) -> None:
+    tenant = harness.tenant("acme")
+    harness.seed(tenant, "llm-backend-degraded")
+    request = harness.call(tenant, "get_recent_requests", {"deployment_id": "gpt-4/aws", "status": "timeout",
+                                                           "since": "30 minutes ago", "limit": 1}).content
+    rid = request["requests"][0]["id"]
+    text, data = _answer(harness, harness.ask(tenant, f"Why did {rid} time out?"))
+    calls = [d for d in data if d["type"] == "tool_call"]
+    assert calls[0]["name"] == "get_request_detail" and calls[0]["arguments"] == {"request_id": rid}
+    recent = next(c for c in calls if c["name"] == "get_recent_requests")
+    assert recent["arguments"]["deployment_id"] == "gpt-4/aws"  # the deployment that request used
+    assert f"request {rid} (timeout" in text and "the router estimated" in text and "INC-2207" in text
+
+
+def test_a_healthy_llm_platform_gets_no_invented_cause(harness: Harness) -> None:
+    tenant = harness.tenant("acme")
+    now = utcnow()
+    with harness.k.db.begin() as conn:
+        ingest.write(conn, tenant, "llm-deployments", [
+            {"deployment_id": d, "model_id": d.split("/")[0], "backend_id": d.split("/")[1], "status": "healthy",
+             "latency_p50_ms": 300.0, "latency_p95_ms": 600.0, "error_rate": 0.01, "queue_depth": 3,
+             "cost_per_1k_tokens": 0.01, "rate_limit_remaining": 900, "sample_count": 100, "updated_at": now}
+            for d in ("gpt-4/aws", "claude-3/anthropic")])
+    text, data = _answer(harness, harness.ask(tenant, "Are the LLM backends healthy?"))
+    names = [d["name"] for d in data if d["type"] == "tool_call"]
+    assert "get_deployment_status" in names and "propose_action" not in names
+    assert "All 2 deployments of the LLM platform report healthy" in text and "Most likely cause" not in text
