@@ -367,6 +367,7 @@ proposals = Table(
     UniqueConstraint("tenant_id", "turn_id", "call_id"),  # a re-run tool call finds its proposal
     Index(None, "tenant_id", "status", "expires_at"),
     Index(None, "tenant_id", "session_id"),
+    Index(None, "status", "expires_at"),  # the watchdog's expiry sweep, across tenants
 )
 
 TENANT_TABLES = tuple(t for t in metadata.sorted_tables if "tenant_id" in t.c)

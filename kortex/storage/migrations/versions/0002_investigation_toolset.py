@@ -106,6 +106,7 @@ def upgrade() -> None:
     with op.batch_alter_table('proposals', schema=None) as batch_op:
         batch_op.create_index(batch_op.f('ix_proposals_tenant_id_session_id'), ['tenant_id', 'session_id'], unique=False)
         batch_op.create_index(batch_op.f('ix_proposals_tenant_id_status_expires_at'), ['tenant_id', 'status', 'expires_at'], unique=False)
+        batch_op.create_index(batch_op.f('ix_proposals_status_expires_at'), ['status', 'expires_at'], unique=False)
 
     op.create_table('telemetry_incidents',
     sa.Column('id', sa.BigInteger().with_variant(sa.Integer(), 'sqlite'), autoincrement=True, nullable=False),
@@ -171,6 +172,7 @@ def downgrade() -> None:
 
     op.drop_table('telemetry_incidents')
     with op.batch_alter_table('proposals', schema=None) as batch_op:
+        batch_op.drop_index(batch_op.f('ix_proposals_status_expires_at'))
         batch_op.drop_index(batch_op.f('ix_proposals_tenant_id_status_expires_at'))
         batch_op.drop_index(batch_op.f('ix_proposals_tenant_id_session_id'))
 
