@@ -122,6 +122,38 @@ class ToolPolicySettings(_Section):
     hard_grace: Seconds = 10.0
 
 
+class PrometheusSettings(_Section):
+    """``[telemetry.prometheus]``: where metrics come from when ``telemetry.metrics = "prometheus"``."""
+
+    url: Annotated[str | None, BeforeValidator(resolve_env_refs)] = None
+    product_label: str = "product"       # the label that names the product (service)
+    tenant_label: str | None = None      # set when one Prometheus holds several tenants (value: tenant id)
+    timeout: Seconds = 10.0
+    bearer_token: Secret = None
+
+
+class LokiSettings(_Section):
+    """``[telemetry.loki]``: where logs come from when ``telemetry.logs = "loki"``."""
+
+    url: Annotated[str | None, BeforeValidator(resolve_env_refs)] = None
+    product_label: str = "product"
+    level_label: str = "level"
+    host_label: str = "host"
+    trace_label: str = "trace_id"
+    org_id_from_tenant: bool = True      # send X-Scope-OrgID: <tenant id> (Loki's multi-tenancy)
+    timeout: Seconds = 10.0
+    bearer_token: Secret = None
+
+
+class TelemetrySettings(_Section):
+    """Which source each kind of telemetry comes from. Everything else is the embedded store."""
+
+    logs: Literal["embedded", "loki"] = "embedded"
+    metrics: Literal["embedded", "prometheus"] = "embedded"
+    prometheus: PrometheusSettings = Field(default_factory=PrometheusSettings)
+    loki: LokiSettings = Field(default_factory=LokiSettings)
+
+
 class TurnSettings(_Section):
     deadline: Seconds = 600.0               # a turn not finished by then is failed by the watchdog
     step_time_limit: Seconds = 300.0        # one LLM call, streamed
@@ -173,6 +205,7 @@ class Settings(BaseSettings):
     task_events: bool = False  # Celery task events from the start; Flower enables them itself
     llm: LLMSettings = Field(default_factory=LLMSettings)
     tools: ToolPolicySettings = Field(default_factory=ToolPolicySettings)
+    telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
     turn: TurnSettings = Field(default_factory=TurnSettings)
     testing: TestingSettings = Field(default_factory=TestingSettings)
 

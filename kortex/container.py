@@ -20,9 +20,10 @@ from kortex.aio import LoopThread
 from kortex.config import Settings
 from kortex.llm.providers import BUILTIN_PROVIDERS
 from kortex.llm.registry import ProviderFactory, ProviderRegistry
+from kortex.proposals import ActionExecutor, ProposalService
 from kortex.storage.db import Database
 from kortex.stream.store import EventStore
-from kortex.telemetry.embedded import EmbeddedTelemetry
+from kortex.telemetry.factory import build_sources
 from kortex.telemetry.sources import TelemetrySources
 from kortex.tools.builtin import BUILTIN_TOOLS
 from kortex.tools.cursor import CursorCodec, derive_key
@@ -106,6 +107,8 @@ class Kortex:
     pipeline: ToolPipeline
     sources: TelemetrySources
     cursors: CursorCodec
+    proposals: ProposalService
+    #: what tools receive besides their sources (ToolContext.services)
     services: dict[str, object] = field(default_factory=dict)
     #: where LLM responses are streamed (asyncio); started on first use
     loop: LoopThread = field(default_factory=lambda: LoopThread("kortex-stream"))
@@ -118,6 +121,7 @@ class Kortex:
         providers: dict[str, ProviderFactory] | None = None,
         extra_tools: list[ToolSpec] | None = None,
         db_pool_size: int = 10,
+        executor: ActionExecutor | None = None,
     ) -> Kortex:
         db = Database(settings.effective_database_url, pool_size=db_pool_size)
         redis = _shared_redis(settings)
@@ -133,11 +137,12 @@ class Kortex:
         pipeline = ToolPipeline(registry, policy, result_cap_bytes=settings.tools.result_cap_bytes,
                                 timeouts=timeouts, progress_after=settings.tools.progress_after_s)
         cursors = CursorCodec(cursor_key(settings))
-        telemetry = EmbeddedTelemetry(db)
+        proposals = ProposalService(db, executor)
         return cls(
             settings=settings, db=db, redis=redis, events=events,
             providers=ProviderRegistry(settings, providers or BUILTIN_PROVIDERS),
-            tools=registry, policy=policy, pipeline=pipeline, sources=telemetry.sources(), cursors=cursors,
+            tools=registry, policy=policy, pipeline=pipeline, sources=build_sources(settings, db), cursors=cursors,
+            proposals=proposals, services={"cursors": cursors, "proposals": proposals},
         )
 
     async def aclose(self) -> None:
@@ -152,6 +157,7 @@ class Kortex:
             finally:
                 self.loop.stop()
         self.pipeline.close()
+        self.sources.close()
         try:
             self.redis.close()
         finally:

@@ -24,7 +24,8 @@ _ISO_DURATION = re.compile(
     r"^P(?:(?P<w>\d+(?:\.\d+)?)W)?(?:(?P<d>\d+(?:\.\d+)?)D)?"
     r"(?:T(?:(?P<h>\d+(?:\.\d+)?)H)?(?:(?P<m>\d+(?:\.\d+)?)M)?(?:(?P<s>\d+(?:\.\d+)?)S)?)?$"
 )
-_AGO = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s+ago\s*$")
+_AGO = re.compile(r"^\s*(\d+(?:\.\d+)?|an?)\s*([a-z]+)\s+ago\s*$")
+_NOW_MINUS = re.compile(r"^\s*now\s*-\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*$")  # Grafana style: now-30m
 _LAST = re.compile(r"^\s*(?:last|past|previous)\s+(?:(\d+(?:\.\d+)?)\s*)?([a-z]+)\s*$")
 
 MAX_SPAN = timedelta(days=366)
@@ -74,7 +75,8 @@ def _start_of_day(moment: datetime) -> datetime:
 
 
 def parse_instant(text: str, *, now: datetime | None = None) -> datetime:
-    """An ISO 8601 instant or a relative one: ``now``, ``today``, ``yesterday``, ``3 hours ago``."""
+    """An ISO 8601 instant or a relative one: ``now``, ``today``, ``yesterday``, ``3 hours ago``,
+    ``an hour ago``, ``now-30m``."""
     now = ensure_utc(now or utcnow())
     raw = text.strip()
     low = raw.lower()
@@ -84,12 +86,13 @@ def parse_instant(text: str, *, now: datetime | None = None) -> datetime:
         return _start_of_day(now)
     if low == "yesterday":
         return _start_of_day(now) - timedelta(days=1)
-    ago = _AGO.match(low)
+    ago = _AGO.match(low) or _NOW_MINUS.match(low)
     if ago:
-        unit = ago.group(2)
+        amount, unit = ago.group(1), ago.group(2)
         if unit not in _UNITS:
             raise InvalidInput(f"unknown time unit {unit!r} in {text!r}")
-        return now - _checked(timedelta(seconds=float(ago.group(1)) * _UNITS[unit]), text)
+        count = 1.0 if amount in ("a", "an") else float(amount)
+        return now - _checked(timedelta(seconds=count * _UNITS[unit]), text)
     try:
         parsed = datetime.fromisoformat(raw.replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:
@@ -101,7 +104,8 @@ def parse_range(text: str, *, now: datetime | None = None) -> tuple[datetime, da
     """A time window ``(start, end)`` from an ISO interval or a relative expression.
 
     Forms: ``start/end``, ``start/PT30M``, ``PT30M/end``, ``PT30M`` (the last 30 minutes),
-    ``last 30m``, ``last hour``, ``yesterday``, ``today``, ``1 hour ago`` (from then until now).
+    ``last 30m``, ``last hour``, ``yesterday``, ``today``, ``1 hour ago``, ``an hour ago``, ``now-1h``
+    (from then until now).
     """
     now = ensure_utc(now or utcnow())
     raw = (text or "").strip()
@@ -136,7 +140,7 @@ def parse_range(text: str, *, now: datetime | None = None) -> tuple[datetime, da
         return now - _checked(timedelta(seconds=float(amount) * _UNITS[unit]), text), now
     if raw.upper().startswith("P"):
         return now - parse_duration(raw), now
-    if _AGO.match(low) or low == "now":
+    if _AGO.match(low) or _NOW_MINUS.match(low) or low == "now":
         return _ordered(parse_instant(raw, now=now), now, text)
     try:
         return _ordered(parse_instant(raw, now=now), now, text)

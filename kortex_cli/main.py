@@ -32,8 +32,9 @@ def _fail(message: str, code: int = 1) -> None:
 
 @app.command()
 def demo(
-    question: Annotated[str, typer.Option(help="What to ask")] = "Why is checkout slow?",
-    scenario: Annotated[str, typer.Option(help="Telemetry scenario to seed")] = "checkout-deploy-regression",
+    question: Annotated[str | None, typer.Option(help="What to ask (default: the scenario's question)")] = None,
+    scenario: Annotated[str, typer.Option(help="Telemetry scenario to seed (kortex seed --list)")] =
+    "checkout-deploy-regression",
     model: Annotated[str | None, typer.Option(help="provider:model (default: the configured one)")] = None,
 ) -> None:
     """Seed a realistic incident and ask about it through the real turn pipeline."""
@@ -53,6 +54,7 @@ def ask(
     api_key: Annotated[str | None, typer.Option(envvar="KORTEX_API_KEY", help="API key for --url")] = None,
     session: Annotated[str | None, typer.Option(help="Continue this session id")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the events as JSON lines")] = False,
+    tenant: Annotated[str, typer.Option(help="Tenant whose telemetry to use (embedded mode)")] = "demo",
 ) -> None:
     """Ask a question and stream the answer (against --url, or embedded)."""
     from kortex_cli.runner import ask_embedded, ask_remote
@@ -63,7 +65,7 @@ def ask(
                 _fail("--api-key (or KORTEX_API_KEY) is required with --url")
             ok = ask_remote(console, url, api_key or "", question, model=model, session_id=session, as_json=as_json)
         else:
-            ok = ask_embedded(console, question, model=model, as_json=as_json)
+            ok = ask_embedded(console, question, model=model, as_json=as_json, tenant=tenant)
     except KortexError as exc:
         _fail(str(exc))
     raise typer.Exit(0 if ok else 1)
@@ -137,15 +139,25 @@ def migrate() -> None:
 def seed(
     scenario: Annotated[str, typer.Argument(help="Scenario name")] = "checkout-deploy-regression",
     tenant: Annotated[str, typer.Option(help="Tenant name")] = "demo",
+    list_: Annotated[bool, typer.Option("--list", help="List the scenarios and exit")] = False,
 ) -> None:
-    """Load a scenario's telemetry into the embedded store of a tenant."""
+    """Load a scenario's telemetry into the embedded store of a tenant (replacing its telemetry)."""
+    from kortex.telemetry.scenarios import SCENARIOS
     from kortex_cli.runner import seed_scenario
 
+    if list_:
+        for item in SCENARIOS.values():
+            console.print(f"[cyan]{item.name}[/cyan]: {item.title}\n    ask: {item.question!r}")
+        return
     try:
         counts = seed_scenario(tenant, scenario)
     except KortexError as exc:
         _fail(str(exc))
     console.print(f"seeded {scenario!r} for tenant {tenant!r}: {json.dumps(counts)}")
+    from kortex.telemetry.scenarios import get_scenario
+
+    console.print(f"try: kortex ask {get_scenario(scenario).question!r}"
+                  + (f" --tenant {tenant!r}" if tenant != "demo" else ""))
 
 
 @admin.command("create-tenant")

@@ -65,6 +65,10 @@ def _seed(k: Kortex, tenant_id: str, scenario_name: str) -> dict[str, int]:
         return scenarios.seed(conn, tenant_id, scenario, now=utcnow())
 
 
+def describe_counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{n} {kind}" for kind, n in counts.items() if n)
+
+
 def _ask(k: Kortex, tenant_id: str, question: str, model: str | None, printer: EventPrinter) -> bool:
     session = chat.create_session(k, tenant_id, name=question[:80], model=model)
     posted = chat.post_message(k, tenant_id, session.id, question)
@@ -77,7 +81,7 @@ def _ask(k: Kortex, tenant_id: str, question: str, model: str | None, printer: E
     return ok
 
 
-def run_demo(console: Console, *, question: str, scenario: str, model: str | None) -> bool:
+def run_demo(console: Console, *, question: str | None, scenario: str, model: str | None) -> bool:
     settings = load_settings()
     mode = "embedded (SQLite + in-process worker)" if settings.embedded else "distributed"
     console.print(f"[bold]Kortex demo[/bold] · mode: {mode}")
@@ -85,16 +89,17 @@ def run_demo(console: Console, *, question: str, scenario: str, model: str | Non
         tenant_id = _tenant_id(k, DEMO_TENANT, create=True)
         counts = _seed(k, tenant_id, scenario)
         picked = scenarios.get_scenario(scenario)
-        console.print(f"seeded scenario [cyan]{scenario}[/cyan]: {picked.title} "
-                      f"({counts['logs']} log lines, {counts['metrics']} metric samples, {counts['deploys']} deploys)")
+        question = question or picked.question
+        console.print(f"seeded scenario [cyan]{scenario}[/cyan]: {picked.title} ({describe_counts(counts)})")
         console.print(f"\n[bold]Q:[/bold] {question}\n")
         return _ask(k, tenant_id, question, model, EventPrinter(console))
 
 
-def ask_embedded(console: Console, question: str, *, model: str | None, as_json: bool) -> bool:
+def ask_embedded(console: Console, question: str, *, model: str | None, as_json: bool,
+                 tenant: str = DEMO_TENANT) -> bool:
     settings = load_settings()
     with embedded_stack(settings) as k:
-        tenant_id = _tenant_id(k, DEMO_TENANT, create=True)
+        tenant_id = _tenant_id(k, tenant, create=tenant == DEMO_TENANT)
         return _ask(k, tenant_id, question, model, EventPrinter(console, as_json=as_json))
 
 

@@ -13,11 +13,13 @@ import pytest
 
 from kortex.config import Settings
 from kortex.container import Kortex
+from kortex.messages import ToolCall
 from kortex.storage import chats, tenants
 from kortex.storage.migrate import upgrade
 from kortex.telemetry import scenarios
 from kortex.testing.inline import drive
 from kortex.timeparse import utcnow
+from kortex.tools.spec import ToolContext
 from kortex.turns import chat
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -114,6 +116,27 @@ class Harness:
 
     def events(self, turn_id: str) -> list[Any]:
         return self.k.events.read(turn_id)
+
+    def call(self, tenant_id: str, name: str, args: dict[str, Any], *, now: Any = None,
+             call_id: str = "c1", turn_id: str | None = None) -> Any:
+        """Run one tool call through the pipeline, as a tool task would."""
+        ctx = ToolContext(tenant_id=tenant_id, session_id=None, turn_id=turn_id, call_id=call_id, step=0,
+                          now=now or utcnow(), sources=self.k.sources, services=dict(self.k.services))
+        return self.k.pipeline.run(ToolCall(id=call_id, name=name, arguments=args), ctx)
+
+    def page_through(self, tenant_id: str, name: str, args: dict[str, Any], field: str,
+                     max_pages: int = 100) -> tuple[list[Any], int]:
+        """Every item of a paged result, following next_cursor; (items, pages)."""
+        items: list[Any] = []
+        cursor = None
+        for pages in range(1, max_pages + 1):
+            result = self.call(tenant_id, name, {**args, **({"cursor": cursor} if cursor else {})})
+            assert not result.is_error, result.content
+            items += result.content[field]
+            cursor = result.content.get("next_cursor")
+            if not cursor:
+                return items, pages
+        raise AssertionError(f"{name} did not stop paging after {max_pages} pages")
 
 
 @pytest.fixture

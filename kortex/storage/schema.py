@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from sqlalchemy import (
+    BigInteger,
     Boolean,
     Column,
     Float,
@@ -221,6 +222,152 @@ telemetry_deploys = Table(
     Column("commit", String(64), nullable=True),
     Column("rolled_back", Boolean, nullable=False, default=False),
     Index(None, "tenant_id", "product", "ts"),
+)
+
+telemetry_spans = Table(
+    "telemetry_spans",
+    metadata,
+    Column("id", BigIntPK, primary_key=True, autoincrement=True),
+    _tenant(),
+    Column("trace_id", String(64), nullable=False),
+    Column("span_id", String(64), nullable=False),
+    Column("parent_span_id", String(64), nullable=True),
+    Column("request_id", String(100), nullable=True),  # a correlation id, usually on the root span
+    Column("service", String(200), nullable=False),
+    Column("operation", String(200), nullable=False),
+    Column("start_ts", UTCDateTime(), nullable=False),
+    Column("duration_us", BigInteger, nullable=False),
+    Column("status", String(10), nullable=False),  # ok | error
+    Column("error_message", Text, nullable=True),
+    Column("tags", JSONType, nullable=True),
+    UniqueConstraint("tenant_id", "trace_id", "span_id"),  # a re-sent span is the same span
+    Index(None, "tenant_id", "request_id"),
+)
+
+# Past and open incidents: searched by get_incident_history, listed by get_active_incidents.
+telemetry_incidents = Table(
+    "telemetry_incidents",
+    metadata,
+    Column("id", BigIntPK, primary_key=True, autoincrement=True),
+    _tenant(),
+    Column("ref", String(64), nullable=False),  # the incident's own id, e.g. "INC-1042"
+    Column("product", String(200), nullable=True),
+    Column("title", String(500), nullable=False),
+    Column("severity", String(16), nullable=False),
+    Column("opened_at", UTCDateTime(), nullable=False),
+    Column("closed_at", UTCDateTime(), nullable=True),
+    Column("findings", Text, nullable=False, default=""),
+    Column("resolution", Text, nullable=False, default=""),
+    Column("target_type", String(20), nullable=True),  # product | deployment | model | backend
+    Column("target_id", String(200), nullable=True),
+    UniqueConstraint("tenant_id", "ref"),
+    Index(None, "tenant_id", "opened_at"),
+)
+
+# The /admin/info envelope each product last reported (get_admin_info).
+telemetry_products = Table(
+    "telemetry_products",
+    metadata,
+    Column("id", BigIntPK, primary_key=True, autoincrement=True),
+    _tenant(),
+    Column("product", String(200), nullable=False),
+    Column("info", JSONType, nullable=False),
+    Column("updated_at", UTCDateTime(), nullable=False),
+    UniqueConstraint("tenant_id", "product"),
+)
+
+# ---- LLM-ops data (the LLM platform an operator runs: deployments, requests, users) ---------
+
+llm_deployments = Table(
+    "llm_deployments",
+    metadata,
+    Column("id", BigIntPK, primary_key=True, autoincrement=True),
+    _tenant(),
+    Column("deployment_id", String(200), nullable=False),  # "<model>/<backend>"
+    Column("model_id", String(100), nullable=False),
+    Column("backend_id", String(100), nullable=False),
+    Column("status", String(16), nullable=False),  # healthy | degraded | down
+    Column("latency_p50_ms", Float, nullable=True),
+    Column("latency_p95_ms", Float, nullable=True),
+    Column("error_rate", Float, nullable=True),
+    Column("queue_depth", Integer, nullable=True),
+    Column("cost_per_1k_tokens", Float, nullable=True),
+    Column("rate_limit_remaining", Integer, nullable=True),
+    Column("sample_count", Integer, nullable=False, default=0),
+    Column("updated_at", UTCDateTime(), nullable=False),
+    UniqueConstraint("tenant_id", "deployment_id"),
+)
+
+llm_users = Table(
+    "llm_users",
+    metadata,
+    Column("id", BigIntPK, primary_key=True, autoincrement=True),
+    _tenant(),
+    Column("user_id", String(200), nullable=False),
+    Column("tier", String(16), nullable=False),  # premium | standard | budget
+    Column("latency_sla_ms", Integer, nullable=True),
+    Column("daily_budget_usd", Float, nullable=True),
+    UniqueConstraint("tenant_id", "user_id"),
+)
+
+llm_requests = Table(
+    "llm_requests",
+    metadata,
+    Column("id", BigIntPK, primary_key=True, autoincrement=True),
+    _tenant(),
+    Column("request_id", String(100), nullable=False),
+    Column("user_id", String(200), nullable=False),
+    Column("user_tier", String(16), nullable=False),
+    Column("deployment_id", String(200), nullable=False),
+    Column("model_id", String(100), nullable=False),
+    Column("backend_id", String(100), nullable=False),
+    Column("task_type", String(50), nullable=False, default=""),
+    Column("input_tokens", Integer, nullable=False, default=0),
+    Column("output_tokens", Integer, nullable=False, default=0),
+    Column("cost_usd", Float, nullable=False, default=0.0),
+    Column("latency_ms", Integer, nullable=False),
+    Column("status", String(16), nullable=False),  # success | error | timeout
+    Column("quality_score", Float, nullable=True),
+    Column("router_version", String(50), nullable=True),
+    Column("experiment_id", String(100), nullable=True),
+    Column("routing", JSONType, nullable=True),  # the routing decision: options considered, choice
+    Column("created_at", UTCDateTime(), nullable=False),
+    UniqueConstraint("tenant_id", "request_id"),
+    Index(None, "tenant_id", "created_at"),
+    Index(None, "tenant_id", "user_id", "created_at"),
+)
+
+# ---- proposals ----------------------------------------------------------------------------
+
+# A remediation a model proposed (propose_action). Nothing runs until an operator of the same
+# tenant confirms it; it expires otherwise. Decisions are compare-and-set on ``status``.
+proposals = Table(
+    "proposals",
+    metadata,
+    Column("id", UUIDStr(), primary_key=True),
+    _tenant(),
+    Column("session_id", UUIDStr(), nullable=True),
+    Column("turn_id", UUIDStr(), nullable=True),
+    Column("call_id", String(200), nullable=True),
+    Column("action", String(64), nullable=False),
+    Column("product", String(200), nullable=False),
+    Column("params", JSONType, nullable=False),
+    Column("rationale", Text, nullable=False),
+    Column("blast_radius", String(200), nullable=True),
+    Column("reversible", Boolean, nullable=True),
+    Column("status", String(16), nullable=False),  # pending -> confirmed | rejected | expired
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("expires_at", UTCDateTime(), nullable=False),
+    Column("decided_at", UTCDateTime(), nullable=True),
+    Column("decided_by", String(200), nullable=True),
+    Column("note", String(1000), nullable=True),
+    Column("execution_status", String(16), nullable=True),  # confirmed: pending -> recorded | done | failed
+    Column("execution", JSONType, nullable=True),
+    Column("executed_at", UTCDateTime(), nullable=True),
+    UniqueConstraint("tenant_id", "turn_id", "call_id"),  # a re-run tool call finds its proposal
+    Index(None, "tenant_id", "status", "expires_at"),
+    Index(None, "tenant_id", "session_id"),
+    Index(None, "status", "expires_at"),  # the watchdog's expiry sweep, across tenants
 )
 
 TENANT_TABLES = tuple(t for t in metadata.sorted_tables if "tenant_id" in t.c)

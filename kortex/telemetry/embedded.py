@@ -1,79 +1,145 @@
-"""The embedded telemetry store: telemetry tables in Kortex's own database, tenant-scoped."""
+"""The embedded telemetry store: telemetry tables in Kortex's own database, tenant-scoped.
+
+Every statement filters on ``tenant_id`` first and is bounded by a LIMIT."""
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select, tuple_
+from sqlalchemy import and_, case, func, literal, not_, or_, select, tuple_
+from sqlalchemy.sql.elements import ColumnElement
 
+from kortex.errors import InvalidInput
 from kortex.storage.db import Database
-from kortex.storage.schema import telemetry_deploys, telemetry_logs, telemetry_metrics
+from kortex.storage.schema import (
+    telemetry_deploys,
+    telemetry_incidents,
+    telemetry_logs,
+    telemetry_metrics,
+    telemetry_products,
+    telemetry_spans,
+)
+from kortex.telemetry.embedded_llmops import EmbeddedLLMOps
+from kortex.telemetry.logql import LogFilter
 from kortex.telemetry.sources import (
     LEVELS,
     MAX_LOG_PAGE,
+    MAX_TRACE_SPANS,
     Deploy,
+    Incident,
+    IncidentHit,
+    IncidentPage,
+    IncidentQuery,
     LogLine,
     LogPage,
     LogQuery,
     MetricQuery,
     MetricSeries,
     Sample,
+    Span,
     TelemetrySources,
+    Trace,
     downsample,
 )
 
 MAX_SAMPLES = 2000
+MAX_TOKENS = 12
+_WORD = re.compile(r"[a-z0-9][a-z0-9._/-]*")
+_STOP = frozenset("a an and are as at be by for from has have in is it of on or that the this to was were "
+                  "with why what how when".split())
 
 
-def _like_escape(text: str) -> str:
+def like_escape(text: str) -> str:
     return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
+def search_tokens(text: str) -> list[str]:
+    """The words a free-text search looks for: lower case, no stop words, at most 12."""
+    words = [w.strip("._/-") for w in _WORD.findall(text.lower())]
+    out: list[str] = []
+    for word in words:
+        if len(word) >= 2 and word not in _STOP and word not in out:
+            out.append(word)
+    return out[:MAX_TOKENS]
+
+
 class EmbeddedTelemetry:
-    """Implements every source interface over the ``telemetry_*`` tables."""
+    """Implements every source interface over the ``telemetry_*`` and ``llm_*`` tables."""
 
     def __init__(self, db: Database) -> None:
         self.db = db
+        self.llmops = EmbeddedLLMOps(db)
+
+    # ---- logs ------------------------------------------------------------------------------
+
+    def _contains(self, column: Any, text: str) -> ColumnElement[bool]:
+        # Case-sensitive substring, as LogQL's |= is (LIKE ignores case on SQLite).
+        if self.db.is_sqlite:
+            return func.instr(column, text) > 0
+        return func.strpos(column, text) > 0
+
+    def _log_filter(self, flt: LogFilter) -> list[ColumnElement[bool]]:
+        t = telemetry_logs
+        where: list[ColumnElement[bool]] = []
+        if flt.plain is not None:
+            where.append(t.c.message.ilike(f"%{like_escape(flt.plain)}%", escape="\\"))
+        for m in flt.matchers:
+            column = t.c[m.label]
+            if m.op == "=":
+                where.append(column == m.value)
+            elif m.op == "!=":
+                where.append(or_(column.is_(None), column != m.value))
+            else:
+                matched = func.coalesce(column, "").regexp_match(f"^(?:{m.value})$")
+                where.append(matched if m.op == "=~" else not_(matched))
+        for line in flt.lines:
+            cond = t.c.message.regexp_match(line.value) if line.regex else self._contains(t.c.message, line.value)
+            where.append(not_(cond) if line.negated else cond)
+        return where
 
     def query_logs(self, tenant_id: str, query: LogQuery) -> LogPage:
         t = telemetry_logs
         limit = max(1, min(query.limit, MAX_LOG_PAGE))
-        where: list[Any] = [
-            t.c.tenant_id == tenant_id, t.c.product == query.product, t.c.ts >= query.start, t.c.ts < query.end,
-        ]
+        where: list[Any] = [t.c.tenant_id == tenant_id, t.c.ts >= query.start, t.c.ts < query.end]
+        if query.product is not None:
+            where.append(t.c.product == query.product)
+        if query.trace_id is not None:
+            where.append(t.c.trace_id == query.trace_id)
+        if query.product is None and query.trace_id is None:
+            raise InvalidInput("a log query needs a product or a trace id")
         if query.min_level:
             where.append(t.c.severity >= LEVELS[query.min_level])
-        if query.text:
-            where.append(t.c.message.ilike(f"%{_like_escape(query.text)}%", escape="\\"))
+        if query.filter is not None:
+            where.extend(self._log_filter(query.filter))
         with self.db.connect() as conn:
             total = int(conn.scalar(select(func.count()).select_from(t).where(*where)) or 0)
             page_where = list(where)
             if query.before is not None:
                 page_where.append(tuple_(t.c.ts, t.c.id) < tuple_(*query.before))
-            rows = (
-                conn.execute(
-                    select(t.c.id, t.c.ts, t.c.level, t.c.host, t.c.message, t.c.trace_id)
-                    .where(*page_where)
-                    .order_by(t.c.ts.desc(), t.c.id.desc())
-                    .limit(limit + 1)
-                )
+            rows = conn.execute(
+                select(t.c.id, t.c.ts, t.c.level, t.c.host, t.c.message, t.c.trace_id, t.c.product)
+                .where(*page_where)
+                .order_by(t.c.ts.desc(), t.c.id.desc())
+                .limit(limit + 1)
             ).all()
-        lines = [LogLine(id=r.id, ts=r.ts, level=r.level, host=r.host, message=r.message, trace_id=r.trace_id)
+        lines = [LogLine(id=r.id, ts=r.ts, level=r.level, host=r.host, message=r.message, trace_id=r.trace_id,
+                         product=r.product)
                  for r in rows[:limit]]
         return LogPage(lines=lines, total_matches=total, has_more=len(rows) > limit)
+
+    # ---- metrics ---------------------------------------------------------------------------
 
     def query_metric(self, tenant_id: str, query: MetricQuery) -> MetricSeries:
         t = telemetry_metrics
         with self.db.connect() as conn:
-            rows = (
-                conn.execute(
-                    select(t.c.ts, t.c.value, t.c.unit, t.c.labels)
-                    .where(t.c.tenant_id == tenant_id, t.c.product == query.product, t.c.metric == query.metric,
-                           t.c.ts >= query.start, t.c.ts < query.end)
-                    .order_by(t.c.ts)
-                    .limit(MAX_SAMPLES * 20)
-                )
+            rows = conn.execute(
+                select(t.c.ts, t.c.value, t.c.unit, t.c.labels)
+                .where(t.c.tenant_id == tenant_id, t.c.product == query.product, t.c.metric == query.metric,
+                       t.c.ts >= query.start, t.c.ts < query.end)
+                .order_by(t.c.ts)
+                .limit(MAX_SAMPLES * 20)
             ).all()
         if query.labels:
             wanted = {k: str(v) for k, v in query.labels.items()}
@@ -87,24 +153,22 @@ class EmbeddedTelemetry:
     def list_metrics(self, tenant_id: str, product: str) -> list[str]:
         t = telemetry_metrics
         with self.db.connect() as conn:
-            rows = (
-                conn.execute(
-                    select(t.c.metric).distinct().where(t.c.tenant_id == tenant_id, t.c.product == product)
-                    .order_by(t.c.metric)
-                )
+            rows = conn.execute(
+                select(t.c.metric).distinct().where(t.c.tenant_id == tenant_id, t.c.product == product)
+                .order_by(t.c.metric).limit(500)
             ).all()
         return [r[0] for r in rows]
+
+    # ---- deploys ---------------------------------------------------------------------------
 
     def list_deploys(self, tenant_id: str, product: str, start: datetime, end: datetime) -> list[Deploy]:
         t = telemetry_deploys
         with self.db.connect() as conn:
-            rows = (
-                conn.execute(
-                    select(t)
-                    .where(t.c.tenant_id == tenant_id, t.c.product == product, t.c.ts >= start, t.c.ts < end)
-                    .order_by(t.c.ts.desc())
-                    .limit(200)
-                )
+            rows = conn.execute(
+                select(t)
+                .where(t.c.tenant_id == tenant_id, t.c.product == product, t.c.ts >= start, t.c.ts < end)
+                .order_by(t.c.ts.desc())
+                .limit(200)
             ).all()
         return [
             Deploy(ts=r.ts, version=r.version, actor=r.actor, host=r.host, duration_s=r.duration_s,
@@ -112,5 +176,104 @@ class EmbeddedTelemetry:
             for r in rows
         ]
 
+    # ---- traces ----------------------------------------------------------------------------
+
+    def get_trace(self, tenant_id: str, request_id: str) -> Trace | None:
+        t = telemetry_spans
+        with self.db.connect() as conn:
+            trace_id = conn.scalar(
+                select(t.c.trace_id)
+                .where(t.c.tenant_id == tenant_id, or_(t.c.trace_id == request_id, t.c.request_id == request_id))
+                .order_by(t.c.start_ts)
+                .limit(1)
+            )
+            if trace_id is None:
+                return None
+            rows = conn.execute(
+                select(t).where(t.c.tenant_id == tenant_id, t.c.trace_id == trace_id)
+                .order_by(t.c.start_ts, t.c.span_id)
+                .limit(MAX_TRACE_SPANS + 1)
+            ).all()
+        spans = [
+            Span(trace_id=r.trace_id, span_id=r.span_id, parent_span_id=r.parent_span_id, service=r.service,
+                 operation=r.operation, start=r.start_ts, duration_us=int(r.duration_us), status=r.status,
+                 error_message=r.error_message, tags=dict(r.tags or {}), request_id=r.request_id)
+            for r in rows[:MAX_TRACE_SPANS]
+        ]
+        return Trace(trace_id=trace_id, spans=spans, truncated=len(rows) > MAX_TRACE_SPANS)
+
+    # ---- incidents -------------------------------------------------------------------------
+
+    @staticmethod
+    def _incident(r: Any) -> Incident:
+        return Incident(ref=r.ref, product=r.product, title=r.title, severity=r.severity, opened_at=r.opened_at,
+                        closed_at=r.closed_at, findings=r.findings, resolution=r.resolution,
+                        target_type=r.target_type, target_id=r.target_id)
+
+    def search_incidents(self, tenant_id: str, query: IncidentQuery) -> IncidentPage:
+        t = telemetry_incidents
+        tokens = search_tokens(query.text)
+        if not tokens:
+            raise InvalidInput("query needs at least one word of two or more letters")
+        title = func.lower(t.c.title)
+        body = func.lower(t.c.findings + literal(" ") + t.c.resolution)
+        # A word in the title counts twice: titles are what people write to be found.
+        score: Any = literal(0)
+        for token in tokens:
+            pattern = f"%{like_escape(token)}%"
+            score = score + case((title.like(pattern, escape="\\"), 2), else_=0) \
+                + case((body.like(pattern, escape="\\"), 1), else_=0)
+        score = score.label("score")
+        where: list[Any] = [t.c.tenant_id == tenant_id, score > 0]
+        if query.product:
+            where.append(t.c.product == query.product)
+        if query.start is not None:
+            where.append(t.c.opened_at >= query.start)
+        if query.end is not None:
+            where.append(t.c.opened_at < query.end)
+        if query.after is not None:
+            s, opened, row_id = query.after
+            where.append(tuple_(score, t.c.opened_at, t.c.id) < tuple_(literal(int(s)), literal(opened, t.c.opened_at.type),
+                                                                      literal(int(row_id))))
+        limit = max(1, min(query.limit, 25))
+        with self.db.connect() as conn:
+            rows = conn.execute(
+                select(t, score).where(*where)
+                .order_by(score.desc(), t.c.opened_at.desc(), t.c.id.desc())
+                .limit(limit + 1)
+            ).all()
+        hits = [IncidentHit(incident=self._incident(r), score=float(r.score),
+                            position=(int(r.score), r.opened_at, int(r.id))) for r in rows[:limit]]
+        return IncidentPage(hits=hits, has_more=len(rows) > limit)
+
+    def incidents_at(self, tenant_id: str, at: datetime | None, *, target_type: str | None = None,
+                     target_ids: tuple[str, ...] = (), limit: int = 100) -> list[Incident]:
+        t = telemetry_incidents
+        where: list[Any] = [t.c.tenant_id == tenant_id]
+        if at is None:
+            where.append(t.c.closed_at.is_(None))
+        else:
+            where += [t.c.opened_at <= at, or_(t.c.closed_at.is_(None), t.c.closed_at > at)]
+        if target_type is not None:
+            where.append(t.c.target_type == target_type)
+        if target_ids:
+            where.append(and_(t.c.target_id.is_not(None), t.c.target_id.in_(target_ids)))
+        with self.db.connect() as conn:
+            rows = conn.execute(select(t).where(*where).order_by(t.c.opened_at.desc(), t.c.id.desc())
+                                .limit(max(1, min(limit, 500)))).all()
+        return [self._incident(r) for r in rows]
+
+    # ---- product info ----------------------------------------------------------------------
+
+    def get_admin_info(self, tenant_id: str, product: str) -> dict[str, Any] | None:
+        t = telemetry_products
+        with self.db.connect() as conn:
+            row = conn.execute(select(t.c.info, t.c.updated_at)
+                               .where(t.c.tenant_id == tenant_id, t.c.product == product)).first()
+        if row is None:
+            return None
+        return {**dict(row.info or {}), "reported_at": row.updated_at}
+
     def sources(self) -> TelemetrySources:
-        return TelemetrySources(logs=self, metrics=self, deploys=self)
+        return TelemetrySources(logs=self, metrics=self, deploys=self, traces=self, incidents=self, admin=self,
+                                llmops=self.llmops)

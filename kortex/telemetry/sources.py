@@ -8,21 +8,29 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from kortex.telemetry.llmops import LLMOpsSource
+    from kortex.telemetry.logql import LogFilter
 
 LEVELS: dict[str, int] = {"debug": 10, "info": 20, "warn": 30, "error": 40, "fatal": 50}
 MAX_LOG_PAGE = 100  # rfc-005 §6.1: enforced here, whatever the caller asks for
+MAX_TRACE_SPANS = 2000  # a trace larger than this is cut (and says so)
 
 
 @dataclass(frozen=True, slots=True)
 class LogQuery:
-    product: str
+    """``product`` or ``trace_id`` (or both) narrow the lines; ``filter`` is a parsed LogQL query."""
+
+    product: str | None
     start: datetime
     end: datetime
-    text: str | None = None
+    filter: LogFilter | None = None
     min_level: str | None = None
     limit: int = MAX_LOG_PAGE
     before: tuple[datetime, int] | None = None  # keyset: (ts, id) of the last line already seen
+    trace_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +41,7 @@ class LogLine:
     host: str
     message: str
     trace_id: str | None = None
+    product: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +71,7 @@ class Sample:
 class MetricSeries:
     samples: list[Sample]
     unit: str | None
+    series: int = 1  # how many series matched; several are averaged into one
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +84,65 @@ class Deploy:
     status: str
     commit: str | None
     rolled_back: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    trace_id: str
+    span_id: str
+    parent_span_id: str | None
+    service: str
+    operation: str
+    start: datetime
+    duration_us: int
+    status: str
+    error_message: str | None = None
+    tags: dict[str, Any] = field(default_factory=dict)
+    request_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Trace:
+    trace_id: str
+    spans: list[Span]  # ordered by start time, then span id
+    truncated: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Incident:
+    ref: str
+    product: str | None
+    title: str
+    severity: str
+    opened_at: datetime
+    closed_at: datetime | None
+    findings: str
+    resolution: str
+    target_type: str | None = None
+    target_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class IncidentQuery:
+    text: str
+    product: str | None = None
+    start: datetime | None = None
+    end: datetime | None = None
+    limit: int = 10
+    after: tuple[Any, ...] | None = None  # keyset position of the last hit already seen
+
+
+@dataclass(frozen=True, slots=True)
+class IncidentHit:
+    incident: Incident
+    score: float
+    position: tuple[Any, ...]  # JSON-safe keyset position, for the next page
+
+
+@dataclass(frozen=True, slots=True)
+class IncidentPage:
+    hits: list[IncidentHit]
+    has_more: bool
 
 
 class LogSource(Protocol):
@@ -90,6 +159,27 @@ class DeploySource(Protocol):
     def list_deploys(self, tenant_id: str, product: str, start: datetime, end: datetime) -> list[Deploy]: ...
 
 
+class TraceSource(Protocol):
+    def get_trace(self, tenant_id: str, request_id: str) -> Trace | None:
+        """The trace with this trace id, or whose root carries this correlation id."""
+        ...
+
+
+class IncidentSource(Protocol):
+    def search_incidents(self, tenant_id: str, query: IncidentQuery) -> IncidentPage: ...
+
+    def incidents_at(self, tenant_id: str, at: datetime | None, *, target_type: str | None = None,
+                     target_ids: tuple[str, ...] = (), limit: int = 100) -> list[Incident]:
+        """Incidents open at ``at`` (None: open now), optionally only those about some targets."""
+        ...
+
+
+class AdminInfoSource(Protocol):
+    def get_admin_info(self, tenant_id: str, product: str) -> dict[str, Any] | None:
+        """The product's last reported /admin/info envelope, or None for an unknown product."""
+        ...
+
+
 @dataclass(slots=True)
 class TelemetrySources:
     """The sources a tool context carries, one per kind of telemetry."""
@@ -97,7 +187,20 @@ class TelemetrySources:
     logs: LogSource
     metrics: MetricSource
     deploys: DeploySource
+    traces: TraceSource
+    incidents: IncidentSource
+    admin: AdminInfoSource
+    llmops: LLMOpsSource
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def close(self) -> None:
+        """Release what remote sources hold (HTTP connection pools)."""
+        seen: set[int] = set()
+        for source in (self.logs, self.metrics, self.deploys, self.traces, self.incidents, self.admin, self.llmops):
+            close = getattr(source, "close", None)
+            if close is not None and id(source) not in seen:
+                seen.add(id(source))
+                close()
 
 
 def downsample(samples: list[Sample], step_s: float) -> list[Sample]:

@@ -1,4 +1,8 @@
-"""Bound a tool result to a byte budget, flagging ``truncated`` instead of cutting silently."""
+"""Bound a tool result to a byte budget, flagging ``truncated`` instead of cutting silently.
+
+Top-level fields whose name starts with ``_`` are private to the tool (paging keys its
+``on_truncate`` needs); they never reach the model (no allowlist names them), so they do not
+count against the budget."""
 
 from __future__ import annotations
 
@@ -14,11 +18,15 @@ def encoded_size(value: Any) -> int:
     return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str).encode())
 
 
+def _public_size(value: dict[str, Any]) -> int:
+    return encoded_size({k: v for k, v in value.items() if not k.startswith("_")})
+
+
 def cap_result(
     result: dict[str, Any], spec: ToolSpec, limit: int, args: Any = None, ctx: Any = None
 ) -> tuple[dict[str, Any], bool]:
     """Return ``(result, truncated)``; the result fits in ``limit`` bytes of compact JSON."""
-    if encoded_size(result) <= limit:
+    if _public_size(result) <= limit:
         return result, bool(result.get("truncated", False))
     out = dict(result)
     field = spec.list_field or _largest_list(out)
@@ -28,7 +36,7 @@ def cap_result(
         while lo < hi:  # the most items that still fit
             mid = (lo + hi + 1) // 2
             trial = {**out, field: items[:mid], "truncated": True}
-            if encoded_size(trial) <= limit:
+            if _public_size(trial) <= limit:
                 lo = mid
             else:
                 hi = mid - 1
@@ -36,14 +44,21 @@ def cap_result(
         out["truncated"] = True
         if spec.on_truncate is not None:
             out = spec.on_truncate(out, args, lo, ctx)
-        if encoded_size(out) <= limit:
+            # The fix-up may add a field (a next_cursor the last page did not have): make room.
+            while lo > 0 and _public_size(out) > limit:
+                lo -= 1
+                if lo:
+                    out = spec.on_truncate({**out, field: items[:lo]}, args, lo, ctx)
+                else:  # not even one item fits: no page to continue from
+                    out = {k: v for k, v in out.items() if k != "next_cursor"} | {field: []}
+        if _public_size(out) <= limit:
             return out, True
     # Still too big: long strings are the remaining suspects.
     budget = max(_MIN_STRING, limit // 8)
     while budget >= _MIN_STRING:
         out = _shorten_strings(out, budget)
         out["truncated"] = True
-        if encoded_size(out) <= limit:
+        if _public_size(out) <= limit:
             return out, True
         budget //= 2
     return {"truncated": True, "error": "result too large to return", "size_limit_bytes": limit}, True

@@ -5,8 +5,21 @@
            -> cap output -> redact (allowlist + secret scrub) -> audit entry -> ToolResult
 
 Nothing raises out of ``ToolPipeline.run``: every failure is an ``is_error`` result with a
-code (``policy_denied``, ``invalid_json``, ``validation``, ``timeout``, ``upstream``,
-``internal``) and a message the model can act on.
+code (``policy_denied``, ``invalid_json``, ``validation``, ``not_found``, ``timeout``,
+``upstream``, ``internal``) and a message the model can act on. The content also carries the
+code of llm-ops-agent-tools.md, so every tool fails in one shape:
+
+    {"error": "<error_code>", "message": "...", "code": "NOT_FOUND" | "INVALID_PARAMETER" | ...}
+
+    error_code      code                    raised as
+    validation      INVALID_PARAMETER       pydantic ValidationError, InvalidInput
+    invalid_json    INVALID_PARAMETER       arguments that are not a JSON object
+    not_found       NOT_FOUND               NotFound (an id that does not exist for this tenant)
+    upstream        DATABASE_ERROR          StorageError (the embedded store failed)
+    upstream        UPSTREAM_ERROR          UpstreamError (Prometheus, Loki, ... failed)
+    timeout         TIMEOUT                 the tool ran past its timeout
+    policy_denied   POLICY_DENIED           unknown tool, or not allowed in this session
+    internal        INTERNAL_ERROR          a bug in the tool
 """
 
 from __future__ import annotations
@@ -22,7 +35,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kortex.errors import InvalidInput, ToolError, ToolTimeout, UpstreamError
+from kortex.errors import InvalidInput, NotFound, StorageError, ToolError, ToolTimeout, UpstreamError
 from kortex.messages import ToolCall, ToolResult
 from kortex.redaction import scrub
 from kortex.storage.audit import AuditEntry
@@ -34,6 +47,17 @@ from kortex.tools.spec import ToolContext, ToolSpec
 log = logging.getLogger(__name__)
 
 ProgressHook = Callable[[ToolCall, int], None]
+
+#: the llm-ops-agent-tools.md code of each pipeline error code
+SPEC_CODES: dict[str, str] = {
+    "validation": "INVALID_PARAMETER",
+    "invalid_json": "INVALID_PARAMETER",
+    "not_found": "NOT_FOUND",
+    "upstream": "UPSTREAM_ERROR",
+    "timeout": "TIMEOUT",
+    "policy_denied": "POLICY_DENIED",
+    "internal": "INTERNAL_ERROR",
+}
 
 
 def _format_elapsed(seconds: float) -> str:
@@ -129,9 +153,15 @@ class ToolPipeline:
             elapsed = time.monotonic() - started
             return self._finish(call, ctx, spec, started, audit, error=("timeout", "tool timed out"),
                                 content={"error": "tool_timeout", "elapsed": _format_elapsed(elapsed),
-                                         "tool": call.name})
+                                         "tool": call.name, "code": "TIMEOUT"})
         except InvalidInput as exc:
             return self._finish(call, ctx, spec, started, audit, error=("validation", exc.message))
+        except NotFound as exc:
+            return self._finish(call, ctx, spec, started, audit, error=("not_found", exc.message))
+        except StorageError:
+            log.warning("tool %s: storage failed (call %s)", call.name, call.id, exc_info=True)
+            return self._finish(call, ctx, spec, started, audit, error=("upstream", "the telemetry store failed"),
+                                spec_code="DATABASE_ERROR")
         except UpstreamError as exc:
             return self._finish(call, ctx, spec, started, audit, error=("upstream", exc.message))
         except ToolError as exc:
@@ -172,10 +202,12 @@ class ToolPipeline:
         content: Any = None,
         truncated: bool = False,
         error: tuple[str, str] | None = None,
+        spec_code: str | None = None,
     ) -> ToolResult:
         elapsed_ms = int((time.monotonic() - started) * 1000)
         if error is not None and content is None:
-            content = {"error": error[0], "message": error[1]}
+            content = {"error": error[0], "message": error[1],
+                       "code": spec_code or SPEC_CODES.get(error[0], "INTERNAL_ERROR")}
         result = ToolResult(
             call_id=call.id, name=call.name, content=content, is_error=error is not None,
             error_code=error[0] if error else None, truncated=truncated, elapsed_ms=elapsed_ms,

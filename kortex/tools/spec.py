@@ -65,7 +65,9 @@ class ToolContext:
     step: int
     now: datetime
     sources: TelemetrySources
-    services: dict[str, Any] = field(default_factory=dict)  # proposals store, executors, ...
+    services: dict[str, Any] = field(default_factory=dict)  # cursors, proposals, ...
+    #: stream events to publish once the result is stored (e.g. a proposal card)
+    events: list[Any] = field(default_factory=list)
 
 
 RunFn = Callable[[Any, ToolContext], dict[str, Any]]

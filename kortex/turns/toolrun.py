@@ -4,9 +4,10 @@ the last result of a step hands the turn back to the ``turns`` queue."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from kortex.container import Kortex
-from kortex.events import ToolProgressEvent, ToolResultEvent
+from kortex.events import Event, ToolProgressEvent, ToolResultEvent
 from kortex.messages import ToolCall, ToolResult
 from kortex.storage import audit, turns
 from kortex.storage.audit import AuditEntry
@@ -32,8 +33,7 @@ def run_tool(k: Kortex, tenant_id: str, invocation_id: str, tool: str, hard_limi
     if inv.name != tool:
         log.warning("invocation %s is %s, task said %s", inv.id, inv.name, tool)
     ctx = ToolContext(tenant_id=tenant_id, session_id=inv.session_id, turn_id=inv.turn_id, call_id=inv.call_id,
-                      step=inv.step, now=utcnow(), sources=k.sources,
-                      services={"cursors": k.cursors, **k.services})
+                      step=inv.step, now=utcnow(), sources=k.sources, services=dict(k.services))
     entries: list[AuditEntry] = []
 
     def progress(call: ToolCall, elapsed_ms: int) -> None:
@@ -42,19 +42,21 @@ def run_tool(k: Kortex, tenant_id: str, invocation_id: str, tool: str, hard_limi
             message=f"{call.name} is taking longer than usual; still working")])
 
     result = k.pipeline.run(turns.tool_call_from_record(inv), ctx, audit=entries, on_progress=progress)
-    return settle(k, inv, result, entries)
+    # Events a tool raised (a proposal card) only go out with a result that was stored.
+    return settle(k, inv, result, entries, events=[] if result.is_error else ctx.events)
 
 
 def settle(k: Kortex, inv: InvocationRecord, result: ToolResult, entries: list[AuditEntry],
-           from_status: tuple[str, ...] = ("running",)) -> Handoff:
-    """Store a result with its audit row, publish it, and advance the turn if it was the last."""
+           from_status: tuple[str, ...] = ("running",), events: Sequence[Event] = ()) -> Handoff:
+    """Store a result with its audit row, publish it (and ``events``, once: a duplicate delivery
+    that finds the result stored publishes nothing), and advance the turn if it was the last."""
     with k.db.begin() as conn:
         completion = turns.complete_invocation(conn, inv.tenant_id, inv.id, result, from_status=from_status)
         if completion is not None:
             audit.write_entries(conn, entries)
     if completion is None:
         return NOTHING
-    k.events.append(inv.turn_id, [result_event(inv, result)])
+    k.events.append(inv.turn_id, [result_event(inv, result), *events])
     if completion.next_step is None:
         return NOTHING
     return Handoff(steps=(StepDispatch(tenant_id=inv.tenant_id, turn_id=inv.turn_id, step=completion.next_step),))

@@ -30,6 +30,7 @@ class SweepReport:
     requeued_steps: int
     requeued_tools: int
     handoff: Handoff
+    expired_proposals: int = 0
 
 
 def sweep(k: Kortex) -> SweepReport:
@@ -68,10 +69,11 @@ def sweep(k: Kortex) -> SweepReport:
         steps=tuple(StepDispatch(tenant_id=t.tenant_id, turn_id=t.id, step=t.step) for t in stale_turns),
         tools=tuple(tool_dispatch(k, i.tenant_id, i.id, i.name) for i in stale_tools),
     )
-    if failed or overdue or stale_turns or stale_tools:
-        log.info("watchdog: %d turns failed, %d tools timed out, %d steps and %d tools re-enqueued",
-                 failed, len(overdue), len(stale_turns), len(stale_tools))
-    return SweepReport(failed, len(overdue), len(stale_turns), len(stale_tools), handoff)
+    expired_proposals = k.proposals.expire_due(now)  # each one an audit row, as a human decision is
+    if failed or overdue or stale_turns or stale_tools or expired_proposals:
+        log.info("watchdog: %d turns failed, %d tools timed out, %d steps and %d tools re-enqueued, "
+                 "%d proposals expired", failed, len(overdue), len(stale_turns), len(stale_tools), expired_proposals)
+    return SweepReport(failed, len(overdue), len(stale_turns), len(stale_tools), handoff, expired_proposals)
 
 
 def _expire(k: Kortex, turn: TurnRecord) -> int:

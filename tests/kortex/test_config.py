@@ -33,3 +33,31 @@ def test_bad_configuration_is_a_config_error(tmp_path: Path, monkeypatch: pytest
     monkeypatch.setenv("KORTEX_CONFIG", str(tmp_path / "missing.toml"))
     with pytest.raises(ConfigError):
         load_settings()
+
+
+def test_telemetry_sources_are_chosen_by_configuration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       sqlite_url: str) -> None:
+    from kortex.container import Kortex
+    from kortex.telemetry.embedded import EmbeddedTelemetry
+    from kortex.telemetry.loki import LokiLogs
+    from kortex.telemetry.prometheus import PrometheusMetrics
+
+    (tmp_path / "kortex.toml").write_text(
+        '[telemetry]\nmetrics = "prometheus"\nlogs = "loki"\n'
+        '[telemetry.prometheus]\nurl = "${TEST_PROM_URL}"\ntenant_label = "tenant"\ntimeout = "3s"\n'
+        '[telemetry.loki]\nurl = "http://loki:3100"\n')
+    monkeypatch.setenv("TEST_PROM_URL", "http://prometheus:9090")
+    monkeypatch.setenv("KORTEX_DATABASE_URL", sqlite_url)
+    k = Kortex.create(load_settings())
+    try:
+        assert isinstance(k.sources.metrics, PrometheusMetrics) and k.sources.metrics.timeout == 3
+        assert k.sources.metrics.tenant_label == "tenant"
+        assert isinstance(k.sources.logs, LokiLogs) and isinstance(k.sources.deploys, EmbeddedTelemetry)
+    finally:
+        k.close()
+    monkeypatch.delenv("TEST_PROM_URL")  # an unresolved URL: the source cannot be built
+    with pytest.raises(ConfigError, match="telemetry.prometheus.url"):
+        Kortex.create(load_settings())
+    (tmp_path / "kortex.toml").write_text('[telemetry]\nmetrics = "graphite"\n')
+    with pytest.raises(ConfigError):
+        load_settings()

@@ -40,3 +40,10 @@ def test_durations_and_instants() -> None:
     assert parse_duration("2 hours") == timedelta(hours=2)
     assert parse_instant("3 days ago", now=NOW) == NOW - timedelta(days=3)
     assert isoformat(datetime(2026, 4, 7, 14, 0, 1, 500000, tzinfo=UTC)) == "2026-04-07T14:00:01.500Z"
+
+
+@pytest.mark.parametrize("text,delta", [("an hour ago", timedelta(hours=1)), ("a day ago", timedelta(days=1)),
+                                        ("now-30m", timedelta(minutes=30)), ("now - 2h", timedelta(hours=2))])
+def test_more_relative_instants(text: str, delta: timedelta) -> None:
+    assert parse_instant(text, now=NOW) == NOW - delta
+    assert parse_range(text, now=NOW) == (NOW - delta, NOW)

@@ -22,8 +22,9 @@ def test_demo_streams_an_answer_naming_the_deploy_and_the_pool_errors(home: Path
     assert result.exit_code == 0, result.output
     out = result.output
     assert "mode: embedded" in out and (home / "kortex.db").is_file()
-    for tool in ("get_recent_deploys", "get_metrics", "get_logs"):
+    for tool in ("get_recent_deploys", "compare_to_baseline", "get_logs", "get_incident_history", "propose_action"):
         assert f"→ {tool}" in out and f"✓ {tool}" in out
+    assert "⚑ proposal" in out and "awaits a human" in out
     assert "Offline analyst (rule-based, no LLM)" in out
     assert "v2.14.0" in out and "connection pool exhausted" in out
     assert out.index("→ get_logs") < out.index("✓ get_logs") < out.index("Summary")

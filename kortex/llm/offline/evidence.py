@@ -9,22 +9,40 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+
+@dataclass(frozen=True, slots=True)
+class Cause:
+    pattern: re.Pattern[str]
+    name: str
+    advice: str
+    search: str        # what to look for in past incidents
+    config_hint: str   # configuration keys worth quoting from /admin/info
+
+
 # Log patterns and the cause they point to: policy as data, first match wins.
-CAUSES: tuple[tuple[re.Pattern[str], str, str], ...] = (
-    (re.compile(r"pool (is )?exhausted|waiting for a connection|too many connections|connection pool",
-                re.I), "database connection-pool exhaustion",
-     "raise the pool size back or roll back the change that lowered it; check for leaked connections"),
-    (re.compile(r"out of memory|oom|memoryerror|heap space", re.I), "memory exhaustion",
-     "check memory limits and recent changes in allocation; restart the affected hosts"),
-    (re.compile(r"deadlock", re.I), "database deadlocks",
-     "look at the transactions named in the deadlock reports and their lock order"),
-    (re.compile(r"rate limit|429|throttl", re.I), "upstream rate limiting",
-     "lower the request rate or raise the quota with the upstream"),
-    (re.compile(r"timed? ?out|timeout", re.I), "upstream timeouts",
-     "find which dependency is slow with traces and its own metrics"),
-    (re.compile(r"connection refused|no route to host|name resolution|dns", re.I), "network or dependency outage",
-     "check the health of the dependency named in the errors"),
-    (re.compile(r"disk full|no space left", re.I), "disk full", "free disk space or grow the volume"),
+CAUSES: tuple[Cause, ...] = (
+    Cause(re.compile(r"pool (is )?exhausted|waiting for a connection|too many connections|connection pool", re.I),
+          "database connection-pool exhaustion",
+          "find what holds the connections (long transactions, leaks) and whether a change lowered the pool size",
+          "connection pool exhausted", "pool"),
+    Cause(re.compile(r"out of memory|oom|memoryerror|heap space", re.I), "memory exhaustion",
+          "check memory limits and recent changes in allocation; restart the affected hosts", "out of memory", "memory"),
+    Cause(re.compile(r"deadlock", re.I), "database deadlocks",
+          "look at the transactions named in the deadlock reports and their lock order", "deadlock", "lock"),
+    Cause(re.compile(r"rate limit|429|throttl", re.I), "upstream rate limiting",
+          "lower the request rate or raise the quota with the upstream", "rate limit", "rate"),
+    Cause(re.compile(r"timed? ?out|timeout", re.I), "upstream timeouts",
+          "find which dependency is slow with traces and its own metrics", "timeout", "timeout"),
+    Cause(re.compile(r"connection refused|no route to host|name resolution|dns", re.I),
+          "network or dependency outage", "check the health of the dependency named in the errors",
+          "connection refused", "host"),
+    Cause(re.compile(r"disk full|no space left", re.I), "disk full", "free disk space or grow the volume",
+          "disk full", "disk"),
+)
+# Who is behind a cause, when the log line says so.
+CULPRITS: tuple[re.Pattern[str], ...] = (
+    re.compile(r"held by (job [A-Za-z0-9_.-]+)"),
+    re.compile(r"\b(job [A-Za-z0-9_.-]+)\b"),
 )
 
 _NUMBER = re.compile(r"\b\d+(?:\.\d+)?(?:ms|s)?\b")
@@ -109,8 +127,21 @@ def top_pattern(lines: list[dict[str, Any]]) -> tuple[str, int, str] | None:
     return shape, len(examples), examples[0]
 
 
-def classify(text: str) -> tuple[str, str] | None:
-    for pattern, cause, advice in CAUSES:
-        if pattern.search(text):
-            return cause, advice
+def classify(text: str) -> Cause | None:
+    return next((cause for cause in CAUSES if cause.pattern.search(text)), None)
+
+
+def culprit(text: str) -> str | None:
+    for pattern in CULPRITS:
+        match = pattern.search(text)
+        if match:
+            return match.group(1)
     return None
+
+
+def fmt_ms(value: float) -> str:
+    return f"{value / 1000:.1f} s" if value >= 1000 else f"{value:.0f} ms"
+
+
+def fmt_us(value: float) -> str:
+    return fmt_ms(value / 1000)

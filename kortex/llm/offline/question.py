@@ -1,4 +1,5 @@
-"""Read an operator's question: which product, which symptom, which time window."""
+"""Read an operator's question: which product, which symptom, which time window, whether it is
+about the LLM platform, and any request or trace id it names."""
 
 from __future__ import annotations
 
@@ -29,6 +30,14 @@ _PRODUCT_PATTERNS = (
     # a lookahead, so "going on with the search service" can still match at "with"
     re.compile(r"(?=\b(?:for|in|on|of|with|from|about)\s+(?:the\s+|our\s+)?([a-z0-9][a-z0-9._-]*))"),
 )
+# Words that put a question on the LLM platform: a strong one is enough, weak ones need company.
+LLM_STRONG = ("llm", "gpt", "llama", "claude", "mistral", "gemini", "qwen", "inference", "tokens", "language model",
+              "model latency", "models")
+LLM_WEAK = ("model", "backend", "backends", "deployment", "deployments", "tier", "premium", "budget users",
+            "users", "routing", "router", "requests", "answers", "completions")
+_LLM_REQUEST = re.compile(r"\b(req_[a-z0-9]{4,64})\b")
+_TRACE = re.compile(r"\b(?:trace|request|correlation)(?:\s+id)?\s*[:#]?\s*([a-z0-9][a-z0-9._:-]{7,99})\b")
+_HEX = re.compile(r"\b([0-9a-f]{16,32})\b")
 _LAST = re.compile(r"\b(?:last|past)\s+(?:(\d+)\s*)?(m|min|mins|minutes?|h|hrs?|hours?|d|days?)\b")
 _SINCE = re.compile(r"\bsince\s+(\d{1,2}):(\d{2})\b")
 
@@ -38,6 +47,13 @@ class Intent:
     product: str | None
     symptoms: tuple[str, ...]   # "latency", "errors"; both when unclear
     window: str                 # a time_range argument for the tools
+    domain: str = "service"     # "service" | "llm"
+    request_id: str | None = None  # an LLM request id (req_...)
+    trace_id: str | None = None    # a trace or correlation id of a service request
+    text: str = ""              # the question, lower case, for matching names found in evidence
+
+    def mentions(self, name: str) -> bool:
+        return bool(name) and re.search(rf"(?<![a-z0-9]){re.escape(name.lower())}(?![a-z0-9])", self.text) is not None
 
 
 def _product(text: str) -> str | None:
@@ -65,7 +81,32 @@ def _window(text: str) -> str:
     return "last 3h"
 
 
+def _domain(text: str) -> str:
+    words = set(re.findall(r"[a-z0-9_-]+", text))
+    def has(w: str) -> bool:
+        return w in text if " " in w else w in words or any(x.startswith(w + "-") for x in words)
+    if any(has(w) for w in LLM_STRONG) or sum(has(w) for w in LLM_WEAK) >= 2:
+        return "llm"
+    return "service"
+
+
+def _ids(text: str) -> tuple[str | None, str | None]:
+    request = _LLM_REQUEST.search(text)
+    if request:
+        return request.group(1), None
+    trace = _TRACE.search(text) or _HEX.search(text)
+    if trace and any(ch.isdigit() for ch in trace.group(1)):
+        return None, trace.group(1)
+    return None, None
+
+
 def read_question(question: str) -> Intent:
     text = question.lower()
     symptoms = tuple(name for name, words in SYMPTOM_WORDS.items() if any(w in text for w in words))
-    return Intent(product=_product(text), symptoms=symptoms or ("latency", "errors"), window=_window(text))
+    request_id, trace_id = _ids(text)
+    domain = "llm" if request_id else _domain(text)
+    product = _product(text)
+    if trace_id and product == trace_id:
+        product = None
+    return Intent(product=product, symptoms=symptoms or ("latency", "errors"), window=_window(text), domain=domain,
+                  request_id=request_id, trace_id=trace_id, text=text)

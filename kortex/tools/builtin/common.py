@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
-from datetime import datetime
-from typing import Annotated
+from datetime import datetime, timedelta
+from typing import Annotated, Any
 
 from pydantic import Field
 
-from kortex.timeparse import parse_range
+from kortex.errors import InvalidInput
+from kortex.timeparse import EXAMPLES, MAX_SPAN, ensure_utc, isoformat, parse_instant, parse_range
 from kortex.tools.cursor import CursorCodec
 from kortex.tools.spec import ToolContext
 
@@ -30,8 +31,71 @@ MetricName = Annotated[
 ]
 
 
+Since = Annotated[
+    str,
+    Field(min_length=1, max_length=200,
+          description="Start time: ISO 8601 instant or interval, or relative: '1 hour ago', 'last 30m', "
+                      "'yesterday', 'PT30M'"),
+]
+Until = Annotated[
+    str,
+    Field(min_length=1, max_length=200, description="End time: ISO 8601 instant or relative ('now', '10 minutes ago')"),
+]
+Identifier = Annotated[
+    str,
+    Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]*$"),
+]
+DeploymentId = Annotated[
+    str,
+    Field(min_length=3, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*/[A-Za-z0-9][A-Za-z0-9._:-]*$",
+          description="Deployment id, '<model>/<backend>', e.g. 'gpt-4/aws'"),
+]
+Cursor = Annotated[
+    str | None,
+    Field(None, max_length=4000, description="Opaque cursor returned by a prior call. Omit on the first page."),
+]
+
+
 def window(time_range: str, ctx: ToolContext) -> tuple[datetime, datetime]:
     return parse_range(time_range, now=ctx.now)
+
+
+def _point(name: str, text: str, ctx: ToolContext) -> tuple[datetime, datetime | None]:
+    """An instant, or the start (and implied end) of an interval such as 'last 30m'."""
+    try:
+        return parse_instant(text, now=ctx.now), None
+    except InvalidInput:
+        pass
+    try:
+        return parse_range(text, now=ctx.now)
+    except InvalidInput as exc:
+        raise InvalidInput(f"{name}: {exc.message}") from None
+
+
+def since_until(since: str | None, until: str | None, ctx: ToolContext, default_since: str) -> tuple[datetime, datetime]:
+    """The ``[since, until)`` window of an LLM-ops tool. An interval given as ``since`` also sets
+    the end when ``until`` is absent ('yesterday' alone means all of yesterday)."""
+    start, implied_end = _point("since", since or default_since, ctx)
+    if since is not None and since.strip().lower() == "yesterday":
+        implied_end = start + timedelta(days=1)
+    if until is not None:
+        end, _ = _point("until", until, ctx)
+    else:
+        end = implied_end or ctx.now
+    if end <= start:
+        raise InvalidInput(f"the window ends ({isoformat(end)}) before it starts ({isoformat(start)}); "
+                           f"use e.g. {EXAMPLES}")
+    if end - start > MAX_SPAN:
+        raise InvalidInput(f"the window is longer than {MAX_SPAN.days} days")
+    return start, end
+
+
+def decode_time(value: Any) -> datetime:
+    """A datetime that went through a cursor as ISO text."""
+    try:
+        return ensure_utc(datetime.fromisoformat(str(value).replace("Z", "+00:00")))
+    except ValueError:
+        raise InvalidInput("cursor is not valid; omit it to start from the first page") from None
 
 
 def cursors(ctx: ToolContext) -> CursorCodec:

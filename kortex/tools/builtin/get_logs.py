@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from kortex.errors import InvalidInput
+from kortex.telemetry import logql
 from kortex.telemetry.sources import MAX_LOG_PAGE, LogQuery
 from kortex.timeparse import ensure_utc, isoformat
 from kortex.tools.builtin.common import Product, TimeRange, cursors, window
@@ -18,7 +19,11 @@ from kortex.tools.spec import ToolContext, ToolInput, ToolSpec
 class GetLogsInput(ToolInput):
     product: Product
     time_range: TimeRange
-    query: str | None = Field(None, max_length=500, description="Text the log message must contain, optional")
+    query: str | None = Field(
+        None, max_length=500,
+        description='Optional filter: plain text the message contains (any case), or LogQL line filters and '
+                    'label matchers, e.g. \'{host="web-1"} |= "timeout" != "healthz" |~ "5\\d\\d"\' '
+                    '(labels: host, level, trace_id)')
     level: Literal["debug", "info", "warn", "error", "fatal"] | None = Field(
         None, description="Optional minimum severity")
     limit: int = Field(MAX_LOG_PAGE, ge=1, le=MAX_LOG_PAGE, description="Lines per page, at most 100")
@@ -39,6 +44,7 @@ def _cursor(ctx: ToolContext, args: GetLogsInput, start: datetime, end: datetime
 
 def run(args: GetLogsInput, ctx: ToolContext) -> dict[str, Any]:
     started = time.monotonic()
+    flt = logql.parse(args.query)
     before = None
     if args.cursor:
         pos = cursors(ctx).decode(args.cursor, _bind(args, ctx))
@@ -51,12 +57,14 @@ def run(args: GetLogsInput, ctx: ToolContext) -> dict[str, Any]:
         start, end = window(args.time_range, ctx)
     page = ctx.sources.logs.query_logs(
         ctx.tenant_id,
-        LogQuery(product=args.product, start=start, end=end, text=args.query, min_level=args.level,
+        LogQuery(product=args.product, start=start, end=end, filter=flt, min_level=args.level,
                  limit=args.limit, before=before),
     )
-    keys = [(isoformat(line.ts), line.id) for line in page.lines]
+    # Full precision: a key rounded to milliseconds would skip lines within the same millisecond.
+    keys = [(line.ts.isoformat(), line.id) for line in page.lines]
     result: dict[str, Any] = {
-        "lines": [{"ts": isoformat(line.ts), "level": line.level, "host": line.host, "message": line.message}
+        "lines": [{"ts": isoformat(line.ts), "level": line.level, "host": line.host, "message": line.message,
+                   **({"trace_id": line.trace_id} if line.trace_id else {})}
                   for line in page.lines],
         "truncated": False,
         "total_matches": page.total_matches,
@@ -82,13 +90,15 @@ SPEC = ToolSpec(
     name="get_logs",
     description=(
         "Query log entries of a product within a time range. Returns up to 100 lines, newest first, "
-        "with total_matches. When next_cursor is present, call again with the same arguments plus "
-        "cursor to fetch the next page."
+        "with total_matches; lines that belong to a request carry its trace_id (see get_traces). query takes "
+        "plain text or LogQL line filters. When next_cursor is present, call again with the same arguments "
+        "plus cursor to fetch the next page."
     ),
     input_model=GetLogsInput,
     run=run,
     category="query",
-    redact=("lines[].ts", "lines[].level", "lines[].host", "lines[].message", "truncated", "total_matches",
+    redact=("lines[].ts", "lines[].level", "lines[].host", "lines[].message", "lines[].trace_id", "truncated",
+            "total_matches",
             "next_cursor", "query_latency_ms"),
     list_field="lines",
     on_truncate=on_truncate,

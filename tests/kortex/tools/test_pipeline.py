@@ -158,3 +158,25 @@ def test_schema_keeps_argument_named_title() -> None:
     assert "title" not in spec.input_schema  # pydantic's own annotation is gone
     assert spec.input_schema["required"] == ["title"]
 
+
+
+def test_domain_errors_map_to_pipeline_codes_and_spec_codes() -> None:
+    from kortex.errors import NotFound, StorageError
+
+    def missing(args: _Args, ctx: ToolContext) -> dict[str, Any]:
+        raise NotFound("Request not found: req_1")
+
+    def broken(args: _Args, ctx: ToolContext) -> dict[str, Any]:
+        raise StorageError("database error: OperationalError at 10.0.0.5 password=x")
+
+    specs = [ToolSpec(name="missing", description="", input_model=_Args, run=missing, redact=("x",)),
+             ToolSpec(name="broken", description="", input_model=_Args, run=broken, redact=("x",))]
+    registry = ToolRegistry([*TEST_TOOLS, *specs])
+    p = ToolPipeline(registry, ToolPolicy.build(None, registry))
+    assert run(p, "missing", {"n": 1}).content == {"error": "not_found", "message": "Request not found: req_1",
+                                                   "code": "NOT_FOUND"}
+    db = run(p, "broken", {"n": 1})
+    assert db.error_code == "upstream" and db.content["code"] == "DATABASE_ERROR"
+    assert "10.0.0.5" not in db.content["message"]  # storage details stay in the server log
+    assert run(p, "broken", {"n": 99}).content["code"] == "INVALID_PARAMETER"
+    assert run(p, "nope", {}).content["code"] == "POLICY_DENIED"

@@ -1,0 +1,39 @@
+"""Telemetry ingest into the embedded store, scoped to the API key's tenant.
+
+``POST /v1/ingest/{kind}`` with ``{"items": [...]}`` (1 to 5000 items, 1 MiB at most). The batch
+is validated whole: one bad item rejects it with 422 and the index, field and reason of
+each bad item; a good batch is stored in one transaction."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from pydantic import BaseModel, ConfigDict, Field
+
+from api.deps import KortexDep, TenantDep
+from kortex.errors import NotFound
+from kortex.telemetry import ingest
+from kortex.timeparse import utcnow
+
+router = APIRouter(prefix="/v1/ingest", tags=["ingest"])
+
+
+class IngestBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    items: list[Any] = Field(min_length=1, max_length=ingest.MAX_ITEMS)
+
+
+class IngestResult(BaseModel):
+    kind: str
+    accepted: int
+
+
+@router.post("/{kind}", response_model=IngestResult)
+def ingest_batch(kind: str, body: IngestBody, k: KortexDep, tenant: TenantDep) -> IngestResult:
+    if kind not in ingest.KINDS:
+        raise NotFound(f"unknown ingest kind {kind!r}; use one of {', '.join(ingest.KINDS)}")
+    rows = ingest.validate_batch(kind, body.items, now=utcnow())
+    with k.db.begin() as conn:
+        accepted = ingest.write(conn, tenant.id, kind, rows)
+    return IngestResult(kind=kind, accepted=accepted)

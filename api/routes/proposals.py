@@ -1,0 +1,112 @@
+"""Proposals a model made with propose_action: list them, read one, confirm or reject it.
+
+Only an operator of the proposal's tenant can decide (another tenant's proposal is a 404).
+Confirming twice is idempotent (200, ``Idempotent-Replayed: true``); the opposite decision
+after one was made is 409; any decision after the proposal expired is 410."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Header, Query, Response
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from api.deps import KortexDep, TenantDep, object_id
+from api.errors import error_response
+from kortex.errors import Conflict
+from kortex.proposals import DecisionOutcome, ProposalRecord
+
+router = APIRouter(prefix="/v1/proposals", tags=["proposals"])
+
+
+class ProposalOut(BaseModel):
+    id: str
+    session_id: str | None
+    turn_id: str | None
+    call_id: str | None
+    action: str
+    product: str
+    params: dict[str, Any]
+    rationale: str
+    blast_radius: str | None
+    reversible: bool | None
+    status: str
+    created_at: datetime
+    expires_at: datetime
+    decided_at: datetime | None
+    decided_by: str | None
+    note: str | None
+    execution_status: str | None
+    execution: dict[str, Any] | None
+
+    @classmethod
+    def of(cls, p: ProposalRecord) -> ProposalOut:
+        return cls(**{name: getattr(p, name) for name in cls.model_fields})
+
+
+class ProposalList(BaseModel):
+    proposals: list[ProposalOut]
+
+
+class DecisionIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    note: str | None = Field(None, max_length=1000, description="Why, for the audit trail")
+
+
+def operator(authorization: str | None) -> str:
+    """Who decided: the API key's public id (the secret part never leaves the auth check)."""
+    key = (authorization or "").partition(" ")[2].strip()
+    parts = key.split("_")
+    return f"api_key:{parts[1]}" if len(parts) >= 3 else "api_key:unknown"
+
+
+@router.get("", response_model=ProposalList)
+def list_proposals(
+    k: KortexDep,
+    tenant: TenantDep,
+    status: Annotated[Literal["pending", "confirmed", "rejected", "expired"] | None, Query()] = None,
+    session_id: Annotated[str | None, Query(max_length=36)] = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+) -> ProposalList:
+    sid = object_id(session_id, "session") if session_id else None
+    found = k.proposals.list(tenant.id, status=status, session_id=sid, limit=limit)
+    return ProposalList(proposals=[ProposalOut.of(p) for p in found])
+
+
+@router.get("/{proposal_id}", response_model=ProposalOut)
+def get_proposal(proposal_id: str, k: KortexDep, tenant: TenantDep) -> ProposalOut:
+    return ProposalOut.of(k.proposals.get(tenant.id, object_id(proposal_id, "proposal")))
+
+
+def _answer(decide: Any, response: Response) -> Any:
+    try:
+        outcome: DecisionOutcome = decide()
+    except Conflict as exc:
+        if exc.code == "proposal_expired":
+            return error_response(410, exc.code, exc.message)
+        raise
+    if not outcome.changed:
+        response.headers["Idempotent-Replayed"] = "true"
+    return ProposalOut.of(outcome.proposal)
+
+
+@router.post("/{proposal_id}/confirm", response_model=ProposalOut,
+             responses={404: {}, 409: {"description": "already rejected"}, 410: {"description": "expired"}})
+def confirm(proposal_id: str, k: KortexDep, tenant: TenantDep, response: Response,
+            body: DecisionIn | None = None,
+            authorization: Annotated[str | None, Header(include_in_schema=False)] = None) -> ProposalOut | JSONResponse:
+    pid = object_id(proposal_id, "proposal")
+    return _answer(lambda: k.proposals.confirm(tenant.id, pid, by=operator(authorization),
+                                               note=body.note if body else None), response)
+
+
+@router.post("/{proposal_id}/reject", response_model=ProposalOut,
+             responses={404: {}, 409: {"description": "already confirmed"}, 410: {"description": "expired"}})
+def reject(proposal_id: str, k: KortexDep, tenant: TenantDep, response: Response,
+           body: DecisionIn | None = None,
+           authorization: Annotated[str | None, Header(include_in_schema=False)] = None) -> ProposalOut | JSONResponse:
+    pid = object_id(proposal_id, "proposal")
+    return _answer(lambda: k.proposals.reject(tenant.id, pid, by=operator(authorization),
+                                              note=body.note if body else None), response)

@@ -1,0 +1,20 @@
+"""The tool catalog: what a tenant's sessions may call."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from pydantic import BaseModel
+
+from api.deps import KortexDep, TenantDep
+from kortex.tools.catalog import CatalogEntry, catalog
+
+router = APIRouter(prefix="/v1/tools", tags=["tools"])
+
+
+class ToolCatalogOut(BaseModel):
+    tools: list[CatalogEntry]
+
+
+@router.get("", response_model=ToolCatalogOut)
+def list_tools(k: KortexDep, tenant: TenantDep) -> ToolCatalogOut:
+    return ToolCatalogOut(tools=catalog(k.tools, k.policy, k.pipeline))

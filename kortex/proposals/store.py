@@ -1,0 +1,138 @@
+"""Proposal rows. Every state change is a compare-and-set on ``status`` in one statement, so
+concurrent decisions resolve to exactly one winner."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection
+
+from kortex.errors import NotFound
+from kortex.ids import uuid7
+from kortex.storage.records import _Record
+from kortex.storage.schema import proposals
+
+EXPIRES_AFTER = timedelta(minutes=10)
+STATUSES = ("pending", "confirmed", "rejected", "expired")
+_p = proposals.c
+
+
+@dataclass(frozen=True, slots=True)
+class NewProposal:
+    action: str
+    product: str
+    params: dict[str, Any]
+    rationale: str
+    blast_radius: str | None = None
+    reversible: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProposalRecord(_Record):
+    id: str
+    tenant_id: str
+    session_id: str | None
+    turn_id: str | None
+    call_id: str | None
+    action: str
+    product: str
+    params: dict[str, Any]
+    rationale: str
+    blast_radius: str | None
+    reversible: bool | None
+    status: str
+    created_at: datetime
+    expires_at: datetime
+    decided_at: datetime | None
+    decided_by: str | None
+    note: str | None
+    execution_status: str | None
+    execution: dict[str, Any] | None
+    executed_at: datetime | None
+
+
+def create(conn: Connection, tenant_id: str, new: NewProposal, *, session_id: str | None, turn_id: str | None,
+           call_id: str | None, now: datetime, ttl: timedelta = EXPIRES_AFTER) -> ProposalRecord:
+    """Insert a pending proposal; the same tool call (turn, call id) always gets the same one."""
+    row = {"id": uuid7(), "tenant_id": tenant_id, "session_id": session_id, "turn_id": turn_id, "call_id": call_id,
+           "action": new.action, "product": new.product, "params": new.params, "rationale": new.rationale,
+           "blast_radius": new.blast_radius, "reversible": new.reversible, "status": "pending", "created_at": now,
+           "expires_at": now + ttl}
+    if turn_id is None or call_id is None:
+        conn.execute(proposals.insert().values(**row))
+        return get(conn, tenant_id, row["id"])
+    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    conn.execute(dialect.insert(proposals).values(**row)
+                 .on_conflict_do_nothing(index_elements=["tenant_id", "turn_id", "call_id"]))
+    found = conn.execute(select(proposals).where(_p.tenant_id == tenant_id, _p.turn_id == turn_id,
+                                                 _p.call_id == call_id)).first()
+    assert found is not None  # inserted now, or by an earlier run of the same call
+    return ProposalRecord.from_row(found)
+
+
+def get(conn: Connection, tenant_id: str, proposal_id: str) -> ProposalRecord:
+    row = conn.execute(select(proposals).where(_p.tenant_id == tenant_id, _p.id == proposal_id)).first()
+    if row is None:
+        raise NotFound("proposal not found")
+    return ProposalRecord.from_row(row)
+
+
+def list_for_tenant(conn: Connection, tenant_id: str, *, status: str | None = None, session_id: str | None = None,
+                    now: datetime, limit: int = 50) -> list[ProposalRecord]:
+    where: list[Any] = [_p.tenant_id == tenant_id]
+    if status == "pending":
+        where += [_p.status == "pending", _p.expires_at > now]
+    elif status == "expired":  # includes pending ones nobody has marked yet
+        where.append((_p.status == "expired") | ((_p.status == "pending") & (_p.expires_at <= now)))
+    elif status is not None:
+        where.append(_p.status == status)
+    if session_id is not None:
+        where.append(_p.session_id == session_id)
+    rows = conn.execute(select(proposals).where(*where).order_by(_p.created_at.desc(), _p.id.desc())
+                        .limit(max(1, min(limit, 200)))).all()
+    return [ProposalRecord.from_row(r) for r in rows]
+
+
+def decide(conn: Connection, tenant_id: str, proposal_id: str, status: str, *, by: str, note: str | None,
+           now: datetime) -> ProposalRecord | None:
+    """pending (and not expired) -> ``status``; None when another decision got there first."""
+    row = conn.execute(
+        update(proposals)
+        .where(_p.tenant_id == tenant_id, _p.id == proposal_id, _p.status == "pending", _p.expires_at > now)
+        .values(status=status, decided_at=now, decided_by=by, note=note,
+                execution_status="pending" if status == "confirmed" else None)
+        .returning(*proposals.c)
+    ).first()
+    return ProposalRecord.from_row(row) if row else None
+
+
+def expire(conn: Connection, tenant_id: str, proposal_id: str, now: datetime) -> ProposalRecord | None:
+    """pending and past its expiry -> expired; None if it was decided or already expired."""
+    row = conn.execute(
+        update(proposals)
+        .where(_p.tenant_id == tenant_id, _p.id == proposal_id, _p.status == "pending", _p.expires_at <= now)
+        .values(status="expired", decided_at=now, decided_by="system:expiry")
+        .returning(*proposals.c)
+    ).first()
+    return ProposalRecord.from_row(row) if row else None
+
+
+def due_for_expiry(conn: Connection, now: datetime, limit: int = 500) -> list[tuple[str, str]]:
+    """(tenant id, proposal id) of pending proposals past their expiry, across tenants (the sweep)."""
+    rows = conn.execute(select(_p.tenant_id, _p.id).where(_p.status == "pending", _p.expires_at <= now)
+                        .order_by(_p.expires_at).limit(limit)).all()
+    return [(r[0], r[1]) for r in rows]
+
+
+def record_execution(conn: Connection, tenant_id: str, proposal_id: str, status: str, detail: dict[str, Any],
+                     now: datetime) -> bool:
+    result = conn.execute(
+        update(proposals)
+        .where(_p.tenant_id == tenant_id, _p.id == proposal_id, _p.execution_status == "pending")
+        .values(execution_status=status, execution=detail, executed_at=now)
+    )
+    return result.rowcount == 1

@@ -1,0 +1,77 @@
+"""propose_action: record a remediation for an operator to confirm or reject (rfc-005 §6.2.8).
+
+It never acts. The proposal is stored (idempotently per tool call), a ``proposal`` event is
+published with the result, and it expires after 10 minutes unless an operator of the tenant
+decides on it through ``POST /v1/proposals/{id}/confirm`` or ``/reject``."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from kortex.events import ProposalEvent
+from kortex.proposals import NewProposal, ProposalService
+from kortex.timeparse import isoformat
+from kortex.tools.builtin.common import Product
+from kortex.tools.spec import Effect, ToolContext, ToolInput, ToolSpec
+
+MAX_PARAMS_BYTES = 4096
+
+
+class ProposeActionInput(ToolInput):
+    action: str = Field(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9-]*$",
+                        description="Short verb form, e.g. 'restart', 'reload-tls', 'rollback-deploy'")
+    product: Product
+    params: dict[str, Any] = Field(default_factory=dict, description="Action-specific parameters")
+    rationale: str = Field(min_length=1, max_length=2000,
+                           description="Why this action is appropriate, citing the evidence")
+    blast_radius: str | None = Field(None, max_length=200,
+                                     description="Estimated scope, e.g. 'one host', 'one service', 'whole cluster'")
+    reversible: bool | None = Field(None, description="Can the action be undone?")
+
+    @field_validator("params")
+    @classmethod
+    def _small(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if len(json.dumps(value, default=str)) > MAX_PARAMS_BYTES:
+            raise ValueError(f"params are larger than {MAX_PARAMS_BYTES} bytes as JSON")
+        return value
+
+
+def run(args: ProposeActionInput, ctx: ToolContext) -> dict[str, Any]:
+    service: ProposalService | None = ctx.services.get("proposals")
+    if service is None:
+        raise RuntimeError("no proposal service in the tool context")
+    proposal = service.propose(
+        ctx.tenant_id,
+        NewProposal(action=args.action, product=args.product, params=args.params, rationale=args.rationale,
+                    blast_radius=args.blast_radius, reversible=args.reversible),
+        session_id=ctx.session_id, turn_id=ctx.turn_id, call_id=ctx.call_id, now=ctx.now,
+    )
+    ctx.events.append(ProposalEvent(
+        proposal_id=proposal.id, call_id=ctx.call_id, action=proposal.action, product=proposal.product,
+        params=proposal.params, rationale=proposal.rationale, blast_radius=proposal.blast_radius,
+        reversible=proposal.reversible, expires_at=isoformat(proposal.expires_at),
+    ))
+    return {
+        "proposal_id": proposal.id,
+        "status": proposal.status,
+        "posted_to_chat": True,
+        "awaits_confirmation": proposal.status == "pending",
+        "expires_at": isoformat(proposal.expires_at),
+    }
+
+
+SPEC = ToolSpec(
+    name="propose_action",
+    description=(
+        "Propose a remediation for the operator to review. An operator must confirm it before anything is "
+        "executed, and it expires after 10 minutes. This tool NEVER takes action by itself."
+    ),
+    input_model=ProposeActionInput,
+    run=run,
+    effect=Effect.STATE_CHANGE,
+    category="action",
+    redact=("proposal_id", "status", "posted_to_chat", "awaits_confirmation", "expires_at", "truncated"),
+)

@@ -1,0 +1,87 @@
+"""POST /v1/ingest/{kind}: tenant-scoped, validated, all-or-nothing batches."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from fastapi.testclient import TestClient
+
+from kortex.timeparse import isoformat, utcnow
+from tests.api.conftest import bearer
+from tests.conftest import Harness
+
+
+def test_ingested_telemetry_is_what_the_tools_read_for_that_tenant(client: TestClient, harness: Harness) -> None:
+    tenant = harness.tenant("acme")
+    key = harness.api_key(tenant)
+    now = utcnow()
+    logs = [{"product": "billing", "ts": isoformat(now - timedelta(minutes=i)), "level": "error" if i % 2 else "info",
+             "message": f"invoice {i} failed: upstream timeout", "host": "billing-1"} for i in range(1, 121)]
+    response = client.post("/v1/ingest/logs", json={"items": logs}, headers=bearer(key))
+    assert response.status_code == 200 and response.json() == {"kind": "logs", "accepted": 120}
+    deploy = {"product": "billing", "ts": isoformat(now - timedelta(minutes=30)), "version": "v9", "commit": "abc"}
+    assert client.post("/v1/ingest/deploys", json={"items": [deploy]}, headers=bearer(key)).status_code == 200
+    metrics = [{"product": "billing", "metric": "queue_depth", "ts": isoformat(now - timedelta(minutes=i)),
+                "value": float(i), "labels": {"queue": "invoices"}} for i in range(1, 11)]
+    assert client.post("/v1/ingest/metrics", json={"items": metrics}, headers=bearer(key)).json()["accepted"] == 10
+    span = {"trace_id": "t1", "span_id": "s1", "service": "billing", "operation": "POST /invoice",
+            "start": isoformat(now - timedelta(minutes=1)), "duration_us": 1200, "status": "error",
+            "error_message": "upstream timeout"}
+    for _ in range(2):  # a retried batch of spans is stored once
+        assert client.post("/v1/ingest/spans", json={"items": [span]}, headers=bearer(key)).status_code == 200
+    incident = {"ref": "INC-7", "product": "billing", "title": "invoices stuck", "opened_at": isoformat(now)}
+    assert client.post("/v1/ingest/incidents", json={"items": [incident]}, headers=bearer(key)).status_code == 200
+
+    errors = harness.call(tenant, "get_logs", {"product": "billing", "time_range": "last 3h", "level": "error"})
+    assert errors.content["total_matches"] == 60
+    assert harness.call(tenant, "get_recent_deploys", {"product": "billing", "time_range": "last 1h"}) \
+        .content["deploys"][0]["version"] == "v9"
+    series = harness.call(tenant, "get_metrics", {"product": "billing", "metric_name": "queue_depth",
+                                                  "time_range": "last 1h", "labels": {"queue": "invoices"}})
+    assert len(series.content["samples"]) == 10
+    assert harness.call(tenant, "get_traces", {"request_id": "t1"}).content["span_count"] == 1
+    assert harness.call(tenant, "get_active_incidents", {}).content["incidents"][0]["id"] == "INC-7"
+    other = harness.tenant("other")
+    assert harness.call(other, "get_logs", {"product": "billing", "time_range": "last 3h"}) \
+        .content["total_matches"] == 0
+
+
+def test_a_batch_with_bad_items_is_rejected_whole_naming_them(client: TestClient, harness: Harness) -> None:
+    tenant = harness.tenant("acme")
+    key = harness.api_key(tenant)
+    now = utcnow()
+    good = {"product": "billing", "ts": isoformat(now), "level": "info", "message": "ok"}
+    items = [good, {**good, "level": "loud"}, {**good, "ts": "2026-04-07T14:00:00"},
+             {**good, "ts": isoformat(now + timedelta(hours=2))}, {**good, "message": "x" * 20_000},
+             {**good, "secret_field": 1}, "not an object"]
+    response = client.post("/v1/ingest/logs", json={"items": items}, headers=bearer(key))
+    assert response.status_code == 422
+    error = response.json()["error"]
+    assert error["code"] == "invalid_items" and "nothing was stored" in error["message"]
+    by_index = {}
+    for detail in error["details"]:
+        by_index.setdefault(detail["index"], []).append(detail)
+    assert sorted(by_index) == [1, 2, 3, 4, 5, 6]
+    assert by_index[1][0]["field"] == "level" and "time zone" in by_index[2][0]["message"]
+    assert "future" in by_index[3][0]["message"] and by_index[5][0]["field"] == "secret_field"
+    assert harness.call(tenant, "get_logs", {"product": "billing", "time_range": "last 1h"}) \
+        .content["total_matches"] == 0
+    nan = {"product": "b", "metric": "m", "ts": isoformat(now), "value": "NaN"}
+    assert client.post("/v1/ingest/metrics", json={"items": [nan]}, headers=bearer(key)).status_code == 422
+    closed_early = {"ref": "INC-1", "title": "t", "opened_at": isoformat(now), "closed_at": isoformat(
+        now - timedelta(hours=1))}
+    assert client.post("/v1/ingest/incidents", json={"items": [closed_early]}, headers=bearer(key)).status_code == 422
+
+
+def test_limits_kinds_and_auth(client: TestClient, harness: Harness) -> None:
+    key = harness.api_key(harness.tenant("acme"))
+    item = {"product": "b", "ts": isoformat(utcnow()), "level": "info", "message": "m"}
+    assert client.post("/v1/ingest/logs", json={"items": [item]}).status_code == 401
+    assert client.post("/v1/ingest/logs", json={"items": []}, headers=bearer(key)).status_code == 422
+    too_many = client.post("/v1/ingest/logs", json={"items": [{"a": 1}] * 5001}, headers=bearer(key))
+    assert too_many.status_code == 422
+    unknown = client.post("/v1/ingest/tweets", json={"items": [item]}, headers=bearer(key))
+    assert unknown.status_code == 404 and "logs" in unknown.json()["error"]["message"]
+    huge = client.post("/v1/ingest/logs", json={"items": [{**item, "message": "x" * 16_000}] * 80},
+                       headers=bearer(key))
+    assert huge.status_code == 413

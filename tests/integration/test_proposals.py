@@ -1,0 +1,110 @@
+"""Proposal decisions on real PostgreSQL: concurrent decisions resolve to exactly one."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import select
+
+from kortex.errors import Conflict
+from kortex.proposals import ExecutionOutcome, NewProposal, ProposalRecord
+from kortex.storage.schema import decisions
+from tests.conftest import Harness
+
+pytestmark = pytest.mark.integration
+NEW = NewProposal(action="rollback-deploy", product="checkout", params={"version": "v2.14.0"},
+                  rationale="p99 jumped after v2.14.0", blast_radius="one service", reversible=True)
+
+
+class CountingExecutor:
+    name = "counting"
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+        self.lock = threading.Lock()
+
+    def execute(self, proposal: ProposalRecord) -> ExecutionOutcome:
+        with self.lock:
+            self.seen.append(proposal.id)
+        return ExecutionOutcome(status="done")
+
+
+@pytest.fixture
+def executor(pg: Harness) -> Iterator[CountingExecutor]:
+    counting = CountingExecutor()
+    previous, pg.k.proposals.executor = pg.k.proposals.executor, counting
+    yield counting
+    pg.k.proposals.executor = previous
+
+
+def _race(calls: list[Callable[[], Any]]) -> list[Any]:
+    barrier = threading.Barrier(len(calls))
+
+    def run(fn: Callable[[], Any]) -> Any:
+        barrier.wait()
+        try:
+            return fn()
+        except Conflict as exc:
+            return exc
+
+    with ThreadPoolExecutor(len(calls)) as pool:
+        return list(pool.map(run, calls))
+
+
+def _decision_rows(pg: Harness, tenant: str, proposal_id: str) -> list[str]:
+    with pg.k.db.connect() as conn:
+        rows = conn.execute(select(decisions.c.subject, decisions.c.payload)
+                            .where(decisions.c.tenant_id == tenant, decisions.c.kind == "proposal")).all()
+    return [r.subject for r in rows if r.payload["proposal_id"] == proposal_id]
+
+
+def test_concurrent_confirms_make_exactly_one_decision(pg: Harness, executor: CountingExecutor) -> None:
+    tenant = pg.tenant("race-confirm")
+    proposal = pg.k.proposals.propose(tenant, NEW, session_id=None, turn_id=str(uuid.uuid4()), call_id="c")
+    outcomes = _race([lambda i=i: pg.k.proposals.confirm(tenant, proposal.id, by=f"op{i}") for i in range(8)])
+    assert [o.changed for o in outcomes].count(True) == 1
+    winner = next(o for o in outcomes if o.changed).proposal
+    assert all(o.proposal.decided_by == winner.decided_by for o in outcomes)
+    assert executor.seen == [proposal.id]
+    assert _decision_rows(pg, tenant, proposal.id) == ["confirmed:rollback-deploy", "executed:rollback-deploy"]
+
+
+def test_confirm_racing_reject_has_one_winner(pg: Harness, executor: CountingExecutor) -> None:
+    tenant = pg.tenant("race-mixed")
+    for _ in range(5):
+        proposal = pg.k.proposals.propose(tenant, NEW, session_id=None, turn_id=str(uuid.uuid4()), call_id="c")
+        pid = proposal.id
+        calls = [lambda pid=pid: pg.k.proposals.confirm(tenant, pid, by="a"),
+                 lambda pid=pid: pg.k.proposals.reject(tenant, pid, by="b")] * 4
+        outcomes = _race(calls)
+        winners = [o for o in outcomes if not isinstance(o, Conflict) and o.changed]
+        assert len(winners) == 1
+        final = winners[0].proposal.status
+        for o in outcomes:  # the same decision repeats harmlessly; the opposite one is refused
+            if isinstance(o, Conflict):
+                assert o.code == "proposal_decided"
+            else:
+                assert o.proposal.status == final
+        assert pg.k.proposals.get(tenant, proposal.id).status == final
+        rows = _decision_rows(pg, tenant, proposal.id)
+        assert [r for r in rows if not r.startswith("executed:")] == [f"{final}:rollback-deploy"]
+        assert executor.seen.count(proposal.id) == (1 if final == "confirmed" else 0)
+
+
+def test_decisions_over_http_on_postgres(pg: Harness, api_url: str) -> None:
+    tenant, other = pg.tenant("http-owner"), pg.tenant("http-other")
+    key, other_key = pg.api_key(tenant), pg.api_key(other)
+    proposal = pg.k.proposals.propose(tenant, NEW, session_id=None, turn_id=str(uuid.uuid4()), call_id="c")
+    url = f"{api_url}/v1/proposals/{proposal.id}"
+    assert httpx.post(f"{url}/confirm", headers={"Authorization": f"Bearer {other_key}"}).status_code == 404
+    first = httpx.post(f"{url}/confirm", headers={"Authorization": f"Bearer {key}"})
+    assert first.status_code == 200 and first.json()["status"] == "confirmed"
+    again = httpx.post(f"{url}/confirm", headers={"Authorization": f"Bearer {key}"})
+    assert again.status_code == 200 and again.headers["idempotent-replayed"] == "true"
+    assert httpx.post(f"{url}/reject", headers={"Authorization": f"Bearer {key}"}).status_code == 409

@@ -1,0 +1,95 @@
+"""The tools' SQL on real PostgreSQL: LogQL filters, ranking and keyset paging, time buckets,
+upserts. (The unit tests run the same tools on SQLite.)"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+
+from kortex.telemetry import ingest
+from kortex.timeparse import utcnow
+from tests.conftest import Harness, make_settings
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def pg(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
+    """A container on the test database with the default tool policy (every tool)."""
+    h = Harness(make_settings(tmp_path_factory.mktemp("pg-tools"), pg_url))
+    yield h
+    h.close()
+
+
+@pytest.fixture(scope="module")
+def service(pg: Harness) -> str:
+    tenant = pg.tenant(f"pg-service-{uuid.uuid4().hex[:6]}")
+    pg.seed(tenant, "checkout-deploy-regression")
+    return tenant
+
+
+@pytest.fixture(scope="module")
+def platform(pg: Harness) -> str:
+    tenant = pg.tenant(f"pg-platform-{uuid.uuid4().hex[:6]}")
+    pg.seed(tenant, "noisy-neighbour")
+    return tenant
+
+
+def test_logql_and_traces(pg: Harness, service: str) -> None:
+    base = {"product": "checkout", "time_range": "last 3h"}
+    exact = pg.call(service, "get_logs", {**base, "query": '|= "POOL"'}).content
+    pool = pg.call(service, "get_logs", {**base, "query": '|= "pool" != "waiting"'}).content
+    assert exact["total_matches"] == 0 and pool["total_matches"] == 3
+    regex = pg.call(service, "get_logs", {**base, "query": '{host=~"checkout-7d9f-[12]"} |~ "took [0-9]{4}ms"'})
+    assert regex.content["total_matches"] > 0
+    assert {line["host"] for line in regex.content["lines"]} <= {"checkout-7d9f-1", "checkout-7d9f-2"}
+    lines, _ = pg.page_through(service, "get_logs", {**base, "level": "error", "limit": 50}, "lines")
+    assert len(lines) == len({(line["ts"], line["message"]) for line in lines}) > 100
+    trace = pg.call(service, "get_traces", {"request_id": lines[0]["trace_id"], "include_logs": True}).content
+    assert trace["span_count"] == 3 and len(trace["logs"]) == 1
+    history, pages = pg.page_through(service, "get_incident_history", {"query": "pool exhausted", "limit": 1},
+                                     "incidents")
+    assert history[0]["id"] == "INC-0981" and pages == len(history)
+    baseline = pg.call(service, "compare_to_baseline", {"product": "checkout", "time_range": "last 3h",
+                                                        "metric_name": "http_request_duration_seconds_p99"})
+    assert baseline.content["anomaly_count"] > 30
+
+
+def test_llm_ops_aggregates(pg: Harness, platform: str) -> None:
+    volume = pg.call(platform, "get_request_volume", {"group_by": "tier", "since": "last 3h",
+                                                      "granularity": "hour"}).content
+    assert volume["data"] and all(r["period"].endswith(":00:00.000Z") for r in volume["data"])
+    daily = pg.call(platform, "get_request_volume", {"group_by": "deployment", "since": "2 days ago"}).content
+    assert all(len(r["period"]) == 10 for r in daily["data"])
+    assert sum(t["requests"] for t in daily["totals"].values()) == sum(r["request_count"] for r in daily["data"])
+    trends = pg.call(platform, "get_latency_trends", {"deployment_id": "llama-70b/k8s", "since": "last 6h"})
+    assert trends.content["data"][-1]["latency_p95_ms"] > 3 * trends.content["data"][1]["latency_p95_ms"]
+    quality = pg.call(platform, "get_quality_summary", {"model_id": "llama-70b"}).content["data"]
+    assert {r["task_type"] for r in quality} >= {"summarization", "chat"}
+    requests, pages = pg.page_through(platform, "get_recent_requests", {"deployment_id": "llama-70b/k8s",
+                                                                        "since": "30 minutes ago", "limit": 100},
+                                      "requests")
+    assert len(requests) == len({r["id"] for r in requests}) > 500 and pages > 5
+    user = pg.call(platform, "get_user_context", {"user_id": "globex-batch"}).content["user"]
+    assert user["requests_today"] > 0 and user["tier"] == "budget"
+
+
+def test_ingest_upserts_and_deduplicates_on_postgres(pg: Harness) -> None:
+    tenant = pg.tenant(f"pg-ingest-{uuid.uuid4().hex[:6]}")
+    now = utcnow()
+    incident = {"ref": "INC-1", "product": None, "title": "first title", "severity": "warn", "opened_at": now,
+                "closed_at": None, "findings": "", "resolution": "", "target_type": "backend", "target_id": "aws"}
+    span = {"trace_id": "t", "span_id": "s", "parent_span_id": None, "request_id": None, "service": "api",
+            "operation": "GET /", "start_ts": now - timedelta(seconds=5), "duration_us": 10, "status": "ok",
+            "error_message": None, "tags": {}}
+    with pg.k.db.begin() as conn:
+        ingest.write(conn, tenant, "incidents", [incident])
+        ingest.write(conn, tenant, "incidents", [{**incident, "title": "second title", "closed_at": now}])
+        ingest.write(conn, tenant, "spans", [span, span])
+    found = pg.call(tenant, "get_incident_history", {"query": "title"}).content["incidents"]
+    assert [(i["id"], i["title"], i["status"]) for i in found] == [("INC-1", "second title", "closed")]
+    assert pg.call(tenant, "get_active_incidents", {}).content["count"] == 0
+    assert pg.call(tenant, "get_traces", {"request_id": "t"}).content["span_count"] == 1
