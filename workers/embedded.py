@@ -64,9 +64,15 @@ class EmbeddedWorker:
                 log.warning("embedded watchdog tick failed", exc_info=True)
 
     def stop(self, timeout: float = 10.0) -> None:
+        """Warm shutdown: running tasks finish. The consumer loop only looks at the shutdown
+        flag between polls of up to 2 s, so a message is sent to wake it at once."""
         self._stop.set()
         if self._controller is not None and self._thread is not None:
             worker_state.should_terminate = 0
+            try:
+                self.app.send_task(TaskName.WATCHDOG.value, queue=Queue.TURNS.value)  # idempotent, cheap
+            except Exception:  # then the poll times out on its own
+                log.debug("could not wake the embedded worker", exc_info=True)
             self._thread.join(timeout)
             worker_state.should_terminate = None
         self._controller = None
