@@ -143,6 +143,10 @@ class Provider(abc.ABC):
                 return model
         return self.unknown_model(model_id)
 
+    def fast_model(self) -> ModelInfo | None:
+        """The cheap model frugal mode tries first; None when the provider has no such tier."""
+        return None
+
     def unknown_model(self, model_id: str) -> ModelInfo:
         """A model not in the catalogue: providers that accept any id (Ollama) override this."""
         raise ProviderError(f"unknown model {model_id!r}", provider=self.name, model=model_id)

@@ -84,11 +84,21 @@ class ProviderRegistry:
         return out
 
     def resolve(self, spec: str | None) -> Resolved:
-        """Find the provider and model for ``spec`` (None: the configured default)."""
+        """Find the provider and model for ``spec`` (None: the configured default). In
+        local-only mode a cloud provider is refused here, before anything is queued."""
+        resolved = self._resolve(spec)
+        provider = resolved.provider
+        if self.settings.llm.local_only and not (provider.local or provider.synthetic):
+            raise ProviderUnavailable(
+                f"provider {provider.name!r} sends data off this network, which local-only mode forbids; "
+                "use a local provider such as 'ollama'", provider=provider.name, code="local_only")
+        return resolved
+
+    def _resolve(self, spec: str | None) -> Resolved:
         if not spec:
             default = self.settings.llm.default_model
             if default:
-                return self.resolve(default)
+                return self._resolve(default)
             provider = self.get(self.settings.llm.default_provider)
             return Resolved(provider, provider.model_info(self._configured_model(provider.name)))
         name, sep, model_id = spec.partition(":")
