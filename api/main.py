@@ -12,7 +12,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api import errors
 from api.deps import AuthCache
-from api.routes import health, sessions, turns
+from api.routes import health, llm, sessions, turns
 from kortex.config import Settings, load_settings
 from kortex.container import Kortex, redis_factory
 from kortex.stream.hub import StreamHub
@@ -111,4 +111,5 @@ def create_app(settings: Settings | None = None, *, dispatch: Callable[[Handoff]
     app.include_router(health.router)
     app.include_router(sessions.router)
     app.include_router(turns.router)
+    app.include_router(llm.router)
     return app

@@ -31,6 +31,7 @@ from kortex.llm.retry import RETRYABLE_STATUS, RetryPolicy, parse_retry_after
 log = logging.getLogger(__name__)
 
 MAX_ERROR_BODY = 16 * 1024
+sleep = asyncio.sleep  # the backoff wait (tests record it instead of waiting)
 _CODES = {401: "provider_auth", 403: "provider_auth", 404: "provider_not_found", 429: "rate_limited",
           529: "provider_overloaded", 503: "provider_overloaded"}
 
@@ -192,7 +193,7 @@ class HTTPProvider(Provider):
                 if wait is None:
                     raise
                 log.warning("%s: %s; retry %d in %.2fs", self.name, exc, retry + 1, wait)
-                await asyncio.sleep(wait)
+                await sleep(wait)
                 waited += wait
                 retry += 1
 

@@ -37,6 +37,7 @@ class FakeFault(_Model):
     status: int = Field(500, ge=400, le=599)
     message: str = "fake failure"
     retry_after: float | None = None
+    disconnect: bool = False  # reset the connection instead of answering (status unused)
 
 
 class FakeStreamError(_Model):

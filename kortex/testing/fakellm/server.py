@@ -242,6 +242,9 @@ class FakeLLM:
             await self._reply(writer, 400, wire.error(400, f"registry.ollama.ai/library/{model} does not support tools"))
             return True
         fault = self._take_fault((model, conv.first_user, conv.step), step)
+        if fault is not None and fault.disconnect:
+            _reset(writer)
+            return False
         if fault is not None:
             extra = {"retry-after": f"{fault.retry_after:g}"} if fault.retry_after is not None else {}
             await self._reply(writer, fault.status, wire.error(fault.status, fault.message), extra=extra)
