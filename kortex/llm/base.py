@@ -75,6 +75,11 @@ class ToolCallChunk(_Frozen):
     call: ToolCall
 
 
+#: codes of the warnings providers and the router emit; published as ``error`` events that do
+#: not end the turn (clients show them as notices)
+WARNING_CODES = frozenset({"provider_failover", "frugal_escalation", "pseudo_tools"})
+
+
 class WarningChunk(_Frozen):
     """Something the operator should see (e.g. pseudo-tool fallback); not part of the answer."""
 

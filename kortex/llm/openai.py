@@ -184,7 +184,7 @@ class Decoder:
 
 def create(name: str, config: ProviderSettings, settings: Settings) -> OpenAIProvider:
     key = config.api_key.get_secret_value() if config.api_key else os.environ.get("OPENAI_API_KEY")
-    if not key and not config.base_url:
-        # api.openai.com needs a key; a compatible server at base_url may not.
+    if not key and "api.openai.com" in (config.base_url or DEFAULT_BASE_URL):
+        # api.openai.com needs a key; a compatible server elsewhere may not.
         raise ProviderUnavailable("no API key: set OPENAI_API_KEY or llm.providers.openai.api_key", provider=name)
     return OpenAIProvider(name, config, settings, key)
