@@ -94,6 +94,11 @@ def run_demo(console: Console, *, question: str, scenario: str, model: str | Non
 
 def ask_embedded(console: Console, question: str, *, model: str | None, as_json: bool) -> bool:
     settings = load_settings()
+    if model:  # an unusable model is reported before the embedded stack starts
+        from kortex.llm.providers import BUILTIN_PROVIDERS
+        from kortex.llm.registry import ProviderRegistry
+
+        ProviderRegistry(settings, BUILTIN_PROVIDERS).resolve(model)
     with embedded_stack(settings) as k:
         tenant_id = _tenant_id(k, DEMO_TENANT, create=True)
         return _ask(k, tenant_id, question, model, EventPrinter(console, as_json=as_json))

@@ -72,10 +72,12 @@ class AnthropicProvider(HTTPProvider):
         decoder = Decoder(self.name, model)
         async with self.http.post_stream(self.path, self.body(request), model=model) as response:
             async for event in sse_events(response.aiter_bytes()):
+                if decoder.finished:
+                    continue  # read on to the end of the body, so the connection can be reused
                 for chunk in decoder.feed(event):
                     yield chunk
-                if decoder.finished:
-                    return
+        if decoder.finished:
+            return
         raise ProviderError("the stream ended before message_stop", provider=self.name, model=model,
                             retryable=True, code="stream_truncated")
 

@@ -136,8 +136,11 @@ class OllamaProvider(HTTPProvider):
     async def _chat(self, request: CompletionRequest, model: str, *, pseudo: bool) -> AsyncIterator[StreamChunk]:
         parser = pseudotools.MarkerParser() if pseudo else None
         calls = 0
+        finished = False
         async with self.http.post_stream("/api/chat", self.body(request, model, pseudo=pseudo), model=model) as response:
             async for line in ndjson_lines(response.aiter_bytes()):
+                if finished:
+                    continue  # read on to the end of the body, so the connection can be reused
                 if line.get("error"):
                     raise ProviderError(str(line["error"])[:300], provider=self.name, model=model,
                                         code="provider_stream_error")
@@ -160,10 +163,12 @@ class OllamaProvider(HTTPProvider):
                             yield chunk
                     reason = line.get("done_reason")
                     stop = "max_tokens" if reason == "length" else "tool_use" if calls else "end_turn"
+                    finished = True
                     yield DoneChunk(stop_reason=stop, model=str(line.get("model") or model), usage=TokenUsage(
                         input_tokens=int(line.get("prompt_eval_count") or 0),
                         output_tokens=int(line.get("eval_count") or 0)))
-                    return
+        if finished:
+            return
         raise ProviderError("the stream ended before done", provider=self.name, model=model, retryable=True,
                             code="stream_truncated")
 

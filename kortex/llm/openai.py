@@ -83,10 +83,12 @@ class OpenAIProvider(HTTPProvider):
         decoder = Decoder(self.name, model)
         async with self.http.post_stream(self.path, self.body(request), model=model) as response:
             async for event in sse_events(response.aiter_bytes()):
+                if decoder.finished:
+                    continue  # read on to the end of the body, so the connection can be reused
                 for chunk in decoder.feed(event):
                     yield chunk
-                if decoder.finished:
-                    return
+        if decoder.finished:
+            return
         if decoder.stop is not None:  # a server that omits [DONE] after a complete answer
             for chunk in decoder.finish():
                 yield chunk

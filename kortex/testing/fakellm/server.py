@@ -133,12 +133,13 @@ class FakeLLM:
     async def _close(self) -> None:
         if self._server is not None:
             self._server.close()
-        # Open keep-alive connections would outlive the loop. Aborting them ends their tasks
-        # normally (cancelling trips a Python 3.11 bug in asyncio.streams).
+        # Open connections (keep-alive, or a stream pausing between pieces) would outlive the loop.
         tasks = list(self._tasks)
-        for writer in self._tasks.values():
+        for task, writer in list(self._tasks.items()):
             writer.transport.abort()
-        await asyncio.wait(tasks, timeout=5) if tasks else None
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=5)
         if self._server is not None:
             await self._server.wait_closed()
 
@@ -191,6 +192,10 @@ class FakeLLM:
                 if headers.get("connection", "").lower() == "close":
                     return
         except (ConnectionError, asyncio.IncompleteReadError):
+            return
+        except asyncio.CancelledError:
+            # Only the server's shutdown cancels; ending normally keeps Python 3.11's
+            # asyncio.streams from raising in its done-callback.
             return
         finally:
             self._tasks.pop(task, None)

@@ -42,9 +42,10 @@ def vendor_config(vendor: str, url: str, **extra: Any) -> dict[str, Any]:
     return {**base, **FAST_RETRY, **extra}
 
 
-def make_provider(vendor: str, url: str, settings: Settings | None = None, **extra: Any) -> Provider:
+def make_provider(vendor: str, url: str, *, transport: str = "httpx", **extra: Any) -> Provider:
     factory = {"anthropic": anthropic.create, "openai": openai.create, "ollama": ollama.create}[vendor]
-    return factory(vendor, ProviderSettings(**vendor_config(vendor, url, **extra)), settings or Settings())
+    settings = Settings(llm={"http_transport": transport})
+    return factory(vendor, ProviderSettings(**vendor_config(vendor, url, **extra)), settings)
 
 
 def model_of(vendor: str) -> str:

@@ -33,6 +33,12 @@ def calls(chunks: list) -> list:
     return [c.call for c in chunks if isinstance(c, ToolCallChunk)]
 
 
+@pytest.fixture(params=["httpx", "aiohttp"])
+def transport(request: pytest.FixtureRequest) -> str:
+    """Every adapter test runs on both HTTP transports (llm.http_transport)."""
+    return request.param  # type: ignore[no-any-return]
+
+
 @pytest.fixture
 def waits(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """Backoff waits the adapters asked for (not slept: the tests stay fast)."""
@@ -46,9 +52,9 @@ def waits(monkeypatch: pytest.MonkeyPatch) -> list[float]:
 
 
 @pytest.mark.parametrize("vendor", VENDORS)
-def test_a_tool_use_exchange_in_each_vendors_wire_format(fake: FakeLLM, vendor: str) -> None:
+def test_a_tool_use_exchange_in_each_vendors_wire_format(transport: str, fake: FakeLLM, vendor: str) -> None:
     fake.add(model_of(vendor), TOOL_TURN)
-    provider = make_provider(vendor, fake.url)
+    provider = make_provider(vendor, fake.url, transport=transport)
     first = collect(provider, request(vendor))
     assert texts(first) == ["Checking ", "the logs."]  # streamed piece by piece
     [call] = calls(first)
@@ -94,12 +100,12 @@ def test_a_tool_use_exchange_in_each_vendors_wire_format(fake: FakeLLM, vendor: 
 
 
 @pytest.mark.parametrize("vendor", ["anthropic", "openai"])
-def test_streamed_arguments_that_are_not_json_become_a_correctable_call(fake: FakeLLM, vendor: str) -> None:
+def test_streamed_arguments_that_are_not_json_become_a_correctable_call(transport: str, fake: FakeLLM, vendor: str) -> None:
     fake.add(model_of(vendor), {"steps": [{"tool_calls": [
         {"id": "bad1", "name": "get_logs", "arguments_raw": '{"product": "checkout", "time_ra', "fragments": 3},
         {"id": "list1", "name": "get_logs", "arguments_raw": "[1, 2]"},
         {"id": "ok1", "name": "get_logs", "arguments": {"product": "api"}}]}]})
-    chunks = collect(make_provider(vendor, fake.url), request(vendor))
+    chunks = collect(make_provider(vendor, fake.url, transport=transport), request(vendor))
     bad, listed, ok = calls(chunks)
     assert (bad.arguments, bad.arguments_error) == ({}, "invalid_json")
     assert listed.arguments_error == "invalid_json"  # valid JSON, but not an object
@@ -107,26 +113,26 @@ def test_streamed_arguments_that_are_not_json_become_a_correctable_call(fake: Fa
 
 
 @pytest.mark.parametrize("vendor", VENDORS)
-def test_max_tokens_is_reported_as_such(fake: FakeLLM, vendor: str) -> None:
+def test_max_tokens_is_reported_as_such(transport: str, fake: FakeLLM, vendor: str) -> None:
     fake.add(model_of(vendor), {"steps": [{"text": ["The deploy at 14:31 ", "changed"], "stop_reason": "max_tokens"}]})
-    chunks = collect(make_provider(vendor, fake.url), request(vendor))
+    chunks = collect(make_provider(vendor, fake.url, transport=transport), request(vendor))
     assert chunks[-1].stop_reason == "max_tokens" and texts(chunks) == ["The deploy at 14:31 ", "changed"]
 
 
 @pytest.mark.parametrize("vendor", VENDORS)
-def test_429_is_retried_after_the_servers_retry_after(fake: FakeLLM, vendor: str, waits: list[float]) -> None:
+def test_429_is_retried_after_the_servers_retry_after(transport: str, fake: FakeLLM, vendor: str, waits: list[float]) -> None:
     fake.add(model_of(vendor), {"steps": [{"faults": [{"status": 429, "retry_after": 2, "message": "slow down"}],
                                            "text": ["ok"]}]})
-    chunks = collect(make_provider(vendor, fake.url), request(vendor))
+    chunks = collect(make_provider(vendor, fake.url, transport=transport), request(vendor))
     assert texts(chunks) == ["ok"] and len(fake.requests) == 2
     assert len(waits) == 1 and 2.0 <= waits[0] <= 2.2  # the server's pause, plus a little jitter
 
 
 @pytest.mark.parametrize("vendor", VENDORS)
-def test_5xx_backs_off_exponentially_and_gives_up_after_max_retries(fake: FakeLLM, vendor: str,
+def test_5xx_backs_off_exponentially_and_gives_up_after_max_retries(transport: str, fake: FakeLLM, vendor: str,
                                                                     waits: list[float]) -> None:
     fake.add(model_of(vendor), {"steps": [{"faults": [{"status": 500}] * 5, "text": ["never"]}]})
-    provider = make_provider(vendor, fake.url, max_retries=2, retry_base=1.0)
+    provider = make_provider(vendor, fake.url, transport=transport, max_retries=2, retry_base=1.0)
     with pytest.raises(ProviderError) as caught:
         collect(provider, request(vendor))
     error = caught.value
@@ -136,42 +142,45 @@ def test_5xx_backs_off_exponentially_and_gives_up_after_max_retries(fake: FakeLL
     assert 0.5 <= waits[0] <= 1.0 and 1.0 <= waits[1] <= 2.0  # base * 2^n, with jitter in [50%, 100%]
 
 
-def test_a_retry_after_beyond_the_limit_gives_up_at_once(fake: FakeLLM, waits: list[float]) -> None:
+def test_a_retry_after_beyond_the_limit_gives_up_at_once(transport: str, fake: FakeLLM, waits: list[float]) -> None:
     fake.add("claude-sonnet-4-6", {"steps": [{"faults": [{"status": 529, "retry_after": 120}], "text": ["x"]}]})
     with pytest.raises(ProviderError) as caught:
-        collect(make_provider("anthropic", fake.url, retry_max_wait=30), request("anthropic"))
+        collect(make_provider("anthropic", fake.url, transport=transport, retry_max_wait=30), request("anthropic"))
     assert caught.value.retry_after == 120 and caught.value.code == "provider_overloaded"
     assert waits == [] and len(fake.requests) == 1  # the router may fail over instead
 
 
 @pytest.mark.parametrize(("status", "code"), [(400, "provider_rejected"), (401, "provider_auth"),
                                               (404, "provider_not_found")])
-def test_client_errors_are_not_retried(fake: FakeLLM, waits: list[float], status: int, code: str) -> None:
+def test_client_errors_are_not_retried(transport: str, fake: FakeLLM, waits: list[float], status: int, code: str) -> None:
     fake.add("gpt-4o", {"steps": [{"faults": [{"status": status, "message": "nope"}], "text": ["x"]}]})
     with pytest.raises(ProviderError) as caught:
-        collect(make_provider("openai", fake.url), request("openai"))
+        collect(make_provider("openai", fake.url, transport=transport), request("openai"))
     assert (caught.value.status, caught.value.code, caught.value.retryable) == (status, code, False)
     assert "nope" in caught.value.message and len(fake.requests) == 1 and waits == []
 
 
 @pytest.mark.parametrize("vendor", VENDORS)
-def test_a_connection_reset_before_any_output_is_retried(fake: FakeLLM, vendor: str, waits: list[float]) -> None:
+def test_a_connection_reset_before_any_output_is_retried(transport: str, fake: FakeLLM, vendor: str, waits: list[float]) -> None:
     fake.add(model_of(vendor), {"steps": [{"faults": [{"disconnect": True}], "text": ["recovered"]}]})
-    chunks = collect(make_provider(vendor, fake.url), request(vendor))
+    chunks = collect(make_provider(vendor, fake.url, transport=transport), request(vendor))
     assert texts(chunks) == ["recovered"] and len(waits) == 1
 
 
 @pytest.mark.parametrize("vendor", VENDORS)
-def test_a_connection_reset_mid_stream_fails_after_the_text_it_sent(fake: FakeLLM, vendor: str,
+def test_a_connection_reset_mid_stream_fails_after_the_text_it_sent(transport: str, fake: FakeLLM, vendor: str,
                                                                     waits: list[float]) -> None:
     fake.add(model_of(vendor), {"steps": [{"text": ["one ", "two ", "three"], "disconnect_after": 2}]})
-    provider = make_provider(vendor, fake.url)
+    provider = make_provider(vendor, fake.url, transport=transport)
     got: list = []
 
     async def run() -> None:
-        async with aclosing(provider.stream(request(vendor))) as chunks:
-            async for chunk in chunks:
-                got.append(chunk)
+        try:
+            async with aclosing(provider.stream(request(vendor))) as chunks:
+                async for chunk in chunks:
+                    got.append(chunk)
+        finally:
+            await provider.aclose()
 
     with pytest.raises(ProviderError) as caught:
         asyncio.run(run())
@@ -181,42 +190,42 @@ def test_a_connection_reset_mid_stream_fails_after_the_text_it_sent(fake: FakeLL
 
 
 @pytest.mark.parametrize("vendor", VENDORS)
-def test_a_truncated_stream_is_an_error_not_a_short_answer(fake: FakeLLM, vendor: str, waits: list[float]) -> None:
+def test_a_truncated_stream_is_an_error_not_a_short_answer(transport: str, fake: FakeLLM, vendor: str, waits: list[float]) -> None:
     fake.add(model_of(vendor), {"steps": [{"text": ["one ", "two"], "truncate_after": 1}]})
     with pytest.raises(ProviderError) as caught:
-        collect(make_provider(vendor, fake.url), request(vendor))
+        collect(make_provider(vendor, fake.url, transport=transport), request(vendor))
     assert caught.value.code == "stream_truncated" and caught.value.retryable
 
 
 @pytest.mark.parametrize("vendor", VENDORS)
-def test_an_in_stream_error_event_raises(fake: FakeLLM, vendor: str, waits: list[float]) -> None:
+def test_an_in_stream_error_event_raises(transport: str, fake: FakeLLM, vendor: str, waits: list[float]) -> None:
     fake.add(model_of(vendor), {"steps": [{"text": ["partial"], "stream_error": {"type": "overloaded_error",
                                                                                   "message": "Overloaded"}}]})
     with pytest.raises(ProviderError) as caught:
-        collect(make_provider(vendor, fake.url), request(vendor))
+        collect(make_provider(vendor, fake.url, transport=transport), request(vendor))
     assert "Overloaded" in caught.value.message and caught.value.provider == vendor
 
 
-def test_connection_refused_is_retryable_and_bounded(waits: list[float]) -> None:
+def test_connection_refused_is_retryable_and_bounded(transport: str, waits: list[float]) -> None:
     with FakeLLM() as closed:
         url = closed.url
     with pytest.raises(ProviderError) as caught:
-        collect(make_provider("anthropic", url, max_retries=1), request("anthropic"))
+        collect(make_provider("anthropic", url, transport=transport, max_retries=1), request("anthropic"))
     assert caught.value.code == "connect_failed" and caught.value.retryable and len(waits) == 1
     assert "test-key" not in str(caught.value)
 
 
-def test_a_stalled_stream_hits_the_read_timeout(fake: FakeLLM) -> None:
+def test_a_stalled_stream_hits_the_read_timeout(transport: str, fake: FakeLLM) -> None:
     fake.add("gpt-4o", {"steps": [{"text": ["late"], "delay_ms": 2000}]})
     with pytest.raises(ProviderError) as caught:
-        collect(make_provider("openai", fake.url, timeout=0.2, max_retries=0), request("openai"))
+        collect(make_provider("openai", fake.url, transport=transport, timeout=0.2, max_retries=0), request("openai"))
     assert caught.value.code == "read_timeout" and caught.value.retryable
 
 
 @pytest.mark.parametrize("vendor", VENDORS)
-def test_cancelling_the_consumer_closes_the_http_stream(fake: FakeLLM, vendor: str) -> None:
+def test_cancelling_the_consumer_closes_the_http_stream(transport: str, fake: FakeLLM, vendor: str) -> None:
     fake.add(model_of(vendor), {"steps": [{"text": [f"t{i} " for i in range(200)], "delay_ms": 20}]})
-    provider = make_provider(vendor, fake.url)
+    provider = make_provider(vendor, fake.url, transport=transport)
     got: list = []
 
     async def consume() -> None:
@@ -240,7 +249,7 @@ def test_cancelling_the_consumer_closes_the_http_stream(fake: FakeLLM, vendor: s
     assert len(got) < 10
 
 
-def test_anthropic_request_translation_details(fake: FakeLLM) -> None:
+def test_anthropic_request_translation_details(transport: str, fake: FakeLLM) -> None:
     fake.add("claude-haiku-4-6", {"steps": [{"text": ["ok"]}], "loop": True})
     history = (
         ToolMessage(result=ToolResult(call_id="orphan", name="get_logs")),  # cut by the history limit
@@ -251,7 +260,7 @@ def test_anthropic_request_translation_details(fake: FakeLLM) -> None:
     )
     req = request("anthropic", *history).model_copy(update={"model": "claude-haiku-4-6", "temperature": 1.5,
                                                              "stop": ("END",)})
-    collect(make_provider("anthropic", fake.url), req)
+    collect(make_provider("anthropic", fake.url, transport=transport), req)
     body = fake.requests[-1].body
     assert body["temperature"] == 1.0 and body["stop_sequences"] == ["END"]
     assert [m["role"] for m in body["messages"]] == ["user", "assistant", "user"]
@@ -262,15 +271,15 @@ def test_anthropic_request_translation_details(fake: FakeLLM) -> None:
     assert results[1]["is_error"] is True and "is_error" not in results[0]
 
 
-def test_openai_parameters_for_reasoning_models_and_compatible_servers(fake: FakeLLM) -> None:
+def test_openai_parameters_for_reasoning_models_and_compatible_servers(transport: str, fake: FakeLLM) -> None:
     for model in ("gpt-5", "gpt-4o", "local-llama"):
         fake.add(model, {"steps": [{"text": ["ok"]}]})
-    official = make_provider("openai", fake.url)
+    official = make_provider("openai", fake.url, transport=transport)
     official.official = True  # what a base_url on api.openai.com means
     collect(official, request("openai").model_copy(update={"model": "gpt-5"}))
     body = fake.requests[-1].body
     assert body["max_completion_tokens"] == 4096 and "temperature" not in body and "max_tokens" not in body
-    compatible = make_provider("openai", fake.url)
+    compatible = make_provider("openai", fake.url, transport=transport)
     chunks = collect(compatible, request("openai").model_copy(update={"model": "local-llama"}))
     assert texts(chunks) == ["ok"]
     body = fake.requests[-1].body
