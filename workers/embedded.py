@@ -70,3 +70,6 @@ class EmbeddedWorker:
             self._thread.join(timeout)
             worker_state.should_terminate = None
         self._controller = None
+        from workers import runtime
+
+        runtime.close()  # the tasks' container ran in this process: no process exit will close it

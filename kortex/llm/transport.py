@@ -63,7 +63,8 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             limits = self._limits
             connector = aiohttp.TCPConnector(limit=limits.max_connections or 0, limit_per_host=0,
                                              keepalive_timeout=limits.keepalive_expiry or 5.0)
-            self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False,
+            # trust_env: HTTPS_PROXY and friends apply, as they do for httpx's own transport
+            self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False, trust_env=True,
                                                   skip_auto_headers=("User-Agent", "Accept-Encoding"),
                                                   timeout=aiohttp.ClientTimeout(total=None))
         return self._session

@@ -44,6 +44,7 @@ class Recorded:
 
 @dataclass
 class Stats:
+    connections: int = 0
     requests: int = 0
     streams_completed: int = 0
     client_disconnects: int = 0  # the client went away before the body was complete
@@ -161,6 +162,8 @@ class FakeLLM:
         task = asyncio.current_task()
         assert task is not None
         self._tasks[task] = writer
+        with self._lock:
+            self.stats.connections += 1
         try:
             while True:
                 try:

@@ -99,6 +99,22 @@ def test_a_tool_use_exchange_in_each_vendors_wire_format(transport: str, fake: F
         assert body["options"]["num_predict"] == 4096
 
 
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_consecutive_streams_reuse_one_connection(transport: str, fake: FakeLLM, vendor: str) -> None:
+    fake.add(model_of(vendor), {"steps": [{"text": ["a", "b"]}]})
+    provider = make_provider(vendor, fake.url, transport=transport)
+
+    async def run() -> None:
+        try:
+            for _ in range(3):
+                assert texts([c async for c in provider.stream(request(vendor))]) == ["a", "b"]
+        finally:
+            await provider.aclose()
+
+    asyncio.run(run())
+    assert fake.stats.requests == 3 and fake.stats.connections == 1  # each body was read to its end
+
+
 @pytest.mark.parametrize("vendor", ["anthropic", "openai"])
 def test_streamed_arguments_that_are_not_json_become_a_correctable_call(transport: str, fake: FakeLLM, vendor: str) -> None:
     fake.add(model_of(vendor), {"steps": [{"tool_calls": [
