@@ -71,7 +71,8 @@ def ask(
 
 @app.command()
 def models(
-    url: Annotated[str | None, typer.Option(envvar="KORTEX_API_URL", help="A running Kortex API; local config if unset")] = None,
+    url: Annotated[str | None, typer.Option(envvar="KORTEX_API_URL",
+                                            help="A running Kortex API; local config if unset")] = None,
     api_key: Annotated[str | None, typer.Option(envvar="KORTEX_API_KEY", help="API key for --url")] = None,
 ) -> None:
     """List LLM providers, their models (tier, context, price) and whether they can be used."""

@@ -116,8 +116,9 @@ def list_models(console: Console, url: str | None, api_key: str | None) -> None:
             listing = client.providers()
     else:
         listing = _local_providers(load_settings())
+    fallback = ", ".join(listing["fallback_providers"])
     console.print(f"mode [bold]{listing['mode']}[/bold] · default [bold]{listing['default_provider']}[/bold]"
-                  + (f" · fallback {', '.join(listing['fallback_providers'])}" if listing["fallback_providers"] else ""))
+                  + (f" · fallback {fallback}" if fallback else ""))
     table = Table("model", "tier", "context", "$/Mtok in", "$/Mtok out", box=None, pad_edge=False)
     for provider in listing["providers"]:
         for model in provider["models"] if provider["available"] else ():

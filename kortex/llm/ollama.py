@@ -137,7 +137,8 @@ class OllamaProvider(HTTPProvider):
         parser = pseudotools.MarkerParser() if pseudo else None
         calls = 0
         finished = False
-        async with self.http.post_stream("/api/chat", self.body(request, model, pseudo=pseudo), model=model) as response:
+        body = self.body(request, model, pseudo=pseudo)
+        async with self.http.post_stream("/api/chat", body, model=model) as response:
             async for line in ndjson_lines(response.aiter_bytes()):
                 if finished:
                     continue  # read on to the end of the body, so the connection can be reused

@@ -198,8 +198,8 @@ class RoutedStream:
                     exc.provider, exc.model = exc.provider or attempt.provider, exc.model or model.id
                     attempt.end(error=exc)
                     if fast:  # the full model may well manage (a longer context, another capacity pool)
-                        yield WarningChunk(code="frugal_escalation",
-                                           message=f"{attempt.spec} failed ({exc.message}); {candidate.spec} answers instead")
+                        yield WarningChunk(code="frugal_escalation", message=(
+                            f"{attempt.spec} failed ({exc.message}); {candidate.spec} answers instead"))
                         continue
                     if self.text_streamed or not can_fail_over(exc):
                         raise

@@ -90,7 +90,8 @@ class Anthropic:
             if not results:
                 continue
             before = messages[i - 1] if i else {}
-            uses = {b.get("id") for b in before.get("content") or [] if isinstance(b, dict) and b.get("type") == "tool_use"}
+            uses = {b.get("id") for b in before.get("content") or []
+                    if isinstance(b, dict) and b.get("type") == "tool_use"}
             missing = [r for r in results if r not in uses]
             if before.get("role") != "assistant" or missing:
                 return 400, f"invalid_request_error: messages.{i}: unexpected tool_use_id in tool_result: {missing}"
@@ -135,8 +136,10 @@ class Anthropic:
             return [*out, Piece(Anthropic.stream_error(step.stream_error))]
         for n, call in enumerate(step.tool_calls):
             at = index + n
-            out.append(Piece(_sse("content_block_start", {"type": "content_block_start", "index": at, "content_block": {
-                "type": "tool_use", "id": call.id or f"toolu_{uuid.uuid4().hex[:24]}", "name": call.name, "input": {}}})))
+            block = {"type": "tool_use", "id": call.id or f"toolu_{uuid.uuid4().hex[:24]}", "name": call.name,
+                     "input": {}}
+            out.append(Piece(_sse("content_block_start", {"type": "content_block_start", "index": at,
+                                                          "content_block": block})))
             pieces = ["", *_fragments(_arguments_text(call), call.fragments)]  # the API opens with ""
             out += [Piece(_sse("content_block_delta", {"type": "content_block_delta", "index": at, "delta": {
                 "type": "input_json_delta", "partial_json": p}})) for p in pieces]
@@ -178,7 +181,8 @@ class OpenAI:
 
     @staticmethod
     def error(status: int, message: str) -> bytes:
-        kind = {401: "invalid_api_key", 429: "rate_limit_exceeded", 400: "invalid_request_error"}.get(status, "server_error")
+        kind = {401: "invalid_api_key", 429: "rate_limit_exceeded",
+                400: "invalid_request_error"}.get(status, "server_error")
         return _dumps({"error": {"message": message, "type": kind, "param": None, "code": kind}}).encode()
 
     @staticmethod

@@ -55,15 +55,16 @@ class FakeLLM:
     def __init__(self, scripts: dict[str, FakeScript | dict[str, Any]] | None = None, *, default: str | None = None,
                  host: str = "127.0.0.1", port: int = 0, ollama_models: Iterable[str] = (),
                  keep_requests: int = 1000) -> None:
-        self.scripts: dict[str, FakeScript] = {
-            name: s if isinstance(s, FakeScript) else FakeScript.model_validate(s) for name, s in (scripts or {}).items()}
+        self._lock = threading.Lock()
+        self.scripts: dict[str, FakeScript] = {}
+        for name, script in (scripts or {}).items():
+            self.add(name, script)
         self.default = default
         self.host = host
         self.port = port
         self.ollama_models = list(ollama_models)
         self.requests: deque[Recorded] = deque(maxlen=keep_requests)
         self.stats = Stats()
-        self._lock = threading.Lock()
         self._server: asyncio.AbstractServer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -247,7 +248,8 @@ class FakeLLM:
                                          f"fake: no script for model {model!r} at step {conv.step}"))
             return True
         if wire is Ollama and body.get("tools") and not script.native_tools:
-            await self._reply(writer, 400, wire.error(400, f"registry.ollama.ai/library/{model} does not support tools"))
+            refusal = f"registry.ollama.ai/library/{model} does not support tools"
+            await self._reply(writer, 400, wire.error(400, refusal))
             return True
         fault = self._take_fault((model, conv.first_user, conv.step), step)
         if fault is not None and fault.disconnect:

@@ -116,7 +116,8 @@ def test_consecutive_streams_reuse_one_connection(transport: str, fake: FakeLLM,
 
 
 @pytest.mark.parametrize("vendor", ["anthropic", "openai"])
-def test_streamed_arguments_that_are_not_json_become_a_correctable_call(transport: str, fake: FakeLLM, vendor: str) -> None:
+def test_streamed_arguments_that_are_not_json_become_a_correctable_call(transport: str, fake: FakeLLM,
+                                                                        vendor: str) -> None:
     fake.add(model_of(vendor), {"steps": [{"tool_calls": [
         {"id": "bad1", "name": "get_logs", "arguments_raw": '{"product": "checkout", "time_ra', "fragments": 3},
         {"id": "list1", "name": "get_logs", "arguments_raw": "[1, 2]"},
@@ -136,7 +137,8 @@ def test_max_tokens_is_reported_as_such(transport: str, fake: FakeLLM, vendor: s
 
 
 @pytest.mark.parametrize("vendor", VENDORS)
-def test_429_is_retried_after_the_servers_retry_after(transport: str, fake: FakeLLM, vendor: str, waits: list[float]) -> None:
+def test_429_is_retried_after_the_servers_retry_after(transport: str, fake: FakeLLM, vendor: str,
+                                                      waits: list[float]) -> None:
     fake.add(model_of(vendor), {"steps": [{"faults": [{"status": 429, "retry_after": 2, "message": "slow down"}],
                                            "text": ["ok"]}]})
     chunks = collect(make_provider(vendor, fake.url, transport=transport), request(vendor))
@@ -168,7 +170,8 @@ def test_a_retry_after_beyond_the_limit_gives_up_at_once(transport: str, fake: F
 
 @pytest.mark.parametrize(("status", "code"), [(400, "provider_rejected"), (401, "provider_auth"),
                                               (404, "provider_not_found")])
-def test_client_errors_are_not_retried(transport: str, fake: FakeLLM, waits: list[float], status: int, code: str) -> None:
+def test_client_errors_are_not_retried(transport: str, fake: FakeLLM, waits: list[float], status: int,
+                                       code: str) -> None:
     fake.add("gpt-4o", {"steps": [{"faults": [{"status": status, "message": "nope"}], "text": ["x"]}]})
     with pytest.raises(ProviderError) as caught:
         collect(make_provider("openai", fake.url, transport=transport), request("openai"))
@@ -177,7 +180,8 @@ def test_client_errors_are_not_retried(transport: str, fake: FakeLLM, waits: lis
 
 
 @pytest.mark.parametrize("vendor", VENDORS)
-def test_a_connection_reset_before_any_output_is_retried(transport: str, fake: FakeLLM, vendor: str, waits: list[float]) -> None:
+def test_a_connection_reset_before_any_output_is_retried(transport: str, fake: FakeLLM, vendor: str,
+                                                         waits: list[float]) -> None:
     fake.add(model_of(vendor), {"steps": [{"faults": [{"disconnect": True}], "text": ["recovered"]}]})
     chunks = collect(make_provider(vendor, fake.url, transport=transport), request(vendor))
     assert texts(chunks) == ["recovered"] and len(waits) == 1
@@ -206,7 +210,8 @@ def test_a_connection_reset_mid_stream_fails_after_the_text_it_sent(transport: s
 
 
 @pytest.mark.parametrize("vendor", VENDORS)
-def test_a_truncated_stream_is_an_error_not_a_short_answer(transport: str, fake: FakeLLM, vendor: str, waits: list[float]) -> None:
+def test_a_truncated_stream_is_an_error_not_a_short_answer(transport: str, fake: FakeLLM, vendor: str,
+                                                           waits: list[float]) -> None:
     fake.add(model_of(vendor), {"steps": [{"text": ["one ", "two"], "truncate_after": 1}]})
     with pytest.raises(ProviderError) as caught:
         collect(make_provider(vendor, fake.url, transport=transport), request(vendor))
@@ -270,7 +275,8 @@ def test_anthropic_request_translation_details(transport: str, fake: FakeLLM) ->
     history = (
         ToolMessage(result=ToolResult(call_id="orphan", name="get_logs")),  # cut by the history limit
         UserMessage(content="q"),
-        AssistantMessage(content="", tool_calls=(ToolCall(id="a.1", name="get_logs"), ToolCall(id="b", name="get_logs"))),
+        AssistantMessage(content="", tool_calls=(ToolCall(id="a.1", name="get_logs"),
+                                                 ToolCall(id="b", name="get_logs"))),
         ToolMessage(result=ToolResult(call_id="a.1", name="get_logs", content={"x": 1})),
         ToolMessage(result=ToolResult(call_id="b", name="get_logs", content={"error": "timeout"}, is_error=True)),
     )

@@ -50,7 +50,8 @@ def test_the_anthropic_sdk_sees_our_errors_as_the_apis(served: FakeLLM) -> None:
     client = anthropic.Anthropic(base_url=served.url, api_key="test-key", max_retries=0)
     with pytest.raises(anthropic.RateLimitError) as caught:
         client.messages.create(model="limited", max_tokens=10, messages=[{"role": "user", "content": "q"}], stream=True)
-    assert caught.value.body["error"]["type"] == "rate_limit_error" and caught.value.response.headers["retry-after"] == "3"
+    assert caught.value.body["error"]["type"] == "rate_limit_error"
+    assert caught.value.response.headers["retry-after"] == "3"
     served.add("broken", {"steps": [{"text": ["half"], "stream_error": {"type": "overloaded_error",
                                                                         "message": "Overloaded"}}]})
     with pytest.raises(anthropic.APIStatusError, match="Overloaded"):
@@ -74,7 +75,8 @@ def test_the_openai_sdk_assembles_tool_calls_and_reads_usage(served: FakeLLM) ->
     follow = [{"role": "user", "content": "why?"}, choice.message.model_dump(exclude_none=True),
               {"role": "tool", "tool_call_id": "toolu_01", "content": "{}"}]
     chunks = list(client.chat.completions.create(model="gpt-4o", messages=follow, stream=True))
-    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Deploy v2.14.0 exhausted the pool."
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "Deploy v2.14.0 exhausted the pool."
     assert chunks[-1].choices[0].finish_reason == "length"
 
 
@@ -104,3 +106,25 @@ def test_the_ollama_client_streams_chat_with_tools_and_lists_models(served: Fake
     with pytest.raises(ollama.ResponseError, match="does not support tools") as caught:
         list(client.chat(model="tiny", messages=[{"role": "user", "content": "q"}], tools=tools, stream=True))
     assert caught.value.status_code == 400
+
+
+def test_the_fake_runs_as_its_own_process_for_benchmarks(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    from kortex.llm.base import TextChunk
+    from tests.kortex.llm.conftest import collect, make_provider, request
+
+    (tmp_path / "bench.json").write_text(json.dumps({"loop": True, "steps": [{"text": ["a", "b", "c"]}]}))
+    proc = subprocess.Popen([sys.executable, "-m", "kortex.testing.fakellm", "--scripts", str(tmp_path),
+                             "--default", "bench"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("listening on http://127.0.0.1:")
+        url = line.split()[-1]
+        chunks = collect(make_provider("openai", url), request("openai"))
+        assert [c.text for c in chunks if isinstance(c, TextChunk)] == ["a", "b", "c"]
+    finally:
+        proc.terminate()
+        proc.wait(10)

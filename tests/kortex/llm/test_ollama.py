@@ -47,7 +47,8 @@ def test_a_model_without_native_tools_falls_back_to_markers_with_a_warning(fake:
     assert "tools" in refused and "tools" not in pseudo
     assert "<<TOOL name=" in pseudo["messages"][0]["content"] and "get_logs" in pseudo["messages"][0]["content"]
 
-    history = (UserMessage(content="why is checkout slow?"), AssistantMessage(content="Let me check.", tool_calls=(call,)),
+    history = (UserMessage(content="why is checkout slow?"),
+               AssistantMessage(content="Let me check.", tool_calls=(call,)),
                ToolMessage(result=ToolResult(call_id=call.id, name="get_logs", content={"lines": 3})))
     second = collect(provider, req.model_copy(update={"messages": history}))
     assert texts(second) == ["Pool exhausted."]

@@ -80,7 +80,8 @@ def _feed(parser: MarkerParser, *pieces: str) -> list:
 
 
 def test_markers_split_across_chunks_become_calls_and_text_stays_text() -> None:
-    text = "Let me look. <<TOOL name=\"get_logs\" args='{\"product\": \"a >> b\"}'>> then <<TOOL name=\"get_metrics\">> done"
+    text = ("Let me look. <<TOOL name=\"get_logs\" args='{\"product\": \"a >> b\"}'>> then "
+            "<<TOOL name=\"get_metrics\">> done")
     for size in (1, 3, 7, len(text)):
         items = _feed(MarkerParser(), *[text[i:i + size] for i in range(0, len(text), size)])
         prose = "".join(i for i in items if isinstance(i, str))

@@ -59,7 +59,8 @@ def test_a_turn_through_anthropic_streams_stores_usage_and_prices_it(harness_fac
     assert [e["type"] for e in events] == ["turn", "text", "text", "tool_call", "tool_result", "turn", "text", "text",
                                            "done"]
     assert events[0]["model"] == "anthropic:claude-sonnet-4-6"
-    assert "".join(e["delta"] for e in events if e["type"] == "text") == "Checking deploys.v2.14.0 broke it [toolu_dep]."
+    text = "".join(e["delta"] for e in events if e["type"] == "text")
+    assert text == "Checking deploys.v2.14.0 broke it [toolu_dep]."
     assert events[3]["arguments"] == DEPLOYS and events[4]["content"]["deploys"][0]["version"] == "v2.14.0"
     # Sonnet: $3 in / $15 out per million tokens
     cost = (4000 * 3 + 300 * 15) / 1e6
