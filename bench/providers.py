@@ -1,22 +1,24 @@
 """Provider streaming benchmark: each adapter against the fake LLM server in another process.
 
-    .venv/bin/python bench/providers.py [--chunks 300] [--streams 400] [--concurrency 1,200]
+    .venv/bin/python bench/providers.py [--chunks 300,10] [--streams 400] [--concurrency 1,200]
                                         [--transports httpx,aiohttp] [--delay-ms 0]
 
-For every vendor adapter (Anthropic SSE, OpenAI SSE, Ollama NDJSON), HTTP transport (httpx's
-own pool, or aiohttp underneath httpx: ``llm.http_transport``) and concurrency, it streams
-``--streams`` answers of ``--chunks`` text chunks each through ``Provider.stream`` (the code
-a step runs), with ``concurrency`` streams open at once on one event loop, and prints:
+For every answer length, vendor adapter (Anthropic SSE, OpenAI SSE, Ollama NDJSON), HTTP
+transport (httpx's own pool, or aiohttp underneath httpx: ``llm.http_transport``) and
+concurrency, it streams answers through ``Provider.stream`` (the code a step runs), with
+``concurrency`` streams open at once on one event loop, and prints:
 
 - chunks/s: text chunks delivered to the caller per second of wall time;
 - CPU/chunk: this process's CPU time (user + system, all threads) per chunk. The server runs
   in its own process, so its CPU is not counted.
 
-``--delay-ms`` paces the server (a model emits ~50-100 tokens/s, i.e. 10-20 ms per chunk); at
-0 the server writes as fast as it can and many events share one TCP read. The machine has two
-cores: the server process can saturate one, so chunks/s at high concurrency is partly the
-server's ceiling; CPU/chunk is the client's own cost either way. Bounded: each configuration
-stops after --streams streams; the whole run takes a minute or two.
+Long answers (300 chunks) measure the per-chunk cost; short ones (10 chunks) add the
+per-request cost, where httpx's connection pool slows down with many concurrent requests
+(encode/httpx#3215). ``--delay-ms`` paces the server (a model emits ~50-100 tokens/s, i.e.
+10-20 ms per chunk); at 0 the server writes as fast as it can and several events share one
+TCP read. The machine has two cores and the server process can saturate one, so chunks/s at
+high concurrency is partly the server's ceiling; CPU/chunk is the client's own cost either
+way. Bounded: a fixed number of streams per row; the default run takes about two minutes.
 """
 
 from __future__ import annotations
@@ -100,8 +102,9 @@ async def run_one(vendor: str, url: str, transport: str, streams: int, concurren
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--chunks", type=int, default=300, help="text chunks per streamed answer")
-    parser.add_argument("--streams", type=int, default=400, help="answers streamed per configuration")
+    parser.add_argument("--chunks", default="300,10", help="text chunks per answer (comma-separated runs)")
+    parser.add_argument("--streams", type=int, default=400, help="answers per row of 300-chunk answers "
+                        "(shorter answers get more, so a row still streams a fair number of chunks)")
     parser.add_argument("--concurrency", default="1,200")
     parser.add_argument("--transports", default="httpx,aiohttp")
     parser.add_argument("--vendors", default="anthropic,openai,ollama")
@@ -110,34 +113,37 @@ def main() -> None:
     args = parser.parse_args()
 
     words = ["The ", "pool ", "ran ", "dry ", "after ", "deploy ", "v2.14.0 ", "at ", "14:31. "]
-    script = {"loop": True, "steps": [{"text": [words[i % len(words)] for i in range(args.chunks)],
-                                       "delay_ms": args.delay_ms,
-                                       "usage": {"input_tokens": 100, "output_tokens": args.chunks}}]}
     results: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "bench.json").write_text(json.dumps(script))
-        server, url = start_server(Path(tmp))
-        try:
-            print(f"fake server {url} (pid {server.pid}); {args.chunks} chunks per answer, "
-                  f"{args.streams} answers per row, server delay {args.delay_ms:g} ms/chunk")
-            print(f"{'adapter':<10} {'transport':<8} {'open':>7} {'chunks/s':>10} {'CPU µs/chunk':>13} "
-                  f"{'wall s':>7} {'failed':>6}")
-            for vendor in args.vendors.split(","):
-                for concurrency in (int(c) for c in args.concurrency.split(",")):
-                    for transport in args.transports.split(","):
-                        streams = args.streams if concurrency > 1 else max(20, args.streams // 10)
-                        r = asyncio.run(run_one(vendor, url, transport, streams, concurrency))
-                        row = {"vendor": vendor, "transport": transport, "concurrency": concurrency,
-                               "streams": streams, "chunks_per_s": r["chunks"] / r["wall"],
-                               "cpu_us_per_chunk": 1e6 * r["cpu"] / max(1, r["chunks"]), "wall_s": r["wall"],
-                               "failures": r["failures"]}
-                        results.append(row)
-                        print(f"{vendor:<10} {transport:<8} {concurrency:>7} {row['chunks_per_s']:>10,.0f} "
-                              f"{row['cpu_us_per_chunk']:>13.1f} {row['wall_s']:>7.2f} {row['failures']:>6}",
-                              flush=True)
-        finally:
-            server.terminate()
-            server.wait(10)
+    for length in (int(c) for c in args.chunks.split(",")):
+        script = {"loop": True, "steps": [{"text": [words[i % len(words)] for i in range(length)],
+                                           "delay_ms": args.delay_ms,
+                                           "usage": {"input_tokens": 100, "output_tokens": length}}]}
+        per_row = max(args.streams, args.streams * 300 // length // 6)
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / "bench.json").write_text(json.dumps(script))
+            server, url = start_server(Path(tmp))
+            try:
+                print(f"\nfake server pid {server.pid}: {length} chunks per answer, "
+                      f"server delay {args.delay_ms:g} ms/chunk")
+                print(f"{'adapter':<10} {'transport':<8} {'open':>5} {'answers':>7} {'chunks/s':>10} "
+                      f"{'CPU µs/chunk':>13} {'wall s':>7} {'failed':>6}")
+                for vendor in args.vendors.split(","):
+                    for concurrency in (int(c) for c in args.concurrency.split(",")):
+                        for transport in args.transports.split(","):
+                            streams = per_row if concurrency > 1 else max(20, per_row // 10)
+                            r = asyncio.run(run_one(vendor, url, transport, streams, concurrency))
+                            row = {"vendor": vendor, "transport": transport, "chunks_per_answer": length,
+                                   "concurrency": concurrency, "answers": streams,
+                                   "chunks_per_s": r["chunks"] / r["wall"],
+                                   "cpu_us_per_chunk": 1e6 * r["cpu"] / max(1, r["chunks"]),
+                                   "wall_s": r["wall"], "failures": r["failures"]}
+                            results.append(row)
+                            print(f"{vendor:<10} {transport:<8} {concurrency:>5} {streams:>7} "
+                                  f"{row['chunks_per_s']:>10,.0f} {row['cpu_us_per_chunk']:>13.1f} "
+                                  f"{row['wall_s']:>7.2f} {row['failures']:>6}", flush=True)
+            finally:
+                server.terminate()
+                server.wait(10)
     if args.json:
         print(json.dumps(results, indent=2))
 
