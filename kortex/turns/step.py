@@ -84,13 +84,13 @@ def _run_claimed(k: Kortex, turn: TurnRecord, step: int, candidates: list[Candid
     publisher = StepPublisher(k.events, turn.id, step, settings.turn.text_flush_ms)
     limit = settings.turn.step_time_limit
     try:
-        text, calls, done = k.loop.run(
+        text, calls, _done = k.loop.run(
             asyncio.wait_for(_consume(routed, publisher, _call_ids(history)), limit), timeout=limit + 5)
     except (ProviderError, TimeoutError) as exc:
-        first = candidates[0]
+        last = routed.attempts[-1] if routed.attempts else None  # the call that was running
         error = exc if isinstance(exc, ProviderError) else ProviderError(
-            f"no answer within {limit:.0f}s", provider=first.provider.name, model=first.model.id,
-            code="step_timeout")
+            f"no answer within {limit:.0f}s", provider=last.provider if last else candidates[0].provider.name,
+            model=last.model.id if last else candidates[0].model.id, code="step_timeout")
         _fail(k, turn, step, error.code, str(error), retryable=error.retryable,
               llm_entries=_llm_audit(turn, step, routed.attempts, error=error), usage=_usage(routed.attempts))
         return NOTHING
