@@ -12,7 +12,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api import errors
 from api.deps import AuthCache
-from api.routes import health, ingest, proposals, sessions, tools, turns
+from api.routes import health, ingest, llm, proposals, sessions, tools, turns
 from kortex.config import Settings, load_settings
 from kortex.container import Kortex, redis_factory
 from kortex.stream.hub import StreamHub
@@ -114,4 +114,5 @@ def create_app(settings: Settings | None = None, *, dispatch: Callable[[Handoff]
     app.include_router(tools.router)
     app.include_router(proposals.router)
     app.include_router(ingest.router)
+    app.include_router(llm.router)
     return app

@@ -82,8 +82,26 @@ class ProviderSettings(_Section):
     base_url: Annotated[str | None, BeforeValidator(resolve_env_refs)] = None
     endpoint: Annotated[str | None, BeforeValidator(resolve_env_refs)] = None  # ollama's name for base_url
     max_retries: int = Field(3, ge=0, le=10)
-    # per-model price overrides, USD per million tokens: {"gpt-5": {"input": 12, "output": 60}}
+    max_connections: int = Field(256, ge=1, le=10_000)  # open streams to this provider at once
+    retry_base: Seconds = Field(0.5, ge=0)        # first backoff; doubles per retry, with jitter
+    retry_max_wait: Seconds = Field(30.0, ge=0)   # a longer Retry-After gives up on this provider
+    retry_budget: Seconds = Field(60.0, ge=0)     # total time one call may spend waiting to retry
+    # Per-model prices, USD per million tokens: {"gpt-5": {"input": 12, "output": 60}}. A model
+    # listed here that the catalogue lacks becomes usable (e.g. on an OpenAI-compatible server).
     prices: dict[str, dict[str, float]] = Field(default_factory=dict)
+    # Ollama: None tries native tool calls and falls back to prompt-injected markers when the
+    # model refuses them; False always uses the markers.
+    native_tools: bool | None = None
+    context_tokens: int | None = Field(None, ge=1024)  # Ollama models' context window (default 8192)
+
+    @field_validator("prices")
+    @classmethod
+    def _price_keys(cls, value: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+        for model, price in value.items():
+            unknown = set(price) - {"input", "output"}
+            if unknown or any(v < 0 for v in price.values()):
+                raise ValueError(f"prices.{model}: use non-negative 'input' and 'output' (USD per million tokens)")
+        return value
 
 
 class ToolOverride(_Section):
@@ -98,16 +116,31 @@ class BudgetSettings(_Section):
     max_concurrent_turns_per_tenant: int = Field(20, ge=1)
 
 
+class PrivacySettings(_Section):
+    """``[llm.privacy]``: ``local_only`` is the same as ``mode = "local-only"``."""
+
+    local_only: bool = False
+
+
 class LLMSettings(_Section):
     default_provider: str = "offline"
     default_model: str | None = None
     fallback_providers: list[str] = Field(default_factory=list)
     mode: Literal["normal", "frugal", "local-only"] = "normal"
+    # How provider HTTP clients move bytes: aiohttp underneath httpx (the default: about half
+    # the CPU per streamed chunk, and no slowdown with hundreds of open streams, encode/httpx#3215),
+    # or httpx's own pool. bench/providers.py measures both.
+    http_transport: Literal["httpx", "aiohttp"] = "aiohttp"
+    privacy: PrivacySettings = Field(default_factory=PrivacySettings)
     max_tool_depth: int = Field(8, ge=1, le=64)
     max_history_messages: int = Field(200, ge=4)
     providers: dict[str, ProviderSettings] = Field(default_factory=dict)
     tools: dict[str, ToolOverride] = Field(default_factory=dict)
     budget: BudgetSettings = Field(default_factory=BudgetSettings)
+
+    @property
+    def local_only(self) -> bool:
+        return self.mode == "local-only" or self.privacy.local_only
 
 
 class ToolPolicySettings(_Section):

@@ -72,6 +72,23 @@ def ask(
 
 
 @app.command()
+def models(
+    url: Annotated[str | None, typer.Option(envvar="KORTEX_API_URL",
+                                            help="A running Kortex API; local config if unset")] = None,
+    api_key: Annotated[str | None, typer.Option(envvar="KORTEX_API_KEY", help="API key for --url")] = None,
+) -> None:
+    """List LLM providers, their models (tier, context, price) and whether they can be used."""
+    from kortex_cli.runner import list_models
+
+    if url and not api_key:
+        _fail("--api-key (or KORTEX_API_KEY) is required with --url")
+    try:
+        list_models(console, url, api_key)
+    except KortexError as exc:
+        _fail(str(exc))
+
+
+@app.command()
 def api(
     host: Annotated[str, typer.Option(help="Bind address")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port")] = 8000,

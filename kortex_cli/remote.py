@@ -43,6 +43,9 @@ class RemoteClient:
             body["model"] = model
         return self._check(self._client.post(f"/v1/sessions/{session_id}/messages", json=body))  # type: ignore[no-any-return]
 
+    def providers(self) -> dict[str, Any]:
+        return self._check(self._client.get("/v1/llm/providers"))  # type: ignore[no-any-return]
+
     def events(self, events_url: str, last_event_id: str | None = None) -> Iterator[tuple[str, dict[str, Any]]]:
         headers = {"Accept": "text/event-stream"}
         if last_event_id:

@@ -8,6 +8,8 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from kortex.llm.base import WARNING_CODES
+
 
 def _args(arguments: dict[str, Any]) -> str:
     return ", ".join(f"{k}={json.dumps(v)}" for k, v in arguments.items())
@@ -56,6 +58,8 @@ class EventPrinter:
         elif event == "proposal":
             c.print(f"[magenta]⚑ proposal {data['proposal_id']}[/magenta]: {data['action']} {data['product']} — "
                     f"{escape(data.get('rationale', ''))} (awaits a human)")
+        elif event == "error" and data.get("code") in WARNING_CODES:
+            c.print(f"[yellow]! {data.get('code')}[/yellow]: {escape(data.get('message', ''))}")
         elif event == "error":
             c.print(f"[red]! {data.get('code')}[/red]: {escape(data.get('message', ''))}")
         elif event == "done":

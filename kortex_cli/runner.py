@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from kortex.config import Settings, load_settings
 from kortex.container import Kortex
@@ -98,9 +99,62 @@ def run_demo(console: Console, *, question: str | None, scenario: str, model: st
 def ask_embedded(console: Console, question: str, *, model: str | None, as_json: bool,
                  tenant: str = DEMO_TENANT) -> bool:
     settings = load_settings()
+    if model:  # an unusable model is reported before the embedded stack starts
+        from kortex.llm.providers import BUILTIN_PROVIDERS
+        from kortex.llm.registry import ProviderRegistry
+
+        ProviderRegistry(settings, BUILTIN_PROVIDERS).resolve(model)
     with embedded_stack(settings) as k:
         tenant_id = _tenant_id(k, tenant, create=tenant == DEMO_TENANT)
         return _ask(k, tenant_id, question, model, EventPrinter(console, as_json=as_json))
+
+
+def list_models(console: Console, url: str | None, api_key: str | None) -> None:
+    """The providers as ``GET /v1/llm/providers`` describes them, from a running API or from
+    this machine's configuration."""
+    from rich.table import Table
+
+    if url:
+        from kortex_cli.remote import RemoteClient
+
+        with RemoteClient(url, api_key or "") as client:
+            listing = client.providers()
+    else:
+        listing = _local_providers(load_settings())
+    fallback = ", ".join(listing["fallback_providers"])
+    console.print(f"mode [bold]{listing['mode']}[/bold] · default [bold]{listing['default_provider']}[/bold]"
+                  + (f" · fallback {fallback}" if fallback else ""))
+    table = Table("model", "tier", "context", "$/Mtok in", "$/Mtok out", box=None, pad_edge=False)
+    for provider in listing["providers"]:
+        for model in provider["models"] if provider["available"] else ():
+            table.add_row(f"{provider['name']}:{model['id']}", model["tier"], f"{model['context_tokens']:,}",
+                          f"{model['input_usd_per_mtok']:g}", f"{model['output_usd_per_mtok']:g}")
+    console.print(table)
+    for provider in listing["providers"]:
+        if not provider["available"]:
+            console.print(f"[dim]{provider['name']}: unavailable ({escape(provider['reason'] or '')})[/dim]")
+
+
+def _local_providers(settings: Settings) -> dict[str, Any]:
+    import asyncio
+
+    from kortex.llm.providers import BUILTIN_PROVIDERS
+    from kortex.llm.registry import ProviderRegistry
+
+    registry = ProviderRegistry(settings, BUILTIN_PROVIDERS)
+
+    async def probe() -> dict[str, str]:
+        try:
+            return await registry.probe()
+        finally:
+            await registry.aclose()
+
+    statuses = registry.status(asyncio.run(probe()))
+    llm = settings.llm
+    return {"mode": "local-only" if llm.local_only else llm.mode, "default_provider": llm.default_provider,
+            "fallback_providers": llm.fallback_providers,
+            "providers": [{"name": s.name, "available": s.available, "reason": s.reason,
+                           "models": [m.model_dump() for m in s.models]} for s in statuses]}
 
 
 def seed_scenario(tenant: str, scenario: str) -> dict[str, int]:
@@ -158,5 +212,5 @@ def ask_remote(console: Console, url: str, api_key: str, question: str, *, model
         return ok
 
 
-__all__ = ["ask_embedded", "ask_remote", "create_tenant_with_key", "issue_key", "run_demo",
+__all__ = ["ask_embedded", "ask_remote", "create_tenant_with_key", "issue_key", "list_models", "run_demo",
            "seed_scenario"]

@@ -12,6 +12,7 @@ from celery.worker import WorkController
 from celery.worker import state as worker_state
 
 from kortex.config import Settings
+from workers import runtime
 from workers.queues import Queue, TaskName
 
 log = logging.getLogger(__name__)
@@ -76,3 +77,4 @@ class EmbeddedWorker:
             self._thread.join(timeout)
             worker_state.should_terminate = None
         self._controller = None
+        runtime.close()  # the tasks' container ran in this process: no process exit will close it

@@ -36,12 +36,18 @@ def run(settings: Settings, work: Callable[[Kortex], T]) -> T:
     return work(kortex(settings))
 
 
+def close() -> None:
+    """Close this process's container (its pools, threads and provider HTTP clients)."""
+    global _kortex
+    with _lock:
+        if _kortex is not None and _pid == os.getpid():
+            try:
+                _kortex.close()
+            except Exception:  # shutting down anyway
+                pass
+            _kortex = None
+
+
 @worker_process_shutdown.connect
 def _close(**_: Any) -> None:
-    global _kortex
-    if _kortex is not None and _pid == os.getpid():
-        try:
-            _kortex.close()
-        except Exception:  # shutting down anyway
-            pass
-        _kortex = None
+    close()

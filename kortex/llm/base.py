@@ -75,6 +75,11 @@ class ToolCallChunk(_Frozen):
     call: ToolCall
 
 
+#: codes of the warnings providers and the router emit; published as ``error`` events that do
+#: not end the turn (clients show them as notices)
+WARNING_CODES = frozenset({"provider_failover", "frugal_escalation", "pseudo_tools"})
+
+
 class WarningChunk(_Frozen):
     """Something the operator should see (e.g. pseudo-tool fallback); not part of the answer."""
 
@@ -142,6 +147,10 @@ class Provider(abc.ABC):
             if model.id == model_id:
                 return model
         return self.unknown_model(model_id)
+
+    def fast_model(self) -> ModelInfo | None:
+        """The cheap model frugal mode tries first; None when the provider has no such tier."""
+        return None
 
     def unknown_model(self, model_id: str) -> ModelInfo:
         """A model not in the catalogue: providers that accept any id (Ollama) override this."""

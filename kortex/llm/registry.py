@@ -6,6 +6,7 @@ A model spec is ``provider:model`` (``anthropic:claude-sonnet-4-6``), a bare pro
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ class ProviderStatus:
     models: tuple[ModelInfo, ...]
     local: bool
     synthetic: bool
+    reachable: bool | None = None  # None: not probed (cloud providers are not called to list models)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,23 +74,67 @@ class ProviderRegistry:
         self._providers[name] = provider
         return provider
 
-    def status(self) -> list[ProviderStatus]:
+    def status(self, unreachable: dict[str, str] | None = None) -> list[ProviderStatus]:
+        """Every provider of the build, whether it can be used and why not; ``unreachable`` is
+        what ``probe`` found. Never includes secrets."""
+        unreachable = unreachable or {}
+        local_only = self.settings.llm.local_only
         out = []
         for name in self._factories:
             try:
                 provider = self.get(name)
-                out.append(ProviderStatus(name, True, None, tuple(provider.models()), provider.local,
-                                          provider.synthetic))
             except ProviderError as exc:
                 out.append(ProviderStatus(name, False, exc.message, (), False, False))
+                continue
+            models = tuple(provider.models())
+            cloud = not (provider.local or provider.synthetic)
+            if local_only and cloud:
+                out.append(ProviderStatus(name, False, "refused in local-only mode", models, False, False))
+            elif name in unreachable:
+                out.append(ProviderStatus(name, False, unreachable[name], models, provider.local, provider.synthetic,
+                                          reachable=False))
+            else:
+                probed = True if hasattr(provider, "refresh_models") else None
+                out.append(ProviderStatus(name, True, None, models, provider.local, provider.synthetic,
+                                          reachable=probed))
         return out
 
+    async def probe(self, timeout: float = 2.0) -> dict[str, str]:
+        """Refresh the model lists of providers that ask a server for them (Ollama's
+        ``/api/tags``); returns why each unreachable one failed."""
+        failures: dict[str, str] = {}
+        for name in self._factories:
+            try:
+                provider = self.get(name)
+            except ProviderError:
+                continue
+            refresh = getattr(provider, "refresh_models", None)
+            if refresh is None:
+                continue
+            try:
+                await asyncio.wait_for(refresh(timeout=timeout), timeout + 1)
+            except ProviderError as exc:
+                failures[name] = f"unreachable: {exc.message}"
+            except TimeoutError:
+                failures[name] = "unreachable: no answer in time"
+        return failures
+
     def resolve(self, spec: str | None) -> Resolved:
-        """Find the provider and model for ``spec`` (None: the configured default)."""
+        """Find the provider and model for ``spec`` (None: the configured default). In
+        local-only mode a cloud provider is refused here, before anything is queued."""
+        resolved = self._resolve(spec)
+        provider = resolved.provider
+        if self.settings.llm.local_only and not (provider.local or provider.synthetic):
+            raise ProviderUnavailable(
+                f"provider {provider.name!r} sends data off this network, which local-only mode forbids; "
+                "use a local provider such as 'ollama'", provider=provider.name, code="local_only")
+        return resolved
+
+    def _resolve(self, spec: str | None) -> Resolved:
         if not spec:
             default = self.settings.llm.default_model
             if default:
-                return self.resolve(default)
+                return self._resolve(default)
             provider = self.get(self.settings.llm.default_provider)
             return Resolved(provider, provider.model_info(self._configured_model(provider.name)))
         name, sep, model_id = spec.partition(":")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
+from contextlib import aclosing
 from typing import Any
 
 from kortex.container import Kortex
@@ -13,7 +13,7 @@ from kortex.errors import Conflict, KortexError, ProviderError
 from kortex.events import DoneEvent, ErrorEvent, TextEvent, ToolCallEvent, TurnEvent
 from kortex.ids import new_call_id
 from kortex.llm.base import CompletionRequest, DoneChunk, TextChunk, ToolCallChunk, WarningChunk
-from kortex.llm.registry import Resolved
+from kortex.llm.router import Attempt, Candidate, RoutedStream, plan
 from kortex.messages import AssistantMessage, Message, ToolCall, Usage
 from kortex.prompts import DEPTH_EXCEEDED, INVESTIGATOR
 from kortex.storage import audit, chats, turns
@@ -51,15 +51,16 @@ def run_step(k: Kortex, tenant_id: str, turn_id: str, step: int) -> Handoff:
         if turn is None:
             return NOTHING  # another delivery of this step has it, or the turn moved on
         try:
-            resolved = k.providers.resolve(turn.model)
+            candidates = plan(k.providers, turn.model)
         except KortexError as exc:
             _fail(k, turn, step, exc.code, exc.message)
             return NOTHING
-        k.events.append(turn.id, [TurnEvent(turn_id=turn.id, status="running", step=step, model=resolved.spec)])
+        k.events.append(turn.id, [TurnEvent(turn_id=turn.id, status="running", step=step,
+                                            model=candidates[0].first_spec)])
         history = chats.load_history(conn, turn.tenant_id, turn.session_id,
                                      limit=k.settings.llm.max_history_messages)
     try:
-        return _run_claimed(k, turn, step, resolved, history)
+        return _run_claimed(k, turn, step, candidates, history)
     except Exception as exc:  # whatever broke, the client must hear the turn ended
         log.exception("step %s of turn %s failed", step, turn.id)
         code = exc.code if isinstance(exc, KortexError) else "internal"
@@ -67,46 +68,45 @@ def run_step(k: Kortex, tenant_id: str, turn_id: str, step: int) -> Handoff:
         return NOTHING
 
 
-def _run_claimed(k: Kortex, turn: TurnRecord, step: int, resolved: Resolved, history: list[Message]) -> Handoff:
+def _run_claimed(k: Kortex, turn: TurnRecord, step: int, candidates: list[Candidate],
+                 history: list[Message]) -> Handoff:
     settings = k.settings
     depth = settings.llm.max_tool_depth
-    provider_config = settings.llm.providers.get(resolved.provider.name)
     request = CompletionRequest(
-        model=resolved.model.id,
         system=INVESTIGATOR,
         messages=tuple(history),
         # The last allowed step gets no tools, so a model answers with what it has gathered.
         tools=k.tools.schemas(k.policy) if step < depth else (),
-        max_tokens=provider_config.max_tokens if provider_config else 4096,
-        temperature=provider_config.temperature if provider_config else 0.2,
         metadata={"tenant_id": turn.tenant_id, "session_id": turn.session_id, "turn_id": turn.id,
                   "purpose": "chat"},
-    )
+    )  # model, max_tokens and temperature are set per provider by the router
+    routed = RoutedStream(candidates, request, settings.llm)
     publisher = StepPublisher(k.events, turn.id, step, settings.turn.text_flush_ms)
-    started = time.monotonic()
     limit = settings.turn.step_time_limit
     try:
-        text, calls, done = k.loop.run(
-            asyncio.wait_for(_consume(resolved, request, publisher, _call_ids(history)), limit), timeout=limit + 5)
+        text, calls, _done = k.loop.run(
+            asyncio.wait_for(_consume(routed, publisher, _call_ids(history)), limit), timeout=limit + 5)
     except (ProviderError, TimeoutError) as exc:
+        last = routed.attempts[-1] if routed.attempts else None  # the call that was running
         error = exc if isinstance(exc, ProviderError) else ProviderError(
-            f"no answer within {limit:.0f}s", provider=resolved.provider.name, model=resolved.model.id,
-            code="step_timeout")
+            f"no answer within {limit:.0f}s", provider=last.provider if last else candidates[0].provider.name,
+            model=last.model.id if last else candidates[0].model.id, code="step_timeout")
         _fail(k, turn, step, error.code, str(error), retryable=error.retryable,
-              llm_entry=_llm_audit(turn, step, resolved, None, started, error=error))
+              llm_entries=_llm_audit(turn, step, routed.attempts, error=error), usage=_usage(routed.attempts))
         return NOTHING
-    usage = Usage(input_tokens=done.usage.input_tokens, output_tokens=done.usage.output_tokens,
-                  cost_usd=resolved.model.cost(done.usage.input_tokens, done.usage.output_tokens))
-    entry = _llm_audit(turn, step, resolved, done, started, usage=usage, calls=calls, text_chars=len(text))
+    answered = routed.answered
+    assert answered is not None
+    usage = _usage(routed.attempts)
+    entries = _llm_audit(turn, step, routed.attempts, calls=calls, text_chars=len(text))
     if calls and step >= depth:
-        return _depth_exceeded(k, turn, step, text, usage, resolved, entry, depth)
+        return _depth_exceeded(k, turn, step, text, usage, answered.spec, entries, depth)
     if calls:
         message = AssistantMessage(content=text, tool_calls=calls)
         try:
             with k.db.begin() as conn:
                 invocations = turns.park_for_tools(conn, turn, step=step, message=message, usage=usage,
-                                                   model_used=resolved.spec)
-                audit.write_entries(conn, [entry])
+                                                   model_used=answered.spec)
+                audit.write_entries(conn, entries)
         except Conflict as exc:
             if exc.code != "stale_step":
                 raise
@@ -117,12 +117,20 @@ def _run_claimed(k: Kortex, turn: TurnRecord, step: int, resolved: Resolved, his
         return Handoff(tools=tuple(tool_dispatch(k, turn.tenant_id, inv.id, inv.name) for inv in invocations))
     with k.db.begin() as conn:
         finished = turns.finish_turn(conn, turn, step=step, message=AssistantMessage(content=text), usage=usage,
-                                     model_used=resolved.spec)
+                                     model_used=answered.spec)
         if finished:
-            audit.write_entries(conn, [entry])
+            audit.write_entries(conn, entries)
     if finished:
         k.events.append(turn.id, [DoneEvent(status="done", usage=_total(turn, usage))], final=True)
     return NOTHING
+
+
+def _usage(attempts: list[Attempt]) -> Usage:
+    """What the step cost: every call, including a frugal attempt that was escalated."""
+    total = Usage()
+    for a in attempts:
+        total += Usage(input_tokens=a.usage.input_tokens, output_tokens=a.usage.output_tokens, cost_usd=a.cost_usd)
+    return total
 
 
 def _call_ids(history: list[Message]) -> set[str]:
@@ -130,27 +138,27 @@ def _call_ids(history: list[Message]) -> set[str]:
 
 
 async def _consume(
-    resolved: Resolved, request: CompletionRequest, publisher: StepPublisher, taken: set[str]
+    routed: RoutedStream, publisher: StepPublisher, taken: set[str]
 ) -> tuple[str, tuple[ToolCall, ...], DoneChunk]:
     text: list[str] = []
     calls: list[ToolCall] = []
     done: DoneChunk | None = None
     try:
-        async for chunk in resolved.provider.stream(request):
-            if isinstance(chunk, TextChunk):
-                text.append(chunk.text)
-                publisher.text(chunk.text)
-            elif isinstance(chunk, ToolCallChunk):
-                calls.append(chunk.call)
-            elif isinstance(chunk, WarningChunk):
-                publisher.emit(ErrorEvent(code=chunk.code, message=chunk.message))
-            elif isinstance(chunk, DoneChunk):
-                done = chunk
+        async with aclosing(routed.stream()) as chunks:
+            async for chunk in chunks:
+                if isinstance(chunk, TextChunk):
+                    text.append(chunk.text)
+                    publisher.text(chunk.text)
+                elif isinstance(chunk, ToolCallChunk):
+                    calls.append(chunk.call)
+                elif isinstance(chunk, WarningChunk):
+                    publisher.emit(ErrorEvent(code=chunk.code, message=chunk.message))
+                elif isinstance(chunk, DoneChunk):
+                    done = chunk
     finally:
         publisher.flush()  # whatever was streamed reaches the client before any error
     if done is None:
-        raise ProviderError("stream ended without a final chunk", provider=resolved.provider.name,
-                            model=resolved.model.id, retryable=True)
+        raise ProviderError("stream ended without a final chunk", retryable=True, code="stream_truncated")
     return "".join(text), _unique_calls(calls, taken), done
 
 
@@ -161,34 +169,39 @@ def _total(turn: TurnRecord, usage: Usage) -> Usage:
 def _llm_audit(
     turn: TurnRecord,
     step: int,
-    resolved: Resolved,
-    done: DoneChunk | None,
-    started: float,
+    attempts: list[Attempt],
     *,
-    usage: Usage | None = None,
     calls: tuple[ToolCall, ...] = (),
     text_chars: int = 0,
     error: ProviderError | None = None,
-) -> AuditEntry:
-    # Prompts and answers stay out of the audit row: they may quote secrets from telemetry.
-    payload: dict[str, Any] = {
-        "step": step, "provider": resolved.provider.name, "model": resolved.model.id,
-        "stop_reason": done.stop_reason if done else "error", "tool_calls": [c.name for c in calls],
-        "text_chars": text_chars,
-    }
-    if error is not None:
-        payload.update(error_code=error.code, status=error.status, retryable=error.retryable)
-    usage = usage or Usage()
-    return AuditEntry(
-        tenant_id=turn.tenant_id, kind="llm_call", subject=resolved.spec, ok=error is None, payload=payload,
-        session_id=turn.session_id, turn_id=turn.id, input_tokens=usage.input_tokens,
-        output_tokens=usage.output_tokens, cost_usd=usage.cost_usd,
-        latency_ms=int((time.monotonic() - started) * 1000),
-    )
+) -> list[AuditEntry]:
+    """One row per LLM call. ``error`` is what ended the step: it is recorded on the call that
+    was still running (a timeout) when that call has no error of its own."""
+    entries = []
+    for index, attempt in enumerate(attempts):
+        last = index == len(attempts) - 1
+        failure = attempt.error if attempt.error is not None and attempt.error.code != "cancelled" else None
+        if failure is None and last and error is not None and attempt.stop_reason in (None, "error"):
+            failure = error
+        # Prompts and answers stay out of the audit row: they may quote secrets from telemetry.
+        payload: dict[str, Any] = {
+            "step": step, "attempt": index, "provider": attempt.provider, "model": attempt.model.id,
+            "fast": attempt.fast, "stop_reason": "error" if failure else attempt.stop_reason,
+            "tool_calls": [c.name for c in calls] if last and failure is None else [],
+            "text_chars": text_chars if last and failure is None else 0,
+        }
+        if failure is not None:
+            payload.update(error_code=failure.code, status=failure.status, retryable=failure.retryable)
+        entries.append(AuditEntry(
+            tenant_id=turn.tenant_id, kind="llm_call", subject=attempt.spec, ok=failure is None, payload=payload,
+            session_id=turn.session_id, turn_id=turn.id, input_tokens=attempt.usage.input_tokens,
+            output_tokens=attempt.usage.output_tokens, cost_usd=attempt.cost_usd, latency_ms=attempt.latency_ms,
+        ))
+    return entries
 
 
 def _depth_exceeded(
-    k: Kortex, turn: TurnRecord, step: int, text: str, usage: Usage, resolved: Resolved, entry: AuditEntry,
+    k: Kortex, turn: TurnRecord, step: int, text: str, usage: Usage, model_used: str, entries: list[AuditEntry],
     depth: int,
 ) -> Handoff:
     note = DEPTH_EXCEEDED.format(depth=depth)
@@ -196,9 +209,9 @@ def _depth_exceeded(
     error = {"code": "tool_depth_exceeded", "message": note}
     with k.db.begin() as conn:
         finished = turns.finish_turn(conn, turn, step=step, message=AssistantMessage(content=content),
-                                     usage=usage, model_used=resolved.spec, error=error)
+                                     usage=usage, model_used=model_used, error=error)
         if finished:
-            audit.write_entries(conn, [entry])
+            audit.write_entries(conn, entries)
     if finished:
         k.events.append(turn.id, [
             TextEvent(step=step, delta=("\n\n" if text else "") + note),
@@ -210,13 +223,14 @@ def _depth_exceeded(
 
 def _fail(
     k: Kortex, turn: TurnRecord, step: int, code: str, message: str, *, retryable: bool = False,
-    llm_entry: AuditEntry | None = None,
+    llm_entries: list[AuditEntry] | None = None, usage: Usage | None = None,
 ) -> None:
+    usage = usage or Usage()  # calls that were billed before the failure still count
     with k.db.begin() as conn:
-        finished = turns.finish_turn(conn, turn, step=step, message=None, usage=Usage(), model_used=None,
+        finished = turns.finish_turn(conn, turn, step=step, message=None, usage=usage, model_used=None,
                                      status="failed", error={"code": code, "message": message})
-        if finished and llm_entry is not None:
-            audit.write_entries(conn, [llm_entry])
+        if finished and llm_entries:
+            audit.write_entries(conn, llm_entries)
     if finished:
         k.events.append(turn.id, [ErrorEvent(code=code, message=message, retryable=retryable),
-                                  DoneEvent(status="failed", usage=_total(turn, Usage()), error=code)], final=True)
+                                  DoneEvent(status="failed", usage=_total(turn, usage), error=code)], final=True)

@@ -23,6 +23,7 @@ import pytest
 import redis
 
 from kortex.storage.migrate import upgrade
+from kortex.testing.fakellm import FakeLLM
 from tests.conftest import SCRIPTS, Harness, make_settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,6 +94,22 @@ def service_env(pg_url: str, redis_prefix: str, **extra: str) -> dict[str, str]:
     return env
 
 
+@pytest.fixture(scope="session")
+def fake_llm() -> Iterator[FakeLLM]:
+    """The fake LLM server (in this process) that the services' HTTP providers talk to."""
+    with FakeLLM() as fake:
+        yield fake
+
+
+def provider_env(url: str) -> dict[str, str]:
+    """Point the Anthropic, OpenAI and Ollama providers of a service at the fake server."""
+    return {
+        "KORTEX_LLM__PROVIDERS__ANTHROPIC__BASE_URL": url, "KORTEX_LLM__PROVIDERS__ANTHROPIC__API_KEY": "test-key",
+        "KORTEX_LLM__PROVIDERS__OPENAI__BASE_URL": url + "/v1", "KORTEX_LLM__PROVIDERS__OPENAI__API_KEY": "test-key",
+        "KORTEX_LLM__PROVIDERS__OLLAMA__ENDPOINT": url, "KORTEX_LLM__PROVIDERS__OLLAMA__MODEL": "llama3.2",
+    }
+
+
 class Service:
     def __init__(self, name: str, argv: list[str], env: dict[str, str], log: Path) -> None:
         self.name = name
@@ -131,12 +148,14 @@ class Service:
 
 
 @pytest.fixture(scope="session")
-def worker(pg_url: str, redis_prefix: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+def worker(pg_url: str, redis_prefix: str, fake_llm: FakeLLM, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[Service]:
     logs = tmp_path_factory.mktemp("logs")
     argv = [sys.executable, "-m", "celery", "-A", "workers.app", "worker", "-Q", "turns,tools", "-P", "prefork",
             "-c", "4", "-B", "-s", str(logs / "beat-schedule"), "-l", "INFO", "--without-mingle",
             "--without-gossip", "-n", f"test-{redis_prefix}@%h"]
-    service = Service("celery worker", argv, service_env(pg_url, redis_prefix), logs / "worker.log")
+    service = Service("celery worker", argv, service_env(pg_url, redis_prefix, **provider_env(fake_llm.url)),
+                      logs / "worker.log")
     try:
         service.wait_for(lambda: " ready." in service.output())
         yield service
@@ -151,13 +170,13 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def api_service(pg_url: str, redis_prefix: str, worker: Service,
+def api_service(pg_url: str, redis_prefix: str, worker: Service, fake_llm: FakeLLM,
                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     port = _free_port()
     logs = tmp_path_factory.mktemp("api")
     argv = [sys.executable, "-m", "uvicorn", "--factory", "api.main:create_app", "--host", "127.0.0.1",
             "--port", str(port), "--log-level", "info"]
-    service = Service("api", argv, service_env(pg_url, redis_prefix), logs / "api.log")
+    service = Service("api", argv, service_env(pg_url, redis_prefix, **provider_env(fake_llm.url)), logs / "api.log")
     url = f"http://127.0.0.1:{port}"
 
     def healthy() -> bool:

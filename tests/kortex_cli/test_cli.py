@@ -48,3 +48,43 @@ def test_create_tenant_prints_a_working_key_once(home: Path) -> None:
 def test_worker_refuses_to_start_without_redis(home: Path) -> None:
     result = CliRunner().invoke(app, ["worker"])
     assert result.exit_code == 1 and "KORTEX_REDIS_URL" in result.output
+
+
+@pytest.fixture
+def fake_anthropic(home: Path, monkeypatch: pytest.MonkeyPatch):
+    from kortex.testing.fakellm import FakeLLM
+
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    with FakeLLM() as fake:
+        monkeypatch.setenv("KORTEX_LLM__PROVIDERS__ANTHROPIC__BASE_URL", fake.url)
+        monkeypatch.setenv("KORTEX_LLM__PROVIDERS__ANTHROPIC__API_KEY", "test-key")
+        yield fake
+
+
+def test_ask_with_a_vendor_model_streams_its_answer_and_its_cost(fake_anthropic) -> None:
+    fake_anthropic.add("claude-sonnet-4-6", {"steps": [
+        {"text": ["Looking at deploys."], "tool_calls": [
+            {"name": "get_recent_deploys", "arguments": {"product": "checkout", "time_range": "last 2h"}}]},
+        {"text": ["Nothing was deployed; ", "check the database."],
+         "usage": {"input_tokens": 1_000_000, "output_tokens": 0}}]})
+    result = CliRunner().invoke(app, ["ask", "why is checkout slow?", "--model", "anthropic:claude-sonnet-4-6"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "anthropic:claude-sonnet-4-6" in out and "→ get_recent_deploys" in out and "✓ get_recent_deploys" in out
+    assert "Nothing was deployed; check the database." in out and "· done" in out
+    assert "$3.00" in out  # a million input tokens at Sonnet's price, plus the first step's few
+    assert fake_anthropic.requests[0].headers["x-api-key"] == "test-key"
+
+
+def test_ask_with_an_unconfigured_vendor_says_what_is_missing(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    result = CliRunner().invoke(app, ["ask", "why?", "--model", "openai:gpt-4o"])
+    assert result.exit_code == 1 and "OPENAI_API_KEY" in result.output
+
+
+def test_models_lists_catalogue_prices_and_why_a_provider_is_unavailable(fake_anthropic) -> None:
+    result = CliRunner().invoke(app, ["models"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "anthropic:claude-opus-4-6" in result.output and "1,000,000" in result.output
+    assert "openai: unavailable" in result.output and "test-key" not in result.output

@@ -1,0 +1,62 @@
+"""What LLM providers and models this deployment offers (rfc-005 §5.3); never secrets."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from fastapi import APIRouter
+from pydantic import BaseModel
+
+from api.deps import KortexDep, TenantDep
+from kortex.llm.base import ModelInfo
+
+router = APIRouter(prefix="/v1/llm", tags=["llm"])
+
+PROBE_TIMEOUT = 2.0
+
+
+class ModelOut(BaseModel):
+    id: str
+    display_name: str
+    tier: Literal["fast", "balanced", "deep"]
+    context_tokens: int
+    supports_tools: bool
+    input_usd_per_mtok: float
+    output_usd_per_mtok: float
+
+    @classmethod
+    def of(cls, model: ModelInfo) -> ModelOut:
+        return cls(**model.model_dump(include=set(cls.model_fields)))
+
+
+class ProviderOut(BaseModel):
+    name: str
+    available: bool
+    reason: str | None = None
+    reachable: bool | None = None
+    local: bool
+    synthetic: bool
+    default: bool
+    models: list[ModelOut]
+
+
+class ProvidersOut(BaseModel):
+    mode: str
+    default_provider: str
+    default_model: str | None
+    fallback_providers: list[str]
+    providers: list[ProviderOut]
+
+
+@router.get("/providers", response_model=ProvidersOut)
+def list_providers(k: KortexDep, tenant: TenantDep) -> ProvidersOut:
+    llm = k.settings.llm
+    unreachable = k.loop.run(k.providers.probe(PROBE_TIMEOUT), timeout=PROBE_TIMEOUT + 3)
+    return ProvidersOut(
+        mode="local-only" if llm.local_only else llm.mode, default_provider=llm.default_provider,
+        default_model=llm.default_model, fallback_providers=llm.fallback_providers,
+        providers=[ProviderOut(name=s.name, available=s.available, reason=s.reason, reachable=s.reachable,
+                               local=s.local, synthetic=s.synthetic, default=s.name == llm.default_provider,
+                               models=[ModelOut.of(m) for m in s.models])
+                   for s in k.providers.status(unreachable)],
+    )

@@ -1,0 +1,228 @@
+"""Which provider and model answer an LLM step, and what happens when one fails (rfc-005 §5.2).
+
+- **normal**: the requested (or default) provider, then ``fallback_providers`` in order.
+- **frugal**: each provider's fast model first; its answer is held back and, if it stopped at
+  ``max_tokens`` or said ``<<NEED_MORE_CONTEXT>>``, the full model answers instead.
+- **local-only** (or ``[llm.privacy] local_only``): cloud providers are refused outright.
+
+Failover happens only while no text has reached the client: a provider that fails after it
+streamed text ends the step with that error, so nothing is ever said twice. Every call made
+along the way is kept as an ``Attempt`` (for the audit trail and the turn's cost).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass, field
+
+from kortex.config import LLMSettings, ProviderSettings
+from kortex.errors import InvalidInput, ProviderError, ProviderUnavailable
+from kortex.llm.base import (
+    CompletionRequest,
+    DoneChunk,
+    ModelInfo,
+    Provider,
+    StreamChunk,
+    TextChunk,
+    TokenUsage,
+    ToolCallChunk,
+    WarningChunk,
+)
+from kortex.llm.registry import ProviderRegistry
+
+NEED_MORE_CONTEXT = "<<NEED_MORE_CONTEXT>>"
+FRUGAL_HINT = (
+    "\n\nIf the question needs deeper analysis than you can give with confidence, reply with exactly "
+    f"{NEED_MORE_CONTEXT} and nothing else; a stronger model will take over."
+)
+#: statuses after which another provider may well succeed (bad key, unknown model)
+_FAILOVER_STATUS = frozenset({401, 403, 404})
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One provider in the failover chain, with the model it answers with."""
+
+    provider: Provider
+    model: ModelInfo
+    fast: ModelInfo | None = None  # frugal mode: tried first
+
+    @property
+    def spec(self) -> str:
+        return f"{self.provider.name}:{self.model.id}"
+
+    @property
+    def first_spec(self) -> str:
+        return f"{self.provider.name}:{(self.fast or self.model).id}"
+
+
+@dataclass(slots=True)
+class Attempt:
+    """One LLM call: what was asked of whom, and how it went."""
+
+    provider: str
+    model: ModelInfo
+    fast: bool = False
+    started: float = field(default_factory=time.monotonic)
+    latency_ms: int = 0
+    usage: TokenUsage = field(default_factory=TokenUsage)
+    stop_reason: str | None = None  # None while running
+    error: ProviderError | None = None
+
+    @property
+    def spec(self) -> str:
+        return f"{self.provider}:{self.model.id}"
+
+    @property
+    def cost_usd(self) -> float:
+        return self.model.cost(self.usage.input_tokens, self.usage.output_tokens)
+
+    def end(self, *, done: DoneChunk | None = None, error: ProviderError | None = None) -> None:
+        self.latency_ms = int((time.monotonic() - self.started) * 1000)
+        if done is not None:
+            self.usage, self.stop_reason = done.usage, done.stop_reason
+        else:
+            self.stop_reason, self.error = "error", error
+
+
+def is_cloud(provider: Provider) -> bool:
+    return not (provider.local or provider.synthetic)
+
+
+def can_fail_over(exc: ProviderError) -> bool:
+    return exc.retryable or isinstance(exc, ProviderUnavailable) or exc.status in _FAILOVER_STATUS
+
+
+def plan(registry: ProviderRegistry, spec: str | None) -> list[Candidate]:
+    """The failover chain for a turn's model ``spec`` (None: the configured default).
+
+    A spec naming a model pins it on its provider (frugal mode leaves it alone); fallbacks
+    answer with their configured model. Unavailable providers are skipped; if none is left,
+    the error says why each was skipped.
+    """
+    llm = registry.settings.llm
+    explicit = bool(spec)
+    spec = spec or llm.default_model or llm.default_provider
+    name, sep, model_id = spec.partition(":")
+    if not sep and name not in registry.names():
+        resolved = registry.resolve(spec)  # a bare model id some provider offers
+        name, model_id = resolved.provider.name, resolved.model.id
+    chain = [name, *(f for f in llm.fallback_providers if f != name)]
+    if llm.local_only and "ollama" not in chain:
+        chain.append("ollama")  # local-only forces the local provider in
+    out: list[Candidate] = []
+    skipped: list[str] = []
+    for index, candidate in enumerate(chain):
+        pinned = model_id if index == 0 else None
+        try:
+            provider = registry.get(candidate)
+            if llm.local_only and is_cloud(provider):
+                if index == 0 and explicit:
+                    registry.resolve(spec)  # raises the local-only refusal
+                skipped.append(f"{candidate}: not local (mode local-only)")
+                continue
+            model = provider.model_info(pinned or _configured(llm, candidate))
+            fast = provider.fast_model() if llm.mode == "frugal" and not pinned else None
+        except ProviderError as exc:
+            if index == 0 and explicit:
+                raise
+            skipped.append(f"{candidate}: {exc.message}")
+            continue
+        out.append(Candidate(provider, model, fast if fast and fast.id != model.id else None))
+    if not out:
+        raise ProviderUnavailable("no provider can answer: " + "; ".join(skipped), provider=name)
+    return out
+
+
+def _configured(llm: LLMSettings, name: str) -> str | None:
+    config = llm.providers.get(name)
+    return config.model if config else None
+
+
+class RoutedStream:
+    """Streams one step through the chain. Text is yielded live (held back only for a frugal
+    fast attempt); tool calls and the final chunk come once an attempt has succeeded."""
+
+    def __init__(self, candidates: Sequence[Candidate], request: CompletionRequest, llm: LLMSettings) -> None:
+        if not candidates:
+            raise InvalidInput("no candidate providers")
+        self.candidates = list(candidates)
+        self.request = request
+        self.llm = llm
+        self.attempts: list[Attempt] = []
+        self.answered: Attempt | None = None
+        self.text_streamed = False
+
+    def request_for(self, provider: str, model: ModelInfo, *, fast: bool) -> CompletionRequest:
+        config = self.llm.providers.get(provider) or ProviderSettings()
+        system = self.request.system + (FRUGAL_HINT if fast else "")
+        return self.request.model_copy(update={"model": model.id, "max_tokens": config.max_tokens,
+                                               "temperature": config.temperature, "system": system})
+
+    async def stream(self) -> AsyncIterator[StreamChunk]:
+        error: ProviderError | None = None
+        for candidate in self.candidates:
+            if error is not None:
+                yield WarningChunk(code="provider_failover", message=(
+                    f"{self.attempts[-1].spec} failed ({error.message}); {candidate.first_spec} answers instead"))
+            tries = [(candidate.fast, True), (candidate.model, False)] if candidate.fast else [(candidate.model, False)]
+            for model, fast in tries:
+                assert model is not None
+                attempt = Attempt(provider=candidate.provider.name, model=model, fast=fast)
+                self.attempts.append(attempt)
+                held: list[str] = []
+                calls: list[ToolCallChunk] = []
+                done: DoneChunk | None = None
+                try:
+                    stream = candidate.provider.stream(self.request_for(candidate.provider.name, model, fast=fast))
+                    async with aclosing(stream) as chunks:  # type: ignore[type-var]
+                        async for chunk in chunks:
+                            if isinstance(chunk, TextChunk):
+                                if fast:
+                                    held.append(chunk.text)
+                                else:
+                                    self.text_streamed = True
+                                    yield chunk
+                            elif isinstance(chunk, ToolCallChunk):
+                                calls.append(chunk)
+                            elif isinstance(chunk, DoneChunk):
+                                done = chunk
+                            else:
+                                yield chunk
+                    if done is None:
+                        raise ProviderError("the stream ended without a final chunk", retryable=True,
+                                            code="stream_truncated")
+                except ProviderError as exc:
+                    exc.provider, exc.model = exc.provider or attempt.provider, exc.model or model.id
+                    attempt.end(error=exc)
+                    if fast:  # the full model may well manage (a longer context, another capacity pool)
+                        yield WarningChunk(code="frugal_escalation", message=(
+                            f"{attempt.spec} failed ({exc.message}); {candidate.spec} answers instead"))
+                        continue
+                    if self.text_streamed or not can_fail_over(exc):
+                        raise
+                    error = exc
+                    break  # the next provider; a failing fast model says little good of its sibling
+                except BaseException:
+                    attempt.end(error=ProviderError("cancelled", provider=attempt.provider, model=model.id,
+                                                    code="cancelled"))
+                    raise
+                attempt.end(done=done)
+                text = "".join(held)
+                if fast and (done.stop_reason == "max_tokens" or NEED_MORE_CONTEXT in text):
+                    why = "ran out of tokens" if done.stop_reason == "max_tokens" else "asked for a stronger model"
+                    yield WarningChunk(code="frugal_escalation",
+                                       message=f"{attempt.spec} {why}; {candidate.spec} answers instead")
+                    continue
+                if text:
+                    self.text_streamed = True
+                    yield TextChunk(text=text)
+                for call in calls:
+                    yield call
+                yield done
+                self.answered = attempt
+                return
+        assert error is not None
+        raise error

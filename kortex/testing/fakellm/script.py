@@ -1,0 +1,84 @@
+"""What the fake LLM server replays: a script of steps, one per model call of a turn.
+
+    {"steps": [
+        {"text": ["Checking ", "the logs."],
+         "tool_calls": [{"id": "toolu_1", "name": "get_logs", "arguments": {"product": "checkout"},
+                         "fragments": 4}]},
+        {"faults": [{"status": 429, "retry_after": 0.01}], "text": ["The pool ran dry."]}
+     ]}
+
+The step served is the number of assistant messages after the last user message, so one
+script is one turn, whichever wire format asks. Faults make the fake fail like a vendor:
+``faults`` answer the first requests for a step with HTTP errors; ``disconnect_after`` resets
+the connection and ``truncate_after`` ends the body cleanly but early, both after that many
+text pieces; ``stream_error`` sends the vendor's in-stream error event after the text.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class FakeCall(_Model):
+    id: str | None = None
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    arguments_raw: str | None = None  # sent instead of `arguments`: e.g. JSON that does not parse
+    fragments: int = Field(3, ge=1, le=1000)  # how many pieces the argument JSON is streamed in
+
+
+class FakeFault(_Model):
+    status: int = Field(500, ge=400, le=599)
+    message: str = "fake failure"
+    retry_after: float | None = None
+    disconnect: bool = False  # reset the connection instead of answering (status unused)
+
+
+class FakeStreamError(_Model):
+    type: str = "overloaded_error"
+    message: str = "Overloaded"
+
+
+class FakeUsage(_Model):
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+class FakeStep(_Model):
+    text: list[str] = Field(default_factory=list)
+    tool_calls: list[FakeCall] = Field(default_factory=list)
+    stop_reason: Literal["end_turn", "tool_use", "max_tokens", "stop_sequence"] | None = None
+    usage: FakeUsage | None = None
+    delay_ms: float = Field(0, ge=0, le=60_000)  # before each streamed piece
+    faults: list[FakeFault] = Field(default_factory=list)
+    disconnect_after: int | None = Field(None, ge=0)
+    truncate_after: int | None = Field(None, ge=0)
+    stream_error: FakeStreamError | None = None
+
+    def stop(self) -> str:
+        return self.stop_reason or ("tool_use" if self.tool_calls else "end_turn")
+
+    def usage_for(self, prompt_chars: int) -> FakeUsage:
+        if self.usage is not None:
+            return self.usage
+        out = sum(len(t) for t in self.text) + sum(len(str(c.arguments)) for c in self.tool_calls)
+        return FakeUsage(input_tokens=max(1, prompt_chars // 4), output_tokens=max(1, out // 4))
+
+
+class FakeScript(_Model):
+    steps: list[FakeStep]
+    loop: bool = False  # repeat the last step forever
+    # Ollama only: refuse requests with `tools` (HTTP 400, "does not support tools") the way
+    # a model without native tool calling does.
+    native_tools: bool = True
+
+    def step(self, index: int) -> FakeStep | None:
+        if index < len(self.steps):
+            return self.steps[index]
+        return self.steps[-1] if self.loop and self.steps else None

@@ -1,0 +1,108 @@
+"""Stream decoding, retry timing rules and the pseudo-tool marker parser, without a server."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+
+import pytest
+
+from kortex.errors import ProviderError
+from kortex.llm.pseudotools import MarkerParser, to_plain_messages
+from kortex.llm.retry import RetryPolicy, parse_retry_after
+from kortex.llm.wire import ndjson_lines, sse_events
+from kortex.messages import AssistantMessage, ToolCall, ToolMessage, ToolResult, UserMessage
+
+
+async def _chunks(*parts: bytes) -> AsyncIterator[bytes]:
+    for part in parts:
+        yield part
+
+
+def _sse(*parts: bytes, max_line: int = 1 << 20) -> list[tuple[str, str]]:
+    async def run() -> list[tuple[str, str]]:
+        return [(e.event, e.data) async for e in sse_events(_chunks(*parts), max_line=max_line)]
+    return asyncio.run(run())
+
+
+def test_sse_events_split_anywhere_with_comments_crlf_and_multiline_data() -> None:
+    body = b'event: message_start\r\ndata: {"a":1}\r\n\r\n: keep-alive\n\ndata: line one\ndata: line two\n\n' \
+           b'event: ping\ndata: {}\n\n'
+    whole = _sse(body)
+    assert whole == [("message_start", '{"a":1}'), ("message", "line one\nline two"), ("ping", "{}")]
+    assert _sse(*[body[i:i + 1] for i in range(len(body))]) == whole  # one byte at a time
+
+
+def test_an_sse_event_cut_off_before_its_blank_line_is_dropped() -> None:
+    assert _sse(b"data: complete\n\ndata: {\"half\": tr") == [("message", "complete")]
+
+
+def test_an_endless_line_is_refused() -> None:
+    with pytest.raises(ProviderError, match="longer than the limit"):
+        _sse(b"data: " + b"x" * 5000, max_line=1000)
+
+
+def test_ndjson_lines_and_bad_lines() -> None:
+    async def run(*parts: bytes) -> list[dict]:
+        return [line async for line in ndjson_lines(_chunks(*parts))]
+    assert asyncio.run(run(b'{"a": 1}\n{"b"', b': 2}\n\n{"c": 3}')) == [{"a": 1}, {"b": 2}, {"c": 3}]
+    with pytest.raises(ProviderError, match="not JSON"):
+        asyncio.run(run(b"{oops}\n"))
+    with pytest.raises(ProviderError, match="not an object"):
+        asyncio.run(run(b"[1]\n"))
+
+
+def test_backoff_doubles_with_jitter_and_respects_its_bounds() -> None:
+    policy = RetryPolicy(max_retries=3, base=1.0, cap=3.0, max_wait=10, budget=5)
+    assert [policy.delay(n, None, rand=lambda: 1.0) for n in range(4)] == [1.0, 2.0, 3.0, 3.0]
+    assert [policy.delay(n, None, rand=lambda: 0.0) for n in range(3)] == [0.5, 1.0, 1.5]
+    assert policy.delay(0, 4.0, rand=lambda: 0.0) == 4.0  # Retry-After wins over the backoff
+    assert policy.next_wait(3, None, 0) is None  # out of retries
+    assert policy.next_wait(0, 11, 0) is None  # the server wants more than max_wait
+    assert policy.next_wait(0, 4, 2) is None  # over the total budget
+    assert policy.next_wait(0, 4, 0) is not None
+
+
+def test_retry_after_in_seconds_milliseconds_or_as_a_date() -> None:
+    now = datetime(2026, 4, 7, 14, 0, 0, tzinfo=UTC)
+    assert parse_retry_after({"retry-after": "7"}) == 7
+    assert parse_retry_after({"retry-after-ms": "250", "retry-after": "7"}) == 0.25
+    assert parse_retry_after({"retry-after": "Tue, 07 Apr 2026 14:00:30 GMT"}, now=now) == 30
+    assert parse_retry_after({"retry-after": "soon"}) is None and parse_retry_after({}) is None
+
+
+def _feed(parser: MarkerParser, *pieces: str) -> list:
+    out = []
+    for piece in pieces:
+        out += parser.feed(piece)
+    return out + parser.finish()
+
+
+def test_markers_split_across_chunks_become_calls_and_text_stays_text() -> None:
+    text = ("Let me look. <<TOOL name=\"get_logs\" args='{\"product\": \"a >> b\"}'>> then "
+            "<<TOOL name=\"get_metrics\">> done")
+    for size in (1, 3, 7, len(text)):
+        items = _feed(MarkerParser(), *[text[i:i + size] for i in range(0, len(text), size)])
+        prose = "".join(i for i in items if isinstance(i, str))
+        found = [i for i in items if isinstance(i, ToolCall)]
+        assert prose == "Let me look.  then  done"
+        assert [(c.name, c.arguments) for c in found] == [("get_logs", {"product": "a >> b"}), ("get_metrics", {})]
+
+
+def test_garbled_or_unfinished_markers() -> None:
+    [call] = [i for i in _feed(MarkerParser(), "<<TOOL name=\"get_logs\" args='{nope'>>") if isinstance(i, ToolCall)]
+    assert call.arguments_error == "invalid_json"
+    [cut] = _feed(MarkerParser(), "<<TOOL name=\"get_logs\" args='{\"product\":")
+    assert isinstance(cut, ToolCall) and cut.arguments_error == "invalid_json"
+    assert _feed(MarkerParser(), "a << b <<TOO") == ["a << b ", "<<TOO"]  # never a marker
+
+
+def test_pseudo_tool_history_writes_calls_as_markers_and_results_as_user_text() -> None:
+    call = ToolCall(id="c1", name="get_logs", arguments={"product": "checkout"})
+    messages = to_plain_messages([
+        UserMessage(content="why?"), AssistantMessage(content="Looking.", tool_calls=(call,)),
+        ToolMessage(result=ToolResult(call_id="c1", name="get_logs", content={"lines": []}))])
+    assert [m["role"] for m in messages] == ["user", "assistant", "user"]
+    assert messages[1]["content"] == "Looking.\n<<TOOL name=\"get_logs\" args='{\"product\": \"checkout\"}'>>"
+    assert messages[2]["content"] == 'Tool result (get_logs, ok):\n{"lines":[]}'
