@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
+from datetime import timedelta
 
 from starlette.concurrency import run_in_threadpool
 
@@ -15,10 +16,12 @@ from kortex.messages import Usage
 from kortex.storage.records import TurnRecord
 from kortex.stream.entries import START, Entry, is_entry_id, parse_id
 from kortex.stream.hub import StreamHub, SubscriptionOverflow
+from kortex.timeparse import utcnow
 from kortex.turns.chat import get_turn
 from kortex.turns.replay import replay_events
 
 log = logging.getLogger(__name__)
+DONE_GRACE = timedelta(seconds=10)
 
 
 def format_entry(entry: Entry) -> str:
@@ -74,9 +77,10 @@ async def turn_events(
                         return
                     continue
                 # Idle: a finished turn whose stream never got its done must not keep the
-                # client waiting forever.
+                # client waiting forever. The done is published just after the commit, so only
+                # a turn finished a while ago counts as missing it.
                 turn = await run_in_threadpool(get_turn, k, turn.tenant_id, turn.id)
-                if turn.finished:
+                if turn.finished and turn.finished_at is not None and utcnow() - turn.finished_at > DONE_GRACE:
                     rest = await run_in_threadpool(k.events.read, turn.id, cursor)
                     for late in rest:
                         cursor = late.id

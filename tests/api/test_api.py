@@ -172,3 +172,30 @@ def test_reconnecting_after_done_gets_204_and_bad_event_ids_start_over(env) -> N
     for bogus in ("99999999999999999999-0", "nonsense", "1-2-3"):
         again = client.get(body["events_url"], headers={**auth(key), "Last-Event-ID": bogus})
         assert again.status_code == 200 and again.text.count("event: ") == len(ids)
+
+
+def test_a_stream_that_lost_its_done_is_closed_from_the_database(harness_factory) -> None:
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    from kortex.storage.schema import turns as turns_table
+    from kortex.timeparse import utcnow
+
+    h = harness_factory(turn={"heartbeat": 0.2, "text_flush_ms": 0})
+    recorder = Recorder()
+    with TestClient(create_app(h.settings, dispatch=recorder, embedded_worker=False)) as client:
+        key = _tenant_key(h, "acme")
+        sid = client.post("/v1/sessions", json={"model": "scripted:text_only"}, headers=auth(key)).json()["id"]
+        body = client.post(f"/v1/sessions/{sid}/messages", json={"content": "hi"}, headers=auth(key)).json()
+        drive(h.k, recorder.handoffs[-1])
+        # The done event never reached Redis (its publish failed after the commit) ...
+        entries = h.k.events.read(body["turn_id"])
+        h.k.redis.xdel(h.k.events.key(body["turn_id"]), entries[-1].id)
+        with h.k.db.begin() as conn:  # ... and that was a while ago.
+            conn.execute(update(turns_table).where(turns_table.c.id == body["turn_id"])
+                         .values(finished_at=utcnow() - timedelta(minutes=1)))
+        response = client.get(body["events_url"], headers=auth(key))
+    kinds = [line.split(": ", 1)[1] for line in response.text.splitlines() if line.startswith("event: ")]
+    assert kinds == ["turn", "text", "text", "text", "done"]
+    assert '"status":"done"' in response.text.split("event: done")[1]
