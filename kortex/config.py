@@ -133,6 +133,7 @@ class LLMSettings(_Section):
     http_transport: Literal["httpx", "aiohttp"] = "aiohttp"
     privacy: PrivacySettings = Field(default_factory=PrivacySettings)
     max_tool_depth: int = Field(8, ge=1, le=64)
+    max_tool_calls_per_step: int = Field(16, ge=1, le=128)  # more calls in one answer get an error result
     max_history_messages: int = Field(200, ge=4)
     providers: dict[str, ProviderSettings] = Field(default_factory=dict)
     tools: dict[str, ToolOverride] = Field(default_factory=dict)
@@ -190,6 +191,7 @@ class TelemetrySettings(_Section):
 class TurnSettings(_Section):
     deadline: Seconds = 600.0               # a turn not finished by then is failed by the watchdog
     step_time_limit: Seconds = 300.0        # one LLM call, streamed
+    step_lease: Seconds = 60.0              # a step whose worker stops renewing this long is run again
     stream_ttl: Seconds = 3600.0            # how long a finished turn's stream stays in Redis
     stream_maxlen: int = Field(20_000, ge=100)
     heartbeat: Seconds = 15.0

@@ -138,10 +138,15 @@ class Kortex:
                                 timeouts=timeouts, progress_after=settings.tools.progress_after_s)
         cursors = CursorCodec(cursor_key(settings))
         proposals = ProposalService(db, executor)
+        # Tool queries run on their own small pool whose statements stop at the longest tool
+        # timeout: a call the pipeline abandoned must not keep a query (and a connection) busy.
+        longest = max((pipeline.timeout_for(spec) for spec in registry), default=30.0)
+        telemetry_db = Database(settings.effective_database_url, pool_size=max(4, db_pool_size // 2),
+                                statement_timeout=longest + 1)
         return cls(
             settings=settings, db=db, redis=redis, events=events,
             providers=ProviderRegistry(settings, providers or BUILTIN_PROVIDERS),
-            tools=registry, policy=policy, pipeline=pipeline, sources=build_sources(settings, db), cursors=cursors,
+            tools=registry, policy=policy, pipeline=pipeline, sources=build_sources(settings, telemetry_db), cursors=cursors,
             proposals=proposals, services={"cursors": cursors, "proposals": proposals},
         )
 

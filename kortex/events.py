@@ -20,6 +20,9 @@ class TurnEvent(_Event):
     turn_id: str
     status: str
     step: int
+    # A step re-run after its worker died streams again: clients drop that step's earlier text
+    # when a turn event for the same step arrives with a higher attempt.
+    attempt: int = 1
     model: str | None = None
 
 

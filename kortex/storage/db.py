@@ -10,6 +10,7 @@ pool; only the streaming paths (LLM calls, SSE) are asynchronous.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -51,6 +52,24 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
+def _sqlite_statement_timeout(engine: Engine, seconds: float) -> None:
+    """SQLite has no statement timeout: a progress handler interrupts a statement past its
+    deadline (the driver then raises OperationalError, 'interrupted')."""
+
+    def on_connect(dbapi_connection: Any, record: Any) -> None:
+        def check() -> int:
+            deadline = record.info.get("deadline")
+            return 1 if deadline is not None and time.monotonic() > deadline else 0
+
+        dbapi_connection.set_progress_handler(check, 10_000)
+
+    def before(conn: Connection, cursor: Any, statement: str, params: Any, context: Any, many: bool) -> None:
+        conn.connection._connection_record.info["deadline"] = time.monotonic() + seconds  # type: ignore[union-attr]
+
+    event.listen(engine, "connect", on_connect)
+    event.listen(engine, "before_cursor_execute", before)
+
+
 @contextmanager
 def _translated() -> Iterator[None]:
     """SQLAlchemy errors become the error tree; constraint violations become Conflict, because
@@ -66,7 +85,10 @@ def _translated() -> Iterator[None]:
 class Database:
     """The application's handle on the database. One per process; safe to share between threads."""
 
-    def __init__(self, url: str, *, pool_size: int = 10, echo: bool = False) -> None:
+    def __init__(self, url: str, *, pool_size: int = 10, echo: bool = False,
+                 statement_timeout: float | None = None) -> None:
+        """``statement_timeout`` (seconds) makes the database itself stop longer statements:
+        tool queries get one, so a call the pipeline gave up on does not hold a connection."""
         self.url = _normalise(url)
         self.dialect = self.url.get_backend_name()
         # Bound parameters carry user content and tool output: keep them out of error messages.
@@ -74,6 +96,8 @@ class Database:
         if self.dialect == "postgresql":
             kwargs.update(pool_size=pool_size, max_overflow=pool_size * 2, pool_pre_ping=False,
                           pool_recycle=1800)
+            if statement_timeout:
+                kwargs["connect_args"] = {"options": f"-c statement_timeout={int(statement_timeout * 1000)}"}
         else:
             database = self.url.database
             if database and database != ":memory:":
@@ -85,6 +109,8 @@ class Database:
         self._reader = self.engine.execution_options(isolation_level="AUTOCOMMIT")
         if self.dialect == "sqlite":
             event.listen(self.engine, "connect", _sqlite_pragmas)
+            if statement_timeout:
+                _sqlite_statement_timeout(self.engine, statement_timeout)
 
     @property
     def is_sqlite(self) -> bool:

@@ -47,6 +47,8 @@ class TurnRecord(_Record):
     turn_no: int
     status: str
     step: int
+    attempt: int
+    lease_until: datetime | None
     pending_tools: int
     model: str | None
     model_used: str | None

@@ -79,6 +79,11 @@ turns = Table(
     # queued -> running -> (waiting_tools -> queued -> running)* -> done | failed
     Column("status", String(20), nullable=False),
     Column("step", Integer, nullable=False, default=0),
+    # Each claim of a step bumps attempt; the running attempt holds a lease it renews while it
+    # streams. A step whose worker died is claimed again once the lease lapses, and the old
+    # attempt's late writes are refused (they name an attempt that is no longer current).
+    Column("attempt", Integer, nullable=False, default=0, server_default="0"),
+    Column("lease_until", UTCDateTime(), nullable=True),
     Column("pending_tools", Integer, nullable=False, default=0),
     Column("model", String(200), nullable=True),       # what the caller asked for
     Column("model_used", String(200), nullable=True),  # provider:model that answered last
@@ -96,6 +101,7 @@ turns = Table(
     UniqueConstraint("tenant_id", "idempotency_key"),
     Index(None, "status", "updated_at"),
     Index(None, "tenant_id", "status"),
+    Index(None, "status", "lease_until"),
 )
 
 chat_messages = Table(

@@ -105,7 +105,8 @@ def create_turn(
     )
     row: dict[str, Any] = {
         "id": uuid7(), "tenant_id": tenant_id, "session_id": session_id, "turn_no": turn_no,
-        "status": "queued", "step": 0, "pending_tools": 0, "model": model, "model_used": None,
+        "status": "queued", "step": 0, "attempt": 0, "lease_until": None, "pending_tools": 0, "model": model,
+        "model_used": None,
         "idempotency_key": idempotency_key, "request_hash": digest, "error": None,
         "input_tokens": 0, "output_tokens": 0, "cost_usd": 0.0, "deadline_at": now + deadline,
         "created_at": now, "updated_at": now, "finished_at": None,
@@ -122,16 +123,33 @@ _CLAIM_STEP = (
     update(turns)
     .where(_t.id == bindparam("p_id"), _t.tenant_id == bindparam("p_tenant"), _t.step == bindparam("p_step"),
            _t.status == "queued")
-    .values(status="running", updated_at=bindparam("p_now"))
+    .values(status="running", attempt=_t.attempt + 1, lease_until=bindparam("p_lease"), updated_at=bindparam("p_now"))
     .returning(*turns.c)
 )
 
 
-def claim_step(conn: Connection, tenant_id: str, turn_id: str, step: int) -> TurnRecord | None:
-    """queued -> running for exactly one delivery of this step; None means someone else has it."""
-    row = conn.execute(_CLAIM_STEP, {"p_id": turn_id, "p_tenant": tenant_id, "p_step": step,
-                                     "p_now": utcnow()}).first()
+def claim_step(conn: Connection, tenant_id: str, turn_id: str, step: int, *, lease: float) -> TurnRecord | None:
+    """queued -> running for exactly one delivery of this step, holding a lease of ``lease``
+    seconds that the running attempt renews. None means someone else has it."""
+    now = utcnow()
+    row = conn.execute(_CLAIM_STEP, {"p_id": turn_id, "p_tenant": tenant_id, "p_step": step, "p_now": now,
+                                     "p_lease": now + timedelta(seconds=lease)}).first()
     return TurnRecord.from_row(row) if row else None
+
+
+_RENEW = (
+    update(turns)
+    .where(_t.id == bindparam("p_id"), _t.tenant_id == bindparam("p_tenant"), _t.attempt == bindparam("p_attempt"),
+           _t.status == "running")
+    .values(lease_until=bindparam("p_lease"))
+)
+
+
+def renew_lease(conn: Connection, turn: TurnRecord, *, lease: float) -> bool:
+    """Extend the running attempt's lease; False if the step is no longer this attempt's."""
+    moved = conn.execute(_RENEW, {"p_id": turn.id, "p_tenant": turn.tenant_id, "p_attempt": turn.attempt,
+                                  "p_lease": utcnow() + timedelta(seconds=lease)})
+    return moved.rowcount == 1
 
 
 def _usage_params(usage: Usage, model_used: str | None) -> dict[str, Any]:
@@ -149,8 +167,8 @@ _USAGE = {
 _PARK = (
     update(turns)
     .where(_t.id == bindparam("p_id"), _t.tenant_id == bindparam("p_tenant"), _t.step == bindparam("p_step"),
-           _t.status == "running")
-    .values(status="waiting_tools", pending_tools=bindparam("p_pending"), **_USAGE)
+           _t.attempt == bindparam("p_attempt"), _t.status == "running")
+    .values(status="waiting_tools", pending_tools=bindparam("p_pending"), lease_until=None, **_USAGE)
 )
 _INSERT_INVOCATIONS = tool_invocations.insert()
 
@@ -163,11 +181,17 @@ def park_for_tools(
     message: AssistantMessage,
     usage: Usage,
     model_used: str | None,
+    refused: dict[str, ToolResult] | None = None,
 ) -> list[InvocationRecord]:
-    """Store the assistant's tool calls and move running -> waiting_tools."""
+    """Store the assistant's tool calls and move running -> waiting_tools. Calls in ``refused``
+    (by call id) are settled at once with the given error result; the others are returned, to
+    be run."""
+    refused = refused or {}
     now = utcnow()
+    runnable = [c for c in message.tool_calls if c.id not in refused]
     moved = conn.execute(_PARK, {"p_id": turn.id, "p_tenant": turn.tenant_id, "p_step": step,
-                                 "p_pending": len(message.tool_calls), **_usage_params(usage, model_used)})
+                                 "p_attempt": turn.attempt, "p_pending": len(runnable),
+                                 **_usage_params(usage, model_used)})
     if moved.rowcount != 1:
         raise Conflict("turn moved on while this step ran", code="stale_step")
     conn.execute(INSERT_MESSAGE, message_row(tenant_id=turn.tenant_id, session_id=turn.session_id, turn_id=turn.id,
@@ -175,22 +199,28 @@ def park_for_tools(
     records = []
     rows = []
     for idx, call in enumerate(message.tool_calls):
+        result = refused.get(call.id)
         record = InvocationRecord(
             id=uuid7(), tenant_id=turn.tenant_id, session_id=turn.session_id, turn_id=turn.id,
             turn_no=turn.turn_no, step=step, idx=idx, call_id=call.id, name=call.name,
-            arguments=call.arguments, arguments_error=call.arguments_error, status="pending",
-            attempts=0, deadline_at=None,
+            arguments=call.arguments, arguments_error=call.arguments_error,
+            status="pending" if result is None else "done", attempts=0, deadline_at=None,
         )
-        records.append(record)
         rows.append({
             "id": record.id, "tenant_id": record.tenant_id, "session_id": record.session_id,
             "turn_id": record.turn_id, "turn_no": record.turn_no, "step": step, "idx": idx,
             "call_id": call.id, "name": call.name, "arguments": call.arguments,
-            "arguments_error": call.arguments_error, "status": "pending", "is_error": False,
-            "error_code": None, "truncated": False, "elapsed_ms": 0, "attempts": 0,
-            "created_at": now, "enqueued_at": now, "started_at": None, "deadline_at": None,
-            "finished_at": None,
+            "arguments_error": call.arguments_error, "status": record.status, "is_error": result is not None,
+            "error_code": result.error_code if result else None, "truncated": False, "elapsed_ms": 0,
+            "attempts": 0, "created_at": now, "enqueued_at": now, "started_at": None, "deadline_at": None,
+            "finished_at": now if result else None,
         })
+        if result is None:
+            records.append(record)
+        else:
+            conn.execute(INSERT_MESSAGE, message_row(tenant_id=turn.tenant_id, session_id=turn.session_id,
+                                                     turn_id=turn.id, turn_no=turn.turn_no, step=step, ord=idx + 1,
+                                                     message=ToolMessage(result=result)))
     conn.execute(_INSERT_INVOCATIONS, rows)
     return records
 
@@ -198,9 +228,9 @@ def park_for_tools(
 _FINISH = (
     update(turns)
     .where(_t.id == bindparam("p_id"), _t.tenant_id == bindparam("p_tenant"), _t.step == bindparam("p_step"),
-           _t.status.in_(bindparam("p_from", expanding=True)))
+           _t.attempt == bindparam("p_attempt"), _t.status == "running")
     .values(status=bindparam("p_status"), error=bindparam("p_error", type_=turns.c.error.type),
-            finished_at=bindparam("p_now"), pending_tools=0, **_USAGE)
+            finished_at=bindparam("p_now"), pending_tools=0, lease_until=None, **_USAGE)
 )
 
 
@@ -214,11 +244,11 @@ def finish_turn(
     model_used: str | None,
     status: str = "done",
     error: dict[str, Any] | None = None,
-    from_status: tuple[str, ...] = ("running",),
 ) -> bool:
-    """running -> done | failed, storing the final assistant message. False if already moved on."""
+    """running -> done | failed for the attempt that holds the step, storing the final
+    assistant message. False if the turn moved on (another attempt, the watchdog)."""
     moved = conn.execute(_FINISH, {"p_id": turn.id, "p_tenant": turn.tenant_id, "p_step": step,
-                                   "p_from": list(from_status), "p_status": status, "p_error": error,
+                                   "p_attempt": turn.attempt, "p_status": status, "p_error": error,
                                    **_usage_params(usage, model_used)})
     if moved.rowcount != 1:
         return False
@@ -337,6 +367,20 @@ def fail_turn(conn: Connection, turn: TurnRecord, error: dict[str, Any]) -> bool
                                                  turn_id=inv.turn_id, turn_no=inv.turn_no, step=inv.step,
                                                  ord=inv.idx + 1, message=ToolMessage(result=result)))
     return moved.rowcount == 1
+
+
+def lapsed_steps(conn: Connection, now: datetime, limit: int = 200) -> list[TurnRecord]:
+    """running -> queued for steps whose lease lapsed: their worker died mid-step. The caller
+    hands each to the queue; the old attempt's late writes are refused, as they name a step
+    that is no longer running under it."""
+    rows = conn.execute(
+        update(turns)
+        .where(_t.id.in_(select(_t.id).where(_t.status == "running", _t.lease_until < now).limit(limit)),
+               _t.status == "running", _t.lease_until < now)
+        .values(status="queued", lease_until=None, updated_at=now)
+        .returning(*turns.c)
+    ).all()
+    return [TurnRecord.from_row(r) for r in rows]
 
 
 def stale_queued_turns(conn: Connection, cutoff: datetime, limit: int = 200) -> list[TurnRecord]:

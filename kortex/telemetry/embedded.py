@@ -72,6 +72,9 @@ class EmbeddedTelemetry:
         self.db = db
         self.llmops = EmbeddedLLMOps(db)
 
+    def close(self) -> None:
+        self.db.dispose()
+
     # ---- logs ------------------------------------------------------------------------------
 
     def _contains(self, column: Any, text: str) -> ColumnElement[bool]:

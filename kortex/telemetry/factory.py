@@ -11,6 +11,8 @@ from kortex.telemetry.sources import TelemetrySources
 
 
 def build_sources(settings: Settings, db: Database) -> TelemetrySources:
+    """``db`` should bound its statements (see ``Database(statement_timeout=...)``): tools give
+    up at their timeout, and the database must stop the query behind them too."""
     sources = EmbeddedTelemetry(db).sources()
     conf = settings.telemetry
     if conf.metrics == "prometheus":

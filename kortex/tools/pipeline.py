@@ -37,7 +37,7 @@ from pydantic import ValidationError
 
 from kortex.errors import InvalidInput, NotFound, StorageError, ToolError, ToolTimeout, UpstreamError
 from kortex.messages import ToolCall, ToolResult
-from kortex.redaction import scrub
+from kortex.redaction import scrub, scrub_text
 from kortex.storage.audit import AuditEntry
 from kortex.tools.capping import cap_result, encoded_size
 from kortex.tools.policy import ToolPolicy
@@ -206,7 +206,8 @@ class ToolPipeline:
     ) -> ToolResult:
         elapsed_ms = int((time.monotonic() - started) * 1000)
         if error is not None and content is None:
-            content = {"error": error[0], "message": error[1],
+            # Messages can quote upstream responses or arguments: scrub them like any output.
+            content = {"error": error[0], "message": scrub_text(error[1]),
                        "code": spec_code or SPEC_CODES.get(error[0], "INTERNAL_ERROR")}
         result = ToolResult(
             call_id=call.id, name=call.name, content=content, is_error=error is not None,

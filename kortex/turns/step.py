@@ -9,17 +9,19 @@ from contextlib import aclosing
 from typing import Any
 
 from kortex.container import Kortex
-from kortex.errors import Conflict, KortexError, ProviderError
-from kortex.events import DoneEvent, ErrorEvent, TextEvent, ToolCallEvent, TurnEvent
+from kortex.errors import Conflict, KortexError, ProviderError, StreamError
+from kortex.events import DoneEvent, ErrorEvent, Event, TextEvent, ToolCallEvent, ToolResultEvent, TurnEvent
 from kortex.ids import new_call_id
 from kortex.llm.base import CompletionRequest, DoneChunk, TextChunk, ToolCallChunk, WarningChunk
 from kortex.llm.router import Attempt, Candidate, RoutedStream, plan
-from kortex.messages import AssistantMessage, Message, ToolCall, Usage
+from kortex.messages import AssistantMessage, Message, ToolCall, ToolResult, Usage
 from kortex.prompts import DEPTH_EXCEEDED, INVESTIGATOR
+from kortex.redaction import scrub
 from kortex.storage import audit, chats, turns
 from kortex.storage.audit import AuditEntry
 from kortex.storage.records import TurnRecord
 from kortex.stream.store import StepPublisher
+from kortex.timeparse import utcnow
 from kortex.turns.handoff import NOTHING, Handoff, ToolDispatch
 
 log = logging.getLogger(__name__)
@@ -34,12 +36,15 @@ def tool_dispatch(k: Kortex, tenant_id: str, invocation_id: str, tool: str) -> T
 
 def _unique_calls(calls: list[ToolCall], taken: set[str]) -> tuple[ToolCall, ...]:
     """Give every call an id unique in the conversation: providers occasionally omit one or
-    repeat an id from an earlier step, and results are matched to calls by id."""
+    repeat an id from an earlier step, and results are matched to calls by id. Names are cut
+    to what storage holds (no tool has a longer one, so the pipeline refuses such a call)."""
     seen = set(taken)
     out = []
     for call in calls:
         if not call.id or call.id in seen or len(call.id) > 200:
             call = call.model_copy(update={"id": new_call_id()})
+        if len(call.name) > 200:
+            call = call.model_copy(update={"name": call.name[:200]})
         seen.add(call.id)
         out.append(call)
     return tuple(out)
@@ -47,19 +52,20 @@ def _unique_calls(calls: list[ToolCall], taken: set[str]) -> tuple[ToolCall, ...
 
 def run_step(k: Kortex, tenant_id: str, turn_id: str, step: int) -> Handoff:
     with k.db.connect() as conn:
-        turn = turns.claim_step(conn, tenant_id, turn_id, step)
-        if turn is None:
-            return NOTHING  # another delivery of this step has it, or the turn moved on
+        turn = turns.claim_step(conn, tenant_id, turn_id, step, lease=k.settings.turn.step_lease)
+    if turn is None:
+        return NOTHING  # another delivery of this step has it, or the turn moved on
+    try:
         try:
             candidates = plan(k.providers, turn.model)
         except KortexError as exc:
             _fail(k, turn, step, exc.code, exc.message)
             return NOTHING
-        k.events.append(turn.id, [TurnEvent(turn_id=turn.id, status="running", step=step,
+        k.events.append(turn.id, [TurnEvent(turn_id=turn.id, status="running", step=step, attempt=turn.attempt,
                                             model=candidates[0].first_spec)])
-        history = chats.load_history(conn, turn.tenant_id, turn.session_id,
-                                     limit=k.settings.llm.max_history_messages)
-    try:
+        with k.db.connect() as conn:
+            history = chats.load_history(conn, turn.tenant_id, turn.session_id,
+                                         limit=k.settings.llm.max_history_messages)
         return _run_claimed(k, turn, step, candidates, history)
     except Exception as exc:  # whatever broke, the client must hear the turn ended
         log.exception("step %s of turn %s failed", step, turn.id)
@@ -68,10 +74,20 @@ def run_step(k: Kortex, tenant_id: str, turn_id: str, step: int) -> Handoff:
         return NOTHING
 
 
+def _time_limit(k: Kortex, turn: TurnRecord) -> float:
+    """The step's own limit, but never past the turn's deadline (the watchdog fails it then)."""
+    left = (turn.deadline_at - utcnow()).total_seconds()
+    return max(0.0, min(k.settings.turn.step_time_limit, left))
+
+
 def _run_claimed(k: Kortex, turn: TurnRecord, step: int, candidates: list[Candidate],
                  history: list[Message]) -> Handoff:
     settings = k.settings
     depth = settings.llm.max_tool_depth
+    limit = _time_limit(k, turn)
+    if limit <= 0:
+        _fail(k, turn, step, "deadline_exceeded", "the turn did not finish before its deadline")
+        return NOTHING
     request = CompletionRequest(
         system=INVESTIGATOR,
         messages=tuple(history),
@@ -82,10 +98,13 @@ def _run_claimed(k: Kortex, turn: TurnRecord, step: int, candidates: list[Candid
     )  # model, max_tokens and temperature are set per provider by the router
     routed = RoutedStream(candidates, request, settings.llm)
     publisher = StepPublisher(k.events, turn.id, step, settings.turn.text_flush_ms)
-    limit = settings.turn.step_time_limit
     try:
         text, calls, _done = k.loop.run(
-            asyncio.wait_for(_consume(routed, publisher, _call_ids(history)), limit), timeout=limit + 5)
+            asyncio.wait_for(_consume(k, turn, routed, publisher, _call_ids(history)), limit), timeout=limit + 5)
+    except LeaseLost:
+        log.warning("step %s of turn %s lost its lease; another attempt runs it", step, turn.id)
+        _audit_alone(k, _llm_audit(turn, step, routed.attempts))
+        return NOTHING
     except (ProviderError, TimeoutError) as exc:
         last = routed.attempts[-1] if routed.attempts else None  # the call that was running
         error = exc if isinstance(exc, ProviderError) else ProviderError(
@@ -101,20 +120,7 @@ def _run_claimed(k: Kortex, turn: TurnRecord, step: int, candidates: list[Candid
     if calls and step >= depth:
         return _depth_exceeded(k, turn, step, text, usage, answered.spec, entries, depth)
     if calls:
-        message = AssistantMessage(content=text, tool_calls=calls)
-        try:
-            with k.db.begin() as conn:
-                invocations = turns.park_for_tools(conn, turn, step=step, message=message, usage=usage,
-                                                   model_used=answered.spec)
-                audit.write_entries(conn, entries)
-        except Conflict as exc:
-            if exc.code != "stale_step":
-                raise
-            log.warning("turn %s moved on during step %s; dropping its result", turn.id, step)
-            return NOTHING
-        k.events.append(turn.id, [ToolCallEvent(step=step, call_id=c.id, name=c.name, arguments=c.arguments)
-                                  for c in calls])
-        return Handoff(tools=tuple(tool_dispatch(k, turn.tenant_id, inv.id, inv.name) for inv in invocations))
+        return _park(k, turn, step, text, calls, usage, answered.spec, entries)
     with k.db.begin() as conn:
         finished = turns.finish_turn(conn, turn, step=step, message=AssistantMessage(content=text), usage=usage,
                                      model_used=answered.spec)
@@ -122,7 +128,52 @@ def _run_claimed(k: Kortex, turn: TurnRecord, step: int, candidates: list[Candid
             audit.write_entries(conn, entries)
     if finished:
         k.events.append(turn.id, [DoneEvent(status="done", usage=_total(turn, usage))], final=True)
+    else:
+        _audit_alone(k, entries)
     return NOTHING
+
+
+def _park(k: Kortex, turn: TurnRecord, step: int, text: str, calls: tuple[ToolCall, ...], usage: Usage,
+          model_used: str, entries: list[AuditEntry]) -> Handoff:
+    """Store the calls and hand them to the tools queue; calls past the per-step cap are
+    answered at once with an error the model can act on."""
+    cap = k.settings.llm.max_tool_calls_per_step
+    refused = {
+        c.id: ToolResult(call_id=c.id, name=c.name, is_error=True, error_code="too_many_calls",
+                         content={"error": "too_many_calls",
+                                  "message": f"at most {cap} tool calls run per answer; ask for this one again"})
+        for c in calls[cap:]
+    }
+    message = AssistantMessage(content=text, tool_calls=calls)
+    try:
+        with k.db.begin() as conn:
+            invocations = turns.park_for_tools(conn, turn, step=step, message=message, usage=usage,
+                                               model_used=model_used, refused=refused)
+            audit.write_entries(conn, entries)
+    except Conflict as exc:
+        if exc.code != "stale_step":
+            raise
+        log.warning("turn %s moved on during step %s; dropping its result", turn.id, step)
+        _audit_alone(k, entries)
+        return NOTHING
+    events: list[Event] = [ToolCallEvent(step=step, call_id=c.id, name=c.name, arguments=scrub(c.arguments))
+                           for c in calls]
+    events += [ToolResultEvent(step=step, call_id=r.call_id, name=r.name, is_error=True, error_code=r.error_code,
+                               content=r.content) for r in refused.values()]
+    try:
+        k.events.append(turn.id, events)
+    except StreamError:  # the calls are stored and will run; clients see their results
+        log.warning("could not publish the tool calls of turn %s", turn.id, exc_info=True)
+    return Handoff(tools=tuple(tool_dispatch(k, turn.tenant_id, inv.id, inv.name) for inv in invocations))
+
+
+def _audit_alone(k: Kortex, entries: list[AuditEntry]) -> None:
+    """Every LLM call is billed and audited, even when its turn moved on without it."""
+    try:
+        with k.db.begin() as conn:
+            audit.write_entries(conn, entries)
+    except KortexError:
+        log.exception("could not write %d audit rows", len(entries))
 
 
 def _usage(attempts: list[Attempt]) -> Usage:
@@ -137,15 +188,22 @@ def _call_ids(history: list[Message]) -> set[str]:
     return {c.id for m in history if isinstance(m, AssistantMessage) for c in m.tool_calls}
 
 
+class LeaseLost(Exception):
+    """The step's lease could not be renewed: the watchdog gave the step to another attempt."""
+
+
 async def _consume(
-    routed: RoutedStream, publisher: StepPublisher, taken: set[str]
+    k: Kortex, turn: TurnRecord, routed: RoutedStream, publisher: StepPublisher, taken: set[str]
 ) -> tuple[str, tuple[ToolCall, ...], DoneChunk]:
     text: list[str] = []
     calls: list[ToolCall] = []
     done: DoneChunk | None = None
+    keeper = asyncio.ensure_future(_keep_lease(k, turn))
     try:
         async with aclosing(routed.stream()) as chunks:
             async for chunk in chunks:
+                if keeper.done():
+                    raise LeaseLost()
                 if isinstance(chunk, TextChunk):
                     text.append(chunk.text)
                     publisher.text(chunk.text)
@@ -156,10 +214,24 @@ async def _consume(
                 elif isinstance(chunk, DoneChunk):
                     done = chunk
     finally:
+        keeper.cancel()
         publisher.flush()  # whatever was streamed reaches the client before any error
     if done is None:
         raise ProviderError("stream ended without a final chunk", retryable=True, code="stream_truncated")
     return "".join(text), _unique_calls(calls, taken), done
+
+
+async def _keep_lease(k: Kortex, turn: TurnRecord) -> None:
+    """Renew the step's lease while it streams; returns when it is lost."""
+    lease = k.settings.turn.step_lease
+    while True:
+        await asyncio.sleep(lease / 3)
+        try:
+            with k.db.connect() as conn:  # a short blocking write on the streaming loop; see StepPublisher
+                if not turns.renew_lease(conn, turn, lease=lease):
+                    return
+        except KortexError:  # a database blip: try again at the next tick, the lease still runs
+            log.warning("could not renew the lease of turn %s", turn.id, exc_info=True)
 
 
 def _total(turn: TurnRecord, usage: Usage) -> Usage:
@@ -218,6 +290,8 @@ def _depth_exceeded(
             ErrorEvent(code="tool_depth_exceeded", message=note),
             DoneEvent(status="done", usage=_total(turn, usage), error="tool_depth_exceeded"),
         ], final=True)
+    else:
+        _audit_alone(k, entries)
     return NOTHING
 
 
@@ -234,3 +308,5 @@ def _fail(
     if finished:
         k.events.append(turn.id, [ErrorEvent(code=code, message=message, retryable=retryable),
                                   DoneEvent(status="failed", usage=_total(turn, usage), error=code)], final=True)
+    elif llm_entries:
+        _audit_alone(k, llm_entries)

@@ -4,9 +4,11 @@ the last result of a step hands the turn back to the ``turns`` queue."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 
 from kortex.container import Kortex
+from kortex.errors import StorageError, StreamError
 from kortex.events import Event, ToolProgressEvent, ToolResultEvent
 from kortex.messages import ToolCall, ToolResult
 from kortex.storage import audit, turns
@@ -42,21 +44,46 @@ def run_tool(k: Kortex, tenant_id: str, invocation_id: str, tool: str, hard_limi
             message=f"{call.name} is taking longer than usual; still working")])
 
     result = k.pipeline.run(turns.tool_call_from_record(inv), ctx, audit=entries, on_progress=progress)
-    # Events a tool raised (a proposal card) only go out with a result that was stored.
+    # Events a tool raised (a proposal card) go out with its result, never with an error.
     return settle(k, inv, result, entries, events=[] if result.is_error else ctx.events)
 
 
 def settle(k: Kortex, inv: InvocationRecord, result: ToolResult, entries: list[AuditEntry],
            from_status: tuple[str, ...] = ("running",), events: Sequence[Event] = ()) -> Handoff:
-    """Store a result with its audit row, publish it (and ``events``, once: a duplicate delivery
-    that finds the result stored publishes nothing), and advance the turn if it was the last."""
-    with k.db.begin() as conn:
-        completion = turns.complete_invocation(conn, inv.tenant_id, inv.id, result, from_status=from_status)
-        if completion is not None:
-            audit.write_entries(conn, entries)
+    """Publish a result (with ``events`` a tool raised), store it with its audit rows, and
+    advance the turn if it was the last of its step.
+
+    The result is published before the commit: once the last sibling commits, the next step
+    may start streaming, and a result published after that would reach clients after the
+    next step's text, or after ``done``. A result that then fails to store is settled again
+    later by the watchdog, under the same call id.
+    """
+    try:
+        k.events.append(inv.turn_id, [result_event(inv, result), *events])
+    except StreamError:  # stored results are also served from the database
+        log.warning("could not publish the result of %s (%s)", inv.call_id, inv.turn_id, exc_info=True)
+    completion = _store(k, inv, result, entries, from_status)
     if completion is None:
+        log.info("tool call %s was settled before its result arrived", inv.call_id)
         return NOTHING
-    k.events.append(inv.turn_id, [result_event(inv, result), *events])
     if completion.next_step is None:
         return NOTHING
     return Handoff(steps=(StepDispatch(tenant_id=inv.tenant_id, turn_id=inv.turn_id, step=completion.next_step),))
+
+
+def _store(k: Kortex, inv: InvocationRecord, result: ToolResult, entries: list[AuditEntry],
+           from_status: tuple[str, ...]) -> turns.Completion | None:
+    """A result is worth a few retries: once lost, only the watchdog's timeout answers the call."""
+    for delay in (0.2, 0.5, 1.0, None):
+        try:
+            with k.db.begin() as conn:
+                completion = turns.complete_invocation(conn, inv.tenant_id, inv.id, result, from_status=from_status)
+                if completion is not None:
+                    audit.write_entries(conn, entries)
+            return completion
+        except StorageError:
+            if delay is None:
+                raise
+            log.warning("storing the result of %s failed; retrying", inv.call_id, exc_info=True)
+            time.sleep(delay)
+    return None

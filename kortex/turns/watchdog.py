@@ -63,7 +63,8 @@ def sweep(k: Kortex) -> SweepReport:
 
     cutoff = now - timedelta(seconds=k.settings.turn.requeue_after)
     with k.db.begin() as conn:
-        stale_turns = turns.stale_queued_turns(conn, cutoff)
+        lapsed = turns.lapsed_steps(conn, now)  # their worker died mid-step: run the step again
+        stale_turns = lapsed + turns.stale_queued_turns(conn, cutoff)
         stale_tools = turns.stale_pending_invocations(conn, cutoff)
     handoff += Handoff(
         steps=tuple(StepDispatch(tenant_id=t.tenant_id, turn_id=t.id, step=t.step) for t in stale_turns),
@@ -71,8 +72,9 @@ def sweep(k: Kortex) -> SweepReport:
     )
     expired_proposals = k.proposals.expire_due(now)  # each one an audit row, as a human decision is
     if failed or overdue or stale_turns or stale_tools or expired_proposals:
-        log.info("watchdog: %d turns failed, %d tools timed out, %d steps and %d tools re-enqueued, "
-                 "%d proposals expired", failed, len(overdue), len(stale_turns), len(stale_tools), expired_proposals)
+        log.info("watchdog: %d turns failed, %d tools timed out, %d steps (%d of dead workers) and %d tools "
+                 "re-enqueued, %d proposals expired", failed, len(overdue), len(stale_turns), len(lapsed),
+                 len(stale_tools), expired_proposals)
     return SweepReport(failed, len(overdue), len(stale_turns), len(stale_tools), handoff, expired_proposals)
 
 

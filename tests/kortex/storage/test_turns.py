@@ -61,10 +61,10 @@ def test_claims_and_completions_are_compare_and_set(harness: Harness) -> None:
     def work():
         k = harness.k
         with k.db.begin() as conn:
-            claimed = turns.claim_step(conn, tenant, turn.id, 0)
+            claimed = turns.claim_step(conn, tenant, turn.id, 0, lease=60)
             assert claimed is not None
-            assert turns.claim_step(conn, tenant, turn.id, 0) is None
-            assert turns.claim_step(conn, "someone-else", turn.id, 0) is None
+            assert turns.claim_step(conn, tenant, turn.id, 0, lease=60) is None
+            assert turns.claim_step(conn, "someone-else", turn.id, 0, lease=60) is None
             calls = (ToolCall(id="a", name="x"), ToolCall(id="b", name="y"))
             invs = turns.park_for_tools(conn, claimed, step=0, message=AssistantMessage(tool_calls=calls),
                                               usage=Usage(input_tokens=3), model_used="p:m")

@@ -134,3 +134,19 @@ def test_get_recent_deploys_lists_the_window_newest_first(harness: Harness) -> N
     assert [d["version"] for d in day.content["deploys"]] == ["v2.14.0", "v2.13.2"]
     bad = call(harness, tenant, "get_recent_deploys", {"product": "checkout", "time_range": "last fortnight"})
     assert bad.is_error and bad.error_code == "validation" and "time" in bad.content["message"]
+
+
+def test_the_database_stops_tool_queries_at_their_timeout(tmp_path) -> None:
+    import pytest
+    from sqlalchemy import text
+
+    from kortex.errors import StorageError
+    from kortex.storage.db import Database
+
+    db = Database(f"sqlite:///{tmp_path / 't.db'}", statement_timeout=0.2)
+    slow = text("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c")
+    with pytest.raises(StorageError), db.connect() as conn:
+        conn.execute(slow).all()  # never ends by itself
+    with db.connect() as conn:  # the connection is fine afterwards
+        assert conn.execute(text("SELECT 1")).scalar() == 1
+    db.dispose()

@@ -180,3 +180,16 @@ def test_domain_errors_map_to_pipeline_codes_and_spec_codes() -> None:
     assert "10.0.0.5" not in db.content["message"]  # storage details stay in the server log
     assert run(p, "broken", {"n": 99}).content["code"] == "INVALID_PARAMETER"
     assert run(p, "nope", {}).content["code"] == "POLICY_DENIED"
+
+
+def test_error_messages_are_scrubbed_too() -> None:
+    from kortex.errors import UpstreamError
+
+    def leaky(args: _Args, ctx: ToolContext) -> dict[str, Any]:
+        raise UpstreamError("upstream said: 401 for Authorization: Bearer abcdefghijklmnopqrstuv")
+
+    spec = ToolSpec(name="leaky", description="", input_model=_Args, run=leaky, redact=("x",))
+    registry = ToolRegistry([spec])
+    p = ToolPipeline(registry, ToolPolicy.build(None, registry))
+    result = p.run(ToolCall(id="c", name="leaky", arguments={"n": 1}), _ctx())
+    assert result.error_code == "upstream" and "abcdefghijklmnop" not in result.content["message"]

@@ -211,3 +211,66 @@ def test_call_ids_a_model_repeats_across_steps_are_made_unique(harness_factory) 
     assert len(ids) == 3 and len(set(ids)) == 3 and ids[0] == "call_same"
     results = [json.loads(e.data)["call_id"] for e in h.events(turn.id) if e.type == "tool_result"]
     assert results == ids
+
+
+def test_a_step_whose_worker_died_runs_again_and_the_old_attempt_cannot_write(harness_factory) -> None:
+    import pytest
+
+    from kortex.errors import Conflict
+    from kortex.messages import AssistantMessage, ToolCall, Usage
+    from kortex.storage import turns as turn_store
+
+    h = harness_factory(turn={"step_lease": 60})
+    tenant = h.tenant("acme")
+    k = h.k
+    session = chat.create_session(k, tenant, "t", "scripted:two_tools")
+    posted = chat.post_message(k, tenant, session.id, "go")
+    with k.db.connect() as conn:  # a worker claims the step with a lease that lapses at once, then dies
+        dead = turn_store.claim_step(conn, tenant, posted.turn.id, 0, lease=-1)
+    assert dead is not None and dead.attempt == 1
+    report = watchdog.sweep(k)
+    assert [s.turn_id for s in report.handoff.steps] == [posted.turn.id]
+    drive(k, report.handoff)
+    turn = chat.get_turn(k, tenant, posted.turn.id)
+    assert turn.status == "done" and turn.attempt >= 2
+    starts = [json.loads(e.data) for e in h.events(posted.turn.id) if e.type == "turn"]
+    assert starts[0]["step"] == 0 and starts[0]["attempt"] == 2
+    with pytest.raises(Conflict), k.db.begin() as conn:  # the dead attempt's late write is refused
+        turn_store.park_for_tools(conn, dead, step=0, usage=Usage(), model_used=None,
+                                  message=AssistantMessage(tool_calls=(ToolCall(id="late", name="x"),)))
+
+
+def test_a_streaming_step_renews_its_lease(harness_factory) -> None:
+    import threading
+    import time
+
+    h = harness_factory(turn={"step_lease": 0.3, "text_flush_ms": 0})
+    tenant = h.tenant("acme")
+    k = h.k
+    session = chat.create_session(k, tenant, "t", "scripted:slow_text")
+    posted = chat.post_message(k, tenant, session.id, "slowly")
+    runner = threading.Thread(target=drive, args=(k, posted.handoff))
+    runner.start()
+    requeued = []
+    while runner.is_alive():  # a watchdog sweeping far more often than the lease lasts
+        requeued += [s.turn_id for s in watchdog.sweep(k).handoff.steps]
+        time.sleep(0.05)
+    runner.join()
+    turn = chat.get_turn(k, tenant, posted.turn.id)
+    assert turn.status == "done" and turn.attempt == 1 and requeued == []
+    assert "".join(json.loads(e.data)["delta"] for e in h.events(posted.turn.id) if e.type == "text") == \
+        "one two three four five six"
+
+
+def test_tool_calls_past_the_per_step_cap_get_an_error_result(harness_factory) -> None:
+    h = harness_factory(llm={"max_tool_calls_per_step": 2})
+    tenant = h.tenant("acme")
+    turn = h.ask(tenant, "try", model="scripted:bad_calls")  # three calls in one answer
+    assert turn.status == "done"
+    results = {json.loads(e.data)["call_id"]: json.loads(e.data) for e in h.events(turn.id)
+               if e.type == "tool_result"}
+    assert results["call_badjson"]["error_code"] == "too_many_calls"
+    assert {results["call_badargs"]["error_code"], results["call_unknown"]["error_code"]} == {"validation",
+                                                                                               "policy_denied"}
+    tool_messages = [m for m in h.messages(tenant, turn.session_id) if m.role == "tool"]
+    assert len(tool_messages) == 3  # every call has its result in the history
