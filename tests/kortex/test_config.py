@@ -61,3 +61,10 @@ def test_telemetry_sources_are_chosen_by_configuration(tmp_path: Path, monkeypat
     (tmp_path / "kortex.toml").write_text('[telemetry]\nmetrics = "graphite"\n')
     with pytest.raises(ConfigError):
         load_settings()
+
+
+def test_the_shipped_example_configuration_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    example = Path(__file__).resolve().parents[2] / "deploy" / "kortex.toml.example"
+    monkeypatch.setenv("KORTEX_CONFIG", str(example))
+    s = load_settings()
+    assert s.llm.default_provider == "offline" and s.tools.allowed and s.turn.step_lease == 60
