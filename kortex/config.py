@@ -111,9 +111,13 @@ class ToolOverride(_Section):
 
 
 class BudgetSettings(_Section):
-    daily_usd_limit: float = Field(50.0, ge=0)
-    per_session_token_cap: int = Field(200_000, ge=1000)
+    """``[llm.budget]``, enforced before each turn and each LLM call (kortex/budget.py); a
+    tenant's own settings may narrow them."""
+
+    daily_usd_limit: float = Field(50.0, ge=0)            # per tenant, per UTC day, every LLM call
+    per_session_token_cap: int = Field(200_000, ge=1000)  # input + output tokens of a session
     max_concurrent_turns_per_tenant: int = Field(20, ge=1)
+    turns_per_minute: int = Field(120, ge=1)              # per tenant
 
 
 class PrivacySettings(_Section):

@@ -6,7 +6,8 @@
     ├── Conflict                the request clashes with current state (turn already running, ...)
     ├── InvalidInput            a caller sent something we reject (HTTP 4xx, CLI usage)
     ├── AuthError               missing, malformed, unknown or revoked credentials
-    ├── RateLimited             a budget, rate or concurrency cap says not now
+    ├── RateLimited             a rate or concurrency cap says not now
+    │   └── BudgetExceeded      the tenant's daily spend or the session's tokens are used up
     ├── StorageError            the database failed in a way the caller cannot fix
     ├── StreamError             the event stream store failed
     ├── ProviderError           an LLM provider failed (status, provider, model, retryable)
@@ -61,6 +62,10 @@ class AuthError(KortexError):
 
 class RateLimited(KortexError):
     code = "rate_limited"
+
+
+class BudgetExceeded(RateLimited):
+    code = "budget_exceeded"
 
 
 class StorageError(KortexError):

@@ -91,9 +91,11 @@ class ScriptedProvider(Provider):
     name = "scripted"
     synthetic = True
 
-    def __init__(self, scripts: dict[str, Script] | None = None, dirs: Sequence[Path] = ()) -> None:
+    def __init__(self, scripts: dict[str, Script] | None = None, dirs: Sequence[Path] = (),
+                 prices: dict[str, dict[str, float]] | None = None) -> None:
         self._scripts = dict(scripts or {})
         self._dirs = list(dirs)
+        self._prices = dict(prices or {})  # per script, so tests can bill turns
 
     def models(self) -> Sequence[ModelInfo]:
         names = set(self._scripts)
@@ -109,7 +111,9 @@ class ScriptedProvider(Provider):
         if not model_id:
             return self.default_model()
         self.script(model_id)  # raises when there is no such script
-        return ModelInfo(id=model_id, display_name=f"scripted {model_id}", tier="fast")
+        price = self._prices.get(model_id, {})
+        return ModelInfo(id=model_id, display_name=f"scripted {model_id}", tier="fast",
+                         input_usd_per_mtok=price.get("input", 0.0), output_usd_per_mtok=price.get("output", 0.0))
 
     def script(self, name: str) -> Script:
         if name in self._scripts:
@@ -172,4 +176,4 @@ def create(name: str, config: ProviderSettings, settings: Settings) -> Provider:
     dirs = [BUILTIN_SCRIPTS]
     if settings.testing.scripts_dir:
         dirs.insert(0, settings.testing.scripts_dir)
-    return ScriptedProvider(dirs=dirs)
+    return ScriptedProvider(dirs=dirs, prices=config.prices)

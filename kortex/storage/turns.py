@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -68,8 +69,10 @@ def create_turn(
     deadline: timedelta,
     idempotency_key: str | None = None,
     max_active_per_tenant: int | None = None,
+    admit: Callable[[Connection], None] | None = None,
 ) -> NewTurn:
-    """Store the user message and a queued turn in the caller's transaction."""
+    """Store the user message and a queued turn in the caller's transaction. ``admit`` runs
+    only when a new turn is about to be created (not for a replay) and may refuse it."""
     now = utcnow()
     # Locking the session row first serialises concurrent posts to one session on PostgreSQL,
     # so the idempotency and one-active-turn checks below cannot race. (SQLite has one writer
@@ -97,6 +100,8 @@ def create_turn(
                        details={"turn_id": busy})
     if max_active_per_tenant is not None and active_turns_for_tenant(conn, tenant_id) >= max_active_per_tenant:
         raise RateLimited(f"at most {max_active_per_tenant} turns may run at once for this tenant")
+    if admit is not None:
+        admit(conn)
     turn_no = conn.scalar(
         update(chat_sessions)
         .where(chat_sessions.c.id == session_id, chat_sessions.c.tenant_id == tenant_id)

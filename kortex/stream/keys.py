@@ -1,4 +1,5 @@
-"""Redis key builders: the one place that knows how Kortex names its keys."""
+"""Redis key builders: the one place that knows how Kortex names its keys (Celery's own keys
+live under ``<prefix>:celery:``, see workers/app.py)."""
 
 from __future__ import annotations
 
@@ -13,3 +14,8 @@ def turn_id_from_key(prefix: str, key: str) -> str:
     if not key.startswith(head) or not key.endswith(":events"):
         raise ValueError(f"not a turn stream key: {key!r}")
     return key[len(head):-len(":events")]
+
+
+def rate_window(prefix: str, tenant_id: str, window: int) -> str:
+    """The counter of a tenant's turns in one minute-long window."""
+    return f"{prefix}:rate:{tenant_id}:{window}"

@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
+from sqlalchemy.engine import Connection
+
+from kortex import budget
 from kortex.container import Kortex
 from kortex.errors import Conflict, InvalidInput
 from kortex.storage import chats, turns
@@ -59,7 +62,14 @@ def post_message(
     if idempotency_key is not None and not (0 < len(idempotency_key) <= MAX_IDEMPOTENCY_KEY):
         raise InvalidInput(f"Idempotency-Key must be 1-{MAX_IDEMPOTENCY_KEY} characters")
     model = _check_model(k, model)
-    cap = k.settings.llm.budget.max_concurrent_turns_per_tenant
+    budget_settings = k.settings.llm.budget
+    cap = budget_settings.max_concurrent_turns_per_tenant
+
+    def admit(conn: Connection) -> None:
+        spent = budget.spend(conn, tenant_id, session_id)
+        budget.check_rate(k.redis, k.settings.redis_prefix, budget_settings, tenant_id, spent.tenant_settings)
+        budget.check_spend(budget_settings, spent)
+
     for attempt in range(2):
         try:
             with k.db.begin() as conn:
@@ -67,7 +77,7 @@ def post_message(
                 new = turns.create_turn(
                     conn, tenant_id=tenant_id, session_id=session_id, content=content,
                     model=model or session.model, deadline=timedelta(seconds=k.settings.turn.deadline),
-                    idempotency_key=idempotency_key, max_active_per_tenant=cap,
+                    idempotency_key=idempotency_key, max_active_per_tenant=cap, admit=admit,
                 )
             break
         except Conflict as exc:

@@ -8,8 +8,9 @@ import logging
 from contextlib import aclosing
 from typing import Any
 
+from kortex import budget
 from kortex.container import Kortex
-from kortex.errors import Conflict, KortexError, ProviderError, StreamError
+from kortex.errors import BudgetExceeded, Conflict, KortexError, ProviderError, StreamError
 from kortex.events import DoneEvent, ErrorEvent, Event, TextEvent, ToolCallEvent, ToolResultEvent, TurnEvent
 from kortex.ids import new_call_id
 from kortex.llm.base import CompletionRequest, DoneChunk, TextChunk, ToolCallChunk, WarningChunk
@@ -64,6 +65,11 @@ def run_step(k: Kortex, tenant_id: str, turn_id: str, step: int) -> Handoff:
         k.events.append(turn.id, [TurnEvent(turn_id=turn.id, status="running", step=step, attempt=turn.attempt,
                                             model=candidates[0].first_spec)])
         with k.db.connect() as conn:
+            try:  # the budget is checked before every LLM call, not only when the turn began
+                budget.check_spend(k.settings.llm.budget, budget.spend(conn, turn.tenant_id, turn.session_id))
+            except BudgetExceeded as exc:
+                _fail(k, turn, step, exc.code, exc.message)
+                return NOTHING
             history = chats.load_history(conn, turn.tenant_id, turn.session_id,
                                          limit=k.settings.llm.max_history_messages)
         return _run_claimed(k, turn, step, candidates, history)
@@ -105,7 +111,11 @@ def _run_claimed(k: Kortex, turn: TurnRecord, step: int, candidates: list[Candid
         log.warning("step %s of turn %s lost its lease; another attempt runs it", step, turn.id)
         _audit_alone(k, _llm_audit(turn, step, routed.attempts))
         return NOTHING
-    except (ProviderError, TimeoutError) as exc:
+    except Exception as exc:
+        if not isinstance(exc, ProviderError | TimeoutError):
+            # A bug, not the vendor: still bill and audit whatever calls were made.
+            log.exception("streaming step %s of turn %s failed", step, turn.id)
+            exc = ProviderError("the model call failed unexpectedly", code="internal")
         last = routed.attempts[-1] if routed.attempts else None  # the call that was running
         error = exc if isinstance(exc, ProviderError) else ProviderError(
             f"no answer within {limit:.0f}s", provider=last.provider if last else candidates[0].provider.name,

@@ -1,0 +1,111 @@
+"""Budgets and rate limits, checked when a turn is asked for and again before every LLM call.
+
+- daily USD per tenant: the cost of every LLM call audited since midnight UTC;
+- tokens per session: every turn of the session, all its steps;
+- turns per minute per tenant: a fixed window counted in Redis.
+
+Limits come from ``[llm.budget]`` and may be narrowed per tenant in the tenant's settings
+(``{"budget": {"daily_usd_limit": 5}}``): policy as data, never widened past the deployment's.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from redis import Redis
+from redis.exceptions import RedisError
+from sqlalchemy import bindparam, func, select
+from sqlalchemy.engine import Connection
+
+from kortex.config import BudgetSettings
+from kortex.errors import BudgetExceeded, RateLimited
+from kortex.storage.schema import decisions, tenants, turns
+from kortex.stream.keys import rate_window
+from kortex.timeparse import utcnow
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    daily_usd: float
+    session_tokens: int
+    turns_per_minute: int
+
+    @classmethod
+    def of(cls, budget: BudgetSettings, tenant_settings: dict[str, Any] | None) -> Limits:
+        own = (tenant_settings or {}).get("budget") or {}
+
+        def narrowed(key: str, default: float) -> Any:
+            value = own.get(key)
+            return default if not isinstance(value, int | float) or value < 0 else min(value, default)
+
+        return cls(
+            daily_usd=float(narrowed("daily_usd_limit", budget.daily_usd_limit)),
+            session_tokens=int(narrowed("per_session_token_cap", budget.per_session_token_cap)),
+            turns_per_minute=int(narrowed("turns_per_minute", budget.turns_per_minute)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Spend:
+    usd_today: float
+    session_tokens: int
+    tenant_settings: dict[str, Any] | None
+
+
+# One round trip: today's LLM spend of the tenant, the session's tokens and the tenant's own
+# limits (the daily sum rides the (tenant_id, created_at) index of the audit table).
+_SPEND = select(
+    select(func.coalesce(func.sum(decisions.c.cost_usd), 0.0))
+    .where(decisions.c.tenant_id == bindparam("p_tenant"), decisions.c.kind == "llm_call",
+           decisions.c.created_at >= bindparam("p_since"))
+    .scalar_subquery().label("usd"),
+    select(func.coalesce(func.sum(turns.c.input_tokens + turns.c.output_tokens), 0))
+    .where(turns.c.tenant_id == bindparam("p_tenant"), turns.c.session_id == bindparam("p_session"))
+    .scalar_subquery().label("tokens"),
+    select(tenants.c.settings).where(tenants.c.id == bindparam("p_tenant")).scalar_subquery().label("settings"),
+)
+
+
+def start_of_day(now: datetime) -> datetime:
+    return now.replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+def spend(conn: Connection, tenant_id: str, session_id: str) -> Spend:
+    row = conn.execute(_SPEND, {"p_tenant": tenant_id, "p_session": session_id,
+                                "p_since": start_of_day(utcnow())}).one()
+    return Spend(usd_today=float(row.usd or 0.0), session_tokens=int(row.tokens or 0),
+                 tenant_settings=row.settings)
+
+
+def check_spend(budget: BudgetSettings, current: Spend) -> None:
+    """Raise BudgetExceeded when the tenant's day or the session is spent."""
+    limits = Limits.of(budget, current.tenant_settings)
+    if current.usd_today >= limits.daily_usd:
+        raise BudgetExceeded(
+            f"the tenant's daily LLM budget of ${limits.daily_usd:.2f} is spent "
+            f"(${current.usd_today:.4f} today); it resets at midnight UTC", details={"limit": "daily_usd"})
+    if current.session_tokens >= limits.session_tokens:
+        raise BudgetExceeded(
+            f"this session has used its {limits.session_tokens} tokens; start a new session",
+            details={"limit": "session_tokens"})
+
+
+def check_rate(redis: Redis, prefix: str, budget: BudgetSettings, tenant_id: str,
+               tenant_settings: dict[str, Any] | None) -> None:
+    """Count one more turn in this minute's window for the tenant; refuse past the limit."""
+    limit = Limits.of(budget, tenant_settings).turns_per_minute
+    window = int(time.time() // 60)
+    key = rate_window(prefix, tenant_id, window)
+    try:
+        pipe = redis.pipeline(transaction=False)
+        pipe.incr(key)
+        pipe.expire(key, 120)
+        count = int(pipe.execute()[0])
+    except RedisError:
+        return  # the rate limit is a guard, not a gate: Redis trouble must not stop every turn
+    if count > limit:
+        raise RateLimited(f"at most {limit} turns a minute for this tenant; retry in a minute",
+                          details={"limit": "turns_per_minute"})

@@ -1,0 +1,64 @@
+"""Budgets and rate limits: refused before the turn, and before every LLM call within it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kortex.errors import BudgetExceeded, RateLimited
+from kortex.storage.schema import tenants
+from kortex.turns import chat
+
+PRICED = {"providers": {"scripted": {"prices": {"costly": {"input": 1_000_000, "output": 1_000_000}}}}}
+
+
+def test_a_spent_day_stops_the_turn_at_its_next_llm_call_and_refuses_new_ones(harness_factory) -> None:
+    # $1 a token: the first step of the script costs $1200, past a $1000 day.
+    h = harness_factory(llm={**PRICED, "budget": {"daily_usd_limit": 1000}})
+    tenant = h.tenant("acme")
+    turn = h.ask(tenant, "go", model="scripted:costly")
+    assert turn.status == "failed" and turn.error["code"] == "budget_exceeded"
+    assert turn.cost_usd == pytest.approx(1200.0)  # what was spent is still on the turn
+    kinds = [e.type for e in h.events(turn.id)]
+    assert kinds.count("turn") == 2 and kinds[-2:] == ["error", "done"]  # the second call never ran
+    with pytest.raises(BudgetExceeded) as refused:
+        h.ask(tenant, "again", model="scripted:costly")
+    assert "daily LLM budget" in refused.value.message
+    other = h.tenant("other")  # another tenant's day is its own
+    assert h.ask(other, "hi", model="scripted:text_only").status == "done"
+
+
+def test_a_session_past_its_token_cap_takes_no_more_turns(harness_factory) -> None:
+    h = harness_factory(llm={"budget": {"per_session_token_cap": 1000}})
+    tenant = h.tenant("acme")
+    session = chat.create_session(h.k, tenant, "s", "scripted:costly")
+    turn = h.ask(tenant, "go", session_id=session.id)
+    assert turn.status == "failed" and turn.error["code"] == "budget_exceeded"  # 1200 tokens after step 0
+    with pytest.raises(BudgetExceeded):
+        chat.post_message(h.k, tenant, session.id, "more")
+    fresh = chat.create_session(h.k, tenant, "s2", "scripted:text_only")
+    assert h.ask(tenant, "hello", session_id=fresh.id).status == "done"
+
+
+def test_a_tenant_can_be_held_to_a_lower_budget_never_a_higher_one(harness_factory) -> None:
+    h = harness_factory(llm={**PRICED, "budget": {"daily_usd_limit": 5000}})
+    tenant = h.tenant("acme")
+    with h.k.db.begin() as conn:
+        conn.execute(tenants.update().where(tenants.c.id == tenant)
+                     .values(settings={"budget": {"daily_usd_limit": 100, "per_session_token_cap": 10**9}}))
+    turn = h.ask(tenant, "go", model="scripted:costly")
+    assert turn.status == "failed" and turn.error["code"] == "budget_exceeded"
+    data = [json.loads(e.data) for e in h.events(turn.id) if e.type == "error"]
+    assert "$100.00" in data[0]["message"]
+
+
+def test_turns_per_minute_are_limited_per_tenant(harness_factory) -> None:
+    h = harness_factory(llm={"budget": {"turns_per_minute": 2}})
+    tenant = h.tenant("acme")
+    for i in range(2):
+        assert h.ask(tenant, f"q{i}", model="scripted:text_only").status == "done"
+    with pytest.raises(RateLimited) as limited:
+        h.ask(tenant, "q3", model="scripted:text_only")
+    assert not isinstance(limited.value, BudgetExceeded)
+    assert h.ask(h.tenant("other"), "q", model="scripted:text_only").status == "done"
