@@ -44,7 +44,7 @@ def valid_id(model_id: str) -> bool:
     return bool(_MODEL_ID.match(model_id))
 
 
-def _with_price(model: ModelInfo, config: ProviderSettings) -> ModelInfo:
+def with_price(model: ModelInfo, config: ProviderSettings) -> ModelInfo:
     price = config.prices.get(model.id)
     if not price:
         return model
@@ -57,14 +57,14 @@ def _with_price(model: ModelInfo, config: ProviderSettings) -> ModelInfo:
 
 def unlisted(model_id: str, config: ProviderSettings, tier: Tier = "balanced") -> ModelInfo:
     """A model the catalogue does not know: priced from configuration, else free."""
-    return _with_price(ModelInfo(id=model_id, display_name=model_id, tier=tier,
+    return with_price(ModelInfo(id=model_id, display_name=model_id, tier=tier,
                                  context_tokens=config.context_tokens or DEFAULT_CONTEXT), config)
 
 
 def priced(catalogue: Sequence[ModelInfo], config: ProviderSettings) -> tuple[ModelInfo, ...]:
     """The catalogue with configured prices applied; models only the configuration prices
     (a newer model, a model of an OpenAI-compatible server) are appended."""
-    out = [_with_price(model, config) for model in catalogue]
+    out = [with_price(model, config) for model in catalogue]
     known = {m.id for m in out}
     out += [unlisted(model_id, config) for model_id in config.prices if model_id not in known]
     return tuple(out)

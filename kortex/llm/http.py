@@ -260,9 +260,11 @@ class HTTPProvider(Provider):
         if self.config.allow_unlisted_models:
             # The operator allowed any id: priced from configuration, else free (documented).
             return catalog.unlisted(model_id, self.config)
-        raise failure("unknown_model", provider=self.name, model=model_id,
-                      detail=f"{model_id!r} is not a model of llm.providers.{self.name} (catalogue, model, "
-                             "fast_model, prices); set allow_unlisted_models to accept any")
+        # The id is the caller's own input (checked printable and short before it gets here).
+        raise ProviderError(f"model {model_id!r} is not offered by {self.name}", provider=self.name,
+                            model=model_id, code="unknown_model",
+                            detail="not in the catalogue, model, fast_model or prices; allow_unlisted_models "
+                                   "accepts any id")
 
     async def _stream_once(self, request: CompletionRequest) -> AsyncIterator[StreamChunk]:
         raise NotImplementedError

@@ -45,6 +45,11 @@ TAGS_TTL = 30.0
 MAX_REMEMBERED = 256
 
 
+def canonical(model_id: str) -> str:
+    """Ollama's name for a model: without a tag it means ``:latest`` (``/api/tags`` lists tags)."""
+    return model_id if ":" in model_id.rsplit("/", 1)[-1] else model_id + ":latest"
+
+
 def is_cloud_tag(model_id: str) -> bool:
     """Ollama's cloud models (``gpt-oss:120b-cloud``, ``glm-4.6:cloud``) are served by ollama.com."""
     tag = model_id.rsplit(":", 1)[-1].lower()
@@ -87,9 +92,10 @@ class OllamaProvider(HTTPProvider):
 
     def _info(self, model_id: str) -> ModelInfo:
         tier = "fast" if model_id == self.config.fast_model else "balanced"
-        return ModelInfo(id=model_id, display_name=f"{model_id} (local)", tier=tier,
-                         context_tokens=self.config.context_tokens or DEFAULT_CONTEXT,
-                         supports_tools=model_id not in self._no_native_tools)
+        # Free unless priced: a cloud model an operator pulled is billed by ollama.com.
+        return catalog.with_price(ModelInfo(id=model_id, display_name=f"{model_id} (local)", tier=tier,
+                                            context_tokens=self.config.context_tokens or DEFAULT_CONTEXT,
+                                            supports_tools=model_id not in self._no_native_tools), self.config)
 
     def _configured(self) -> list[str]:
         return [m for m in (self.config.model, self.config.fast_model, *self.config.prices) if m]
@@ -110,9 +116,16 @@ class OllamaProvider(HTTPProvider):
                                       provider=self.name, model=model_id, code="local_only")
         return super().model_info(model_id)
 
+    def _listed(self, model_id: str, *, pulled_only: bool = False) -> bool:
+        wanted = canonical(model_id)
+        names = self._pulled if pulled_only else (*self._configured(), *self._pulled)
+        return any(canonical(m) == wanted for m in names)
+
     def unknown_model(self, model_id: str) -> ModelInfo:
-        if self.config.allow_unlisted_models or (self._tags_stale() and catalog.valid_id(model_id)):
-            # Not listed yet because the server was not asked yet: accepted for now, checked
+        if self.config.allow_unlisted_models or self._listed(model_id):
+            return self._info(model_id)  # "llama3.2" is the "llama3.2:latest" the server lists
+        if self._tags_stale() and catalog.valid_id(model_id):
+            # Not listed because the server was not asked lately: accepted for now, checked
             # against /api/tags before the call (this runs in code that cannot wait for it).
             return self._info(model_id)
         return super().unknown_model(model_id)
@@ -141,9 +154,9 @@ class OllamaProvider(HTTPProvider):
         if self.config.allow_unlisted_models or model in self._configured():
             return
         await self.refresh_models()  # a no-op while the list is fresh
-        if model not in self._pulled:
-            raise failure("unknown_model", provider=self.name, model=model,
-                          detail=f"{model!r} is not served by this Ollama (/api/tags)")
+        if not self._listed(model, pulled_only=True):
+            raise ProviderError(f"model {model!r} is not offered by {self.name}", provider=self.name, model=model,
+                                code="unknown_model", detail="not served by this Ollama (/api/tags)")
 
     def default_model(self) -> ModelInfo:
         models = self.models()

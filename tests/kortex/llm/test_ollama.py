@@ -116,3 +116,12 @@ def test_the_tags_lock_belongs_to_the_loop_that_uses_it(fake: FakeLLM) -> None:
     asyncio.run(refresh_twice())
     asyncio.run(refresh_twice())  # another loop, as in a forked worker child
     assert [m.id for m in provider.models()] == ["llama3.2"]
+
+
+def test_a_model_named_without_its_tag_is_the_latest_the_server_lists(fake: FakeLLM) -> None:
+    fake.ollama_models = ["qwen2.5:latest"]
+    fake.add("qwen2.5", {"steps": [{"text": ["served"]}]})
+    provider = make_provider("ollama", fake.url)
+    asyncio.run(provider.refresh_models())  # type: ignore[attr-defined]
+    assert provider.model_info("qwen2.5").id == "qwen2.5"  # the list is fresh, and it is on it
+    assert texts(collect(provider, request("ollama").model_copy(update={"model": "qwen2.5"}))) == ["served"]
