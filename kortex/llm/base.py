@@ -1,8 +1,9 @@
 """The provider interface every LLM backend implements, and the types it speaks.
 
 A provider turns a ``CompletionRequest`` into a stream of typed chunks: text deltas, whole
-tool calls (fragments are assembled inside the adapter) and one final ``DoneChunk`` with the
-stop reason and usage. Failures raise ``ProviderError``; nothing vendor-shaped leaks out.
+tool calls (fragments are assembled inside the adapter), warnings, running usage as the vendor
+reports it, and one final ``DoneChunk`` with the stop reason and usage. Failures raise
+``ProviderError``; nothing vendor-shaped leaks out.
 """
 
 from __future__ import annotations

@@ -3,14 +3,14 @@
 Both work on raw byte chunks and split lines themselves (no per-line decoding layers, so a
 multibyte character split between chunks is whole again before it is decoded). Everything is
 bounded: a line, and the data of one SSE event, so a server that never sends a newline or a
-blank line cannot exhaust memory. Lines are found by scanning only the bytes that just arrived,
-so a long line delivered in many small pieces costs linear time, not quadratic.
+blank line cannot exhaust memory, and a long line delivered in many small pieces costs linear
+time, not quadratic.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,26 +34,34 @@ def _too_long() -> Exception:
 
 
 class _Lines:
-    """Complete lines of a byte stream, fed chunk by chunk."""
+    """Complete lines of a byte stream, fed chunk by chunk. A partial line waits in a bytearray
+    and only newly arrived bytes are searched for its end, so a long line delivered in many
+    small pieces costs linear time; whole lines are cut by ``bytes.split`` (C speed)."""
 
     def __init__(self, max_line: int) -> None:
         self.pending = bytearray()
         self.max_line = max_line
 
-    def feed(self, chunk: bytes) -> Iterator[bytes]:
-        buf = self.pending
-        scan_from = len(buf)
-        buf += chunk
-        start = 0
-        newline = buf.find(b"\n", scan_from)
-        while newline >= 0:
-            yield bytes(buf[start:newline])
-            start = newline + 1
-            newline = buf.find(b"\n", start)
-        if start:
-            del buf[:start]
-        if len(buf) > self.max_line:
-            raise _too_long()
+    def feed(self, chunk: bytes) -> list[bytes]:
+        pending = self.pending
+        if pending:
+            scan_from = len(pending)
+            pending += chunk
+            if pending.find(b"\n", scan_from) < 0:
+                if len(pending) > self.max_line:
+                    raise _too_long()
+                return []
+            data = bytes(pending)
+            pending.clear()
+        else:
+            data = chunk
+        lines = data.split(b"\n")
+        rest = lines.pop()
+        if rest:
+            if len(rest) > self.max_line:
+                raise _too_long()
+            pending += rest
+        return lines
 
 
 async def sse_events(chunks: AsyncIterator[bytes], *, max_line: int = MAX_LINE,
