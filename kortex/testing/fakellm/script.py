@@ -16,8 +16,8 @@ mid-way); ``stream_error`` sends the vendor's in-stream error event after the te
 
 What happens after the final frame (``message_stop``, ``[DONE]``, ``"done": true``):
 ``after_end`` ``"reset"`` resets the connection instead of ending the body, ``"stall"`` holds
-it open (a proxy that keeps it) for ``stall_ms`` first. ``split_bytes`` writes every frame in
-slices of that many bytes (a multibyte character then arrives in pieces). ``extra_frames`` are
+it open (a proxy that keeps it) for ``stall_ms`` first. ``split_bytes`` writes every text frame
+in slices of that many bytes (2 splits every 3-byte character across reads). ``extra_frames`` are
 sent verbatim after the text (the JSON of an SSE ``data:`` or an NDJSON line): malformed frames.
 OpenAI only: ``tool_call_style`` ``"interleaved"`` sends one fragment of every call per chunk
 (several indexes in one chunk), ``"no_index"`` omits ``index`` as some compatible servers do;

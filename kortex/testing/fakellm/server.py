@@ -284,7 +284,7 @@ class FakeLLM:
                 if delay:
                     await writer.drain()
                     await asyncio.sleep(delay)
-                await self._write(writer, piece.data, step.split_bytes)
+                await self._write(writer, piece.data, step.split_bytes if piece.text else None)
                 texts += piece.text
                 if delay or writer.transport.get_write_buffer_size() > 65536:
                     await writer.drain()

@@ -332,6 +332,6 @@ def test_openai_usage_in_the_same_chunk_as_finish_reason(transport: str, fake: F
 
 @pytest.mark.parametrize("vendor", VENDORS)
 def test_multibyte_text_split_across_network_reads(transport: str, fake: FakeLLM, vendor: str) -> None:
-    fake.add(model_of(vendor), {"steps": [{"text": ["café ☕ ", "終わり"], "split_bytes": 3}]})
+    fake.add(model_of(vendor), {"steps": [{"text": ["café ☕ ", "終わり"], "split_bytes": 2}]})
     chunks = collect(make_provider(vendor, fake.url, transport=transport), request(vendor))
     assert texts(chunks) == ["café ☕ ", "終わり"]
