@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -22,6 +22,7 @@ from pydantic_settings import (
 )
 
 from kortex.errors import ConfigError, InvalidInput
+from kortex.redaction import scrub_text
 from kortex.timeparse import parse_duration
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -55,8 +56,9 @@ def _seconds(value: Any) -> Any:
             pass
         try:
             return parse_duration(value).total_seconds()
-        except InvalidInput as exc:
-            raise ValueError(str(exc)) from None
+        except InvalidInput:
+            # Not the parser's text: it quotes the value, and a misplaced secret would be shown.
+            raise ValueError("not a number of seconds or a duration such as '90s', '5m', 'PT1H'") from None
     return value
 
 
@@ -77,8 +79,8 @@ class ProviderSettings(_Section):
     fast_model: str | None = None
     max_tokens: int = Field(4096, ge=1, le=1_000_000)
     temperature: float = Field(0.2, ge=0.0, le=2.0)
-    timeout: Seconds = 60.0
-    connect_timeout: Seconds = 5.0
+    timeout: Seconds = Field(60.0, gt=0)
+    connect_timeout: Seconds = Field(5.0, gt=0)
     base_url: Annotated[str | None, BeforeValidator(resolve_env_refs)] = None
     endpoint: Annotated[str | None, BeforeValidator(resolve_env_refs)] = None  # ollama's name for base_url
     max_retries: int = Field(3, ge=0, le=10)
@@ -86,9 +88,15 @@ class ProviderSettings(_Section):
     retry_base: Seconds = Field(0.5, ge=0)        # first backoff; doubles per retry, with jitter
     retry_max_wait: Seconds = Field(30.0, ge=0)   # a longer Retry-After gives up on this provider
     retry_budget: Seconds = Field(60.0, ge=0)     # total time one call may spend waiting to retry
-    # Per-model prices, USD per million tokens: {"gpt-5": {"input": 12, "output": 60}}. A model
-    # listed here that the catalogue lacks becomes usable (e.g. on an OpenAI-compatible server).
+    # Per-model prices, USD per million tokens: {"gpt-5": {"input": 12, "output": 60}}, with
+    # optional "cache_read"/"cache_write" for prompt-cache tokens. A model listed here that the
+    # catalogue lacks becomes usable (e.g. on an OpenAI-compatible server).
     prices: dict[str, dict[str, float]] = Field(default_factory=dict)
+    # Callers (sessions, turns) may only name models this provider lists: its catalogue, the
+    # configured model and fast_model, the keys of `prices`, and for Ollama the models it serves.
+    # True lets them name any id; such a model is priced from `prices`, else costs nothing, so
+    # turn it on only where every model the server offers is free to you (a local server).
+    allow_unlisted_models: bool = False
     # Ollama: None tries native tool calls and falls back to prompt-injected markers when the
     # model refuses them; False always uses the markers.
     native_tools: bool | None = None
@@ -98,9 +106,10 @@ class ProviderSettings(_Section):
     @classmethod
     def _price_keys(cls, value: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
         for model, price in value.items():
-            unknown = set(price) - {"input", "output"}
+            unknown = set(price) - {"input", "output", "cache_read", "cache_write"}
             if unknown or any(v < 0 for v in price.values()):
-                raise ValueError(f"prices.{model}: use non-negative 'input' and 'output' (USD per million tokens)")
+                raise ValueError(f"prices.{model}: use non-negative 'input', 'output' and optionally "
+                                 "'cache_read', 'cache_write' (USD per million tokens)")
         return value
 
 
@@ -116,6 +125,8 @@ class BudgetSettings(_Section):
 
     daily_usd_limit: float = Field(50.0, ge=0)            # per tenant, per UTC day, every LLM call
     per_session_token_cap: int = Field(200_000, ge=1000)  # input + output tokens of a session
+    per_user_hourly_limit: int | None = Field(None, ge=1)  # rfc-005 §5.1; accepted, not enforced yet
+    alert_at_pct: float | None = Field(None, gt=0, le=100)  # rfc-005 §5.1; accepted, not enforced yet
     max_concurrent_turns_per_tenant: int = Field(20, ge=1)
     turns_per_minute: int = Field(120, ge=1)              # per tenant
 
@@ -124,6 +135,19 @@ class PrivacySettings(_Section):
     """``[llm.privacy]``: ``local_only`` is the same as ``mode = "local-only"``."""
 
     local_only: bool = False
+    # Credential-shaped text (keys, tokens, passwords, private keys) in the conversation is
+    # replaced with [REDACTED] before it is sent to a cloud provider.
+    redact_secrets: bool = True
+    redact_pii: bool = False              # accepted, not enforced yet (a startup warning says so)
+    audit_every_call: bool = True         # every LLM call is audited; false is refused
+    do_not_retain_default: bool = False   # accepted, not enforced yet (a startup warning says so)
+
+    @field_validator("audit_every_call")
+    @classmethod
+    def _always_audited(cls, value: bool) -> bool:
+        if not value:
+            raise ValueError("false is not supported: every LLM call, tool call and proposal writes an audit row")
+        return value
 
 
 class LLMSettings(_Section):
@@ -139,6 +163,7 @@ class LLMSettings(_Section):
     max_tool_depth: int = Field(8, ge=1, le=64)
     max_tool_calls_per_step: int = Field(16, ge=1, le=128)  # more calls in one answer get an error result
     max_history_messages: int = Field(200, ge=4)
+    session_idle_ttl: Seconds | None = Field(None, gt=0)  # rfc-005 §5.1; accepted, not enforced yet
     providers: dict[str, ProviderSettings] = Field(default_factory=dict)
     tools: dict[str, ToolOverride] = Field(default_factory=dict)
     budget: BudgetSettings = Field(default_factory=BudgetSettings)
@@ -146,6 +171,22 @@ class LLMSettings(_Section):
     @property
     def local_only(self) -> bool:
         return self.mode == "local-only" or self.privacy.local_only
+
+    def unenforced(self) -> list[str]:
+        """Settings of rfc-005 §5.1 that are accepted but do nothing yet, as set here; the
+        process says so at startup rather than pretend."""
+        out = []
+        if self.session_idle_ttl is not None:
+            out.append("llm.session_idle_ttl (sessions do not expire)")
+        if self.budget.per_user_hourly_limit is not None:
+            out.append("llm.budget.per_user_hourly_limit (no per-user hourly limit is applied)")
+        if self.budget.alert_at_pct is not None:
+            out.append("llm.budget.alert_at_pct (no budget alert is sent)")
+        if self.privacy.redact_pii:
+            out.append("llm.privacy.redact_pii (personal data is not redacted; redact_secrets is applied)")
+        if self.privacy.do_not_retain_default:
+            out.append("llm.privacy.do_not_retain_default (messages are retained)")
+        return out
 
 
 class ToolPolicySettings(_Section):
@@ -297,5 +338,17 @@ def load_settings(**overrides: Any) -> Settings:
         return Settings(**overrides)
     except ConfigError:
         raise
-    except Exception as exc:  # pydantic.ValidationError, TOML decode errors
-        raise ConfigError(f"invalid configuration: {exc}") from exc
+    except ValidationError as exc:
+        raise ConfigError(f"invalid configuration: {describe_errors(exc)}") from exc
+    except Exception as exc:  # TOML decode errors, pydantic-settings parse errors
+        raise ConfigError(f"invalid configuration: {exc.__class__.__name__}: {scrub_text(str(exc))[:500]}") from exc
+
+
+def describe_errors(exc: ValidationError, limit: int = 20) -> str:
+    """Where and what, never the offending value: a misspelt key often holds a secret
+    (``apikey = "sk-..."``), and pydantic's own text quotes every input."""
+    errors = exc.errors(include_input=False, include_url=False, include_context=False)
+    parts = [f"{'.'.join(str(p) for p in e['loc']) or '(top level)'}: {e['msg']}" for e in errors[:limit]]
+    if len(errors) > limit:
+        parts.append(f"... and {len(errors) - limit} more")
+    return "; ".join(parts)

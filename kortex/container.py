@@ -133,6 +133,8 @@ class Kortex:
         unknown = sorted(policy.allowed - {s.name for s in registry})
         if settings.tools.allowed is not None and unknown:
             log.warning("tools.allowed names tools that do not exist: %s", ", ".join(unknown))
+        for setting in settings.llm.unenforced():
+            log.warning("%s is accepted but not enforced yet", setting)
         timeouts = {name: o.timeout for name, o in settings.llm.tools.items() if o.timeout is not None}
         pipeline = ToolPipeline(registry, policy, result_cap_bytes=settings.tools.result_cap_bytes,
                                 timeouts=timeouts, progress_after=settings.tools.progress_after_s)

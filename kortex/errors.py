@@ -24,7 +24,10 @@ Vendor exceptions (httpx, SQLAlchemy, redis) are translated at the boundary with
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kortex.llm.base import TokenUsage
 
 
 class KortexError(Exception):
@@ -77,7 +80,13 @@ class StreamError(KortexError):
 
 
 class ProviderError(KortexError):
-    """An LLM call failed. ``retryable`` drives retries and failover."""
+    """An LLM call failed. ``retryable`` drives retries and failover.
+
+    ``message`` (and so ``str()``) is our own wording and may reach clients; what the vendor or
+    the network said goes in ``detail``, for operators' logs only (vendor error texts quote key
+    fragments, account ids and request ids). ``usage`` is what the vendor billed before the
+    failure (the prompt is paid for even when the answer breaks off).
+    """
 
     code = "provider"
 
@@ -91,6 +100,8 @@ class ProviderError(KortexError):
         retryable: bool = False,
         retry_after: float | None = None,
         code: str | None = None,
+        detail: str = "",
+        usage: TokenUsage | None = None,
     ) -> None:
         super().__init__(message, code=code)
         self.provider = provider
@@ -98,6 +109,8 @@ class ProviderError(KortexError):
         self.status = status
         self.retryable = retryable
         self.retry_after = retry_after
+        self.detail = detail
+        self.usage = usage
 
     def __str__(self) -> str:
         where = ":".join(p for p in (self.provider, self.model) if p)

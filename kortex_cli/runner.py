@@ -133,6 +133,8 @@ def list_models(console: Console, url: str | None, api_key: str | None) -> None:
     for provider in listing["providers"]:
         if not provider["available"]:
             console.print(f"[dim]{provider['name']}: unavailable ({escape(provider['reason'] or '')})[/dim]")
+        for problem in provider.get("problems") or ():
+            console.print(f"[yellow]{provider['name']}: {escape(problem)}[/yellow]")
 
 
 def _local_providers(settings: Settings) -> dict[str, Any]:
@@ -154,7 +156,8 @@ def _local_providers(settings: Settings) -> dict[str, Any]:
     return {"mode": "local-only" if llm.local_only else llm.mode, "default_provider": llm.default_provider,
             "fallback_providers": llm.fallback_providers,
             "providers": [{"name": s.name, "available": s.available, "reason": s.reason,
-                           "models": [m.model_dump() for m in s.models]} for s in statuses]}
+                           "problems": list(s.problems), "models": [m.model_dump() for m in s.models]}
+                          for s in statuses]}
 
 
 def seed_scenario(tenant: str, scenario: str) -> dict[str, int]:

@@ -23,6 +23,8 @@ class ModelOut(BaseModel):
     supports_tools: bool
     input_usd_per_mtok: float
     output_usd_per_mtok: float
+    cache_read_usd_per_mtok: float | None = None
+    cache_write_usd_per_mtok: float | None = None
 
     @classmethod
     def of(cls, model: ModelInfo) -> ModelOut:
@@ -34,6 +36,7 @@ class ProviderOut(BaseModel):
     available: bool
     reason: str | None = None
     reachable: bool | None = None
+    problems: list[str] = []  # configuration worth fixing that does not stop the provider
     local: bool
     synthetic: bool
     default: bool
@@ -56,7 +59,7 @@ def list_providers(k: KortexDep, tenant: TenantDep) -> ProvidersOut:
         mode="local-only" if llm.local_only else llm.mode, default_provider=llm.default_provider,
         default_model=llm.default_model, fallback_providers=llm.fallback_providers,
         providers=[ProviderOut(name=s.name, available=s.available, reason=s.reason, reachable=s.reachable,
-                               local=s.local, synthetic=s.synthetic, default=s.name == llm.default_provider,
+                               problems=list(s.problems), local=s.local, synthetic=s.synthetic, default=s.name == llm.default_provider,
                                models=[ModelOut.of(m) for m in s.models])
                    for s in k.providers.status(unreachable)],
     )

@@ -7,7 +7,8 @@ blocks; the stream's ``input_json_delta`` fragments are assembled here into whol
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator
+from contextlib import aclosing
 from typing import Any
 
 from kortex.config import ProviderSettings, Settings
@@ -16,15 +17,16 @@ from kortex.llm import catalog
 from kortex.llm.base import (
     CompletionRequest,
     DoneChunk,
-    ModelInfo,
     StopReason,
     StreamChunk,
     TextChunk,
     TokenUsage,
     ToolCallChunk,
+    UsageChunk,
 )
-from kortex.llm.convert import from_user_turn, parse_arguments, result_text, wire_id
-from kortex.llm.http import HTTPProvider, VendorClient, api_path
+from kortex.llm.convert import CallAssembler, from_user_turn, paired, result_text, wire_id
+from kortex.llm.failures import failure
+from kortex.llm.http import HTTPProvider, VendorClient, api_path, clean_api_key, drain
 from kortex.llm.wire import SSEvent, sse_events
 from kortex.messages import AssistantMessage, ToolMessage, UserMessage
 
@@ -38,6 +40,8 @@ _RETRYABLE_ERRORS = {"overloaded_error", "api_error", "rate_limit_error", "timeo
 
 
 class AnthropicProvider(HTTPProvider):
+    catalogue = catalog.ANTHROPIC
+
     def __init__(self, name: str, config: ProviderSettings, settings: Settings, api_key: str) -> None:
         super().__init__(name, config, settings)
         base = config.base_url or DEFAULT_BASE_URL
@@ -45,10 +49,6 @@ class AnthropicProvider(HTTPProvider):
                                  headers={"x-api-key": api_key, "anthropic-version": API_VERSION,
                                           "accept": "text/event-stream"})
         self.path = api_path(base, "/v1/messages")
-        self._models = catalog.priced(catalog.ANTHROPIC, config)
-
-    def models(self) -> Sequence[ModelInfo]:
-        return self._models
 
     def body(self, request: CompletionRequest) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -71,15 +71,15 @@ class AnthropicProvider(HTTPProvider):
         model = request.model or self.default_model().id
         decoder = Decoder(self.name, model)
         async with self.http.post_stream(self.path, self.body(request), model=model) as response:
-            async for event in sse_events(response.aiter_bytes()):
-                if decoder.finished:
-                    continue  # read on to the end of the body, so the connection can be reused
-                for chunk in decoder.feed(event):
-                    yield chunk
-        if decoder.finished:
-            return
-        raise ProviderError("the stream ended before message_stop", provider=self.name, model=model,
-                            retryable=True, code="stream_truncated")
+            async with aclosing(sse_events(response.aiter_bytes())) as events:
+                async for event in events:
+                    for chunk in decoder.feed(event):
+                        yield chunk
+                    if decoder.finished:
+                        await drain(events)  # briefly: the connection is reused only if the body ends
+                        return
+        raise failure("stream_truncated", provider=self.name, model=model, retryable=True, usage=decoder.usage,
+                      detail="the stream ended before message_stop")
 
 
 def to_messages(request: CompletionRequest) -> list[dict[str, Any]]:
@@ -93,11 +93,13 @@ def to_messages(request: CompletionRequest) -> list[dict[str, Any]]:
         else:
             out.append({"role": role, "content": blocks})
 
-    for message in from_user_turn(request.messages):
+    for message in paired(from_user_turn(request.messages)):
         if isinstance(message, UserMessage):
-            add("user", [{"type": "text", "text": message.content}])
+            # The API refuses empty and whitespace-only text blocks.
+            add("user", [{"type": "text", "text": message.content if message.content.strip() else "(empty)"}])
         elif isinstance(message, AssistantMessage):
-            blocks: list[dict[str, Any]] = [{"type": "text", "text": message.content}] if message.content else []
+            blocks: list[dict[str, Any]] = (
+                [{"type": "text", "text": message.content}] if message.content.strip() else [])
             blocks += [{"type": "tool_use", "id": wire_id(c.id), "name": c.name, "input": c.arguments}
                        for c in message.tool_calls]
             if blocks:  # an empty assistant message is rejected; it carries nothing anyway
@@ -113,80 +115,128 @@ def to_messages(request: CompletionRequest) -> list[dict[str, Any]]:
 
 
 class Decoder:
-    """Turns one stream's SSE events into our chunks."""
+    """Turns one stream's SSE events into our chunks. Every field is type-checked: a frame of
+    the wrong shape is a ``stream_invalid`` failure, never a crash."""
 
     def __init__(self, provider: str, model: str) -> None:
         self.provider = provider
         self.model = model
         self.finished = False
-        self._tools: dict[int, tuple[str, str, list[str], dict[str, Any]]] = {}
+        self._tools = CallAssembler()
         self._stop: StopReason = "end_turn"
-        self._input = 0
-        self._output = 0
+        self.usage = TokenUsage()
+
+    def _invalid(self, what: str) -> ProviderError:
+        return failure("stream_invalid", provider=self.provider, model=self.model, usage=self.usage, detail=what)
+
+    def _dict(self, value: Any, what: str) -> dict[str, Any]:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise self._invalid(f"{what} is not an object")
+        return value
+
+    def _index(self, data: dict[str, Any]) -> int:
+        index = data.get("index")
+        if not isinstance(index, int) or isinstance(index, bool):
+            raise self._invalid(f"{data.get('type')} without an integer index")
+        return index
 
     def feed(self, event: SSEvent) -> Iterator[StreamChunk]:
-        kind = event.event
-        if kind == "ping":
+        if event.event == "ping":
             return
         try:
             data = event.json()
         except ValueError as exc:
-            raise ProviderError("the stream sent an event that is not JSON", provider=self.provider,
-                                model=self.model, code="stream_invalid") from exc
-        kind = data.get("type", kind) if isinstance(data, dict) else kind
+            raise self._invalid("an event that is not JSON") from exc
+        data = self._dict(data, "an event")
+        kind = data.get("type", event.event)
         if kind == "content_block_delta":
-            delta = data.get("delta") or {}
+            delta = self._dict(data.get("delta"), "content_block_delta.delta")
             if delta.get("type") == "text_delta":
-                if delta.get("text"):
-                    yield TextChunk(text=delta["text"])
+                text = delta.get("text")
+                if not isinstance(text, str | None):
+                    raise self._invalid("text_delta.text is not a string")
+                if text:
+                    yield TextChunk(text=text)
             elif delta.get("type") == "input_json_delta":
-                tool = self._tools.get(data.get("index", -1))
-                if tool is not None:
-                    tool[2].append(delta.get("partial_json") or "")
+                index = self._index(data)
+                part = delta.get("partial_json")
+                if not isinstance(part, str | None):
+                    raise self._invalid("input_json_delta.partial_json is not a string")
+                if index in self._tools and part:
+                    self._tools.append(index, part)
             # thinking, signature and citation deltas are not part of our answer
         elif kind == "content_block_start":
-            block = data.get("content_block") or {}
+            block = self._dict(data.get("content_block"), "content_block_start.content_block")
             if block.get("type") == "tool_use":
-                self._tools[data.get("index", -1)] = (str(block.get("id") or ""), str(block.get("name") or ""), [],
-                                                      block.get("input") or {})
-            elif block.get("type") == "text" and block.get("text"):
-                yield TextChunk(text=block["text"])
+                initial = self._dict(block.get("input"), "tool_use.input")
+                self._tools.start(self._index(data), str(block.get("id") or ""), str(block.get("name") or ""),
+                                  initial)
+            elif block.get("type") == "text":
+                text = block.get("text")
+                if not isinstance(text, str | None):
+                    raise self._invalid("a text block's text is not a string")
+                if text:
+                    yield TextChunk(text=text)
         elif kind == "content_block_stop":
-            tool = self._tools.pop(data.get("index", -1), None)
-            if tool is not None:
-                call_id, name, parts, initial = tool
-                yield ToolCallChunk(call=parse_arguments(call_id, name, "".join(parts) if parts else initial))
+            call = self._tools.finish(self._index(data))
+            if call is not None:
+                yield ToolCallChunk(call=call)
         elif kind == "message_start":
-            message = data.get("message") or {}
-            self.model = message.get("model") or self.model
-            self._usage(message.get("usage") or {})
+            message = self._dict(data.get("message"), "message_start.message")
+            model = message.get("model")
+            self.model = model if isinstance(model, str) and model else self.model
+            if self._usage(self._dict(message.get("usage"), "message_start.usage")):
+                yield UsageChunk(usage=self.usage)  # the prompt is billed from here on
         elif kind == "message_delta":
-            stop = (data.get("delta") or {}).get("stop_reason")
-            if stop:
+            stop = self._dict(data.get("delta"), "message_delta.delta").get("stop_reason")
+            if isinstance(stop, str) and stop:
                 self._stop = _STOP.get(stop, "end_turn")
-            self._usage(data.get("usage") or {})
+            if self._usage(self._dict(data.get("usage"), "message_delta.usage")):
+                yield UsageChunk(usage=self.usage)
         elif kind == "message_stop":
             self.finished = True
-            yield DoneChunk(stop_reason=self._stop, model=self.model,
-                            usage=TokenUsage(input_tokens=self._input, output_tokens=self._output))
+            for call in self._tools.finish_all():  # blocks never stopped: the message still ended
+                yield ToolCallChunk(call=call)
+            yield DoneChunk(stop_reason=self._stop, model=self.model, usage=self.usage)
         elif kind == "error":
-            error = data.get("error") or {}
+            error = self._dict(data.get("error"), "error.error")
             etype = str(error.get("type") or "error")
-            raise ProviderError(f"{etype}: {error.get('message') or 'stream error'}"[:300], provider=self.provider,
-                                model=self.model, retryable=etype in _RETRYABLE_ERRORS,
-                                code="provider_overloaded" if etype == "overloaded_error" else "provider_stream_error")
+            raise failure("provider_overloaded" if etype == "overloaded_error" else "provider_stream_error",
+                          provider=self.provider, model=self.model, retryable=etype in _RETRYABLE_ERRORS,
+                          usage=self.usage, detail=f"{etype}: {error.get('message') or 'stream error'}")
 
-    def _usage(self, usage: dict[str, Any]) -> None:
-        # Counts on message_delta are cumulative; cache reads and writes are billed input too.
-        inputs = [usage.get(k) for k in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")]
-        if any(isinstance(v, int) for v in inputs):
-            self._input = max(self._input, sum(v for v in inputs if isinstance(v, int)))
-        if isinstance(usage.get("output_tokens"), int):
-            self._output = max(self._output, usage["output_tokens"])
+    def _usage(self, usage: dict[str, Any]) -> bool:
+        """Counts on message_delta are cumulative. ``input_tokens`` excludes the prompt-cache
+        reads and writes, which are billed input too (at their own prices)."""
+        def count(key: str) -> int | None:
+            value = usage.get(key)
+            return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+        plain, read, write, out = (count(k) for k in ("input_tokens", "cache_read_input_tokens",
+                                                      "cache_creation_input_tokens", "output_tokens"))
+        if plain is None and read is None and write is None and out is None:
+            return False
+        current = self.usage
+        if plain is not None or read is not None or write is not None:
+            read = read if read is not None else current.cache_read_tokens
+            write = write if write is not None else current.cache_write_tokens
+            plain = plain if plain is not None else current.input_tokens - current.cache_read_tokens - \
+                current.cache_write_tokens
+            current = TokenUsage(input_tokens=plain + read + write, output_tokens=current.output_tokens,
+                                 cache_read_tokens=read, cache_write_tokens=write)
+        if out is not None:
+            current = current.model_copy(update={"output_tokens": out})
+        self.usage = current.most(self.usage)
+        return True
 
 
 def create(name: str, config: ProviderSettings, settings: Settings) -> AnthropicProvider:
-    key = config.api_key.get_secret_value() if config.api_key else os.environ.get("ANTHROPIC_API_KEY")
+    if config.api_key:
+        key = clean_api_key(config.api_key.get_secret_value(), name, f"llm.providers.{name}.api_key")
+    else:
+        key = clean_api_key(os.environ.get("ANTHROPIC_API_KEY"), name, "ANTHROPIC_API_KEY")
     if not key:
         raise ProviderUnavailable("no API key: set ANTHROPIC_API_KEY or llm.providers.anthropic.api_key",
                                   provider=name)

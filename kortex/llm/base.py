@@ -1,8 +1,9 @@
 """The provider interface every LLM backend implements, and the types it speaks.
 
 A provider turns a ``CompletionRequest`` into a stream of typed chunks: text deltas, whole
-tool calls (fragments are assembled inside the adapter) and one final ``DoneChunk`` with the
-stop reason and usage. Failures raise ``ProviderError``; nothing vendor-shaped leaks out.
+tool calls (fragments are assembled inside the adapter), warnings, running usage as the vendor
+reports it, and one final ``DoneChunk`` with the stop reason and usage. Failures raise
+``ProviderError``; nothing vendor-shaped leaks out.
 """
 
 from __future__ import annotations
@@ -24,8 +25,28 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+class TokenUsage(_Frozen):
+    """Billed tokens of one call. The cache counts are parts of ``input_tokens`` (vendors bill
+    prompt-cache reads and writes at their own prices)."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+
+    def most(self, other: TokenUsage | None) -> TokenUsage:
+        """The larger count of each kind (running counts only grow; a retry's are added elsewhere)."""
+        if other is None:
+            return self
+        return TokenUsage(**{k: max(getattr(self, k), getattr(other, k)) for k in TokenUsage.model_fields})
+
+    def __add__(self, other: TokenUsage) -> TokenUsage:
+        return TokenUsage(**{k: getattr(self, k) + getattr(other, k) for k in TokenUsage.model_fields})
+
+
 class ModelInfo(_Frozen):
-    """One model a provider offers. Prices are USD per million tokens."""
+    """One model a provider offers. Prices are USD per million tokens; a cache price of None
+    means cached input costs the full input price."""
 
     id: str
     display_name: str = ""
@@ -33,12 +54,22 @@ class ModelInfo(_Frozen):
     tier: Tier = "balanced"
     input_usd_per_mtok: float = 0.0
     output_usd_per_mtok: float = 0.0
+    cache_read_usd_per_mtok: float | None = None
+    cache_write_usd_per_mtok: float | None = None
     supports_tools: bool = True
 
     def cost(self, input_tokens: int, output_tokens: int) -> float:
-        return round(
-            (input_tokens * self.input_usd_per_mtok + output_tokens * self.output_usd_per_mtok) / 1_000_000, 8
-        )
+        return self.cost_of(TokenUsage(input_tokens=input_tokens, output_tokens=output_tokens))
+
+    def cost_of(self, usage: TokenUsage) -> float:
+        full = self.input_usd_per_mtok
+        read = min(max(0, usage.cache_read_tokens), usage.input_tokens)
+        write = min(max(0, usage.cache_write_tokens), usage.input_tokens - read)
+        plain = usage.input_tokens - read - write
+        read_price = full if self.cache_read_usd_per_mtok is None else self.cache_read_usd_per_mtok
+        write_price = full if self.cache_write_usd_per_mtok is None else self.cache_write_usd_per_mtok
+        total = plain * full + read * read_price + write * write_price + usage.output_tokens * self.output_usd_per_mtok
+        return round(total / 1_000_000, 8)
 
 
 class ToolSchema(_Frozen):
@@ -58,11 +89,6 @@ class CompletionRequest(_Frozen):
     temperature: float = 0.2
     stop: tuple[str, ...] = ()
     metadata: dict[str, str] = Field(default_factory=dict)  # tenant_id, session_id, purpose
-
-
-class TokenUsage(_Frozen):
-    input_tokens: int = 0
-    output_tokens: int = 0
 
 
 class TextChunk(_Frozen):
@@ -88,6 +114,15 @@ class WarningChunk(_Frozen):
     message: str
 
 
+class UsageChunk(_Frozen):
+    """Tokens billed so far in this call (running totals), sent as the vendor reports them, so
+    a call that fails or is cancelled before its ``DoneChunk`` is still costed. Not part of the
+    answer: the router keeps it and passes nothing on."""
+
+    type: Literal["usage"] = "usage"
+    usage: TokenUsage
+
+
 class DoneChunk(_Frozen):
     type: Literal["done"] = "done"
     stop_reason: StopReason = "end_turn"
@@ -95,7 +130,8 @@ class DoneChunk(_Frozen):
     model: str = ""
 
 
-StreamChunk = Annotated[TextChunk | ToolCallChunk | WarningChunk | DoneChunk, Field(discriminator="type")]
+StreamChunk = Annotated[TextChunk | ToolCallChunk | WarningChunk | UsageChunk | DoneChunk,
+                        Field(discriminator="type")]
 
 
 class Completion(_Frozen):

@@ -1,14 +1,19 @@
 """HTTP plumbing the vendor adapters share: one client per provider made lazily on the streaming
 loop, timeouts from configuration, transport failures and error statuses translated into
-``ProviderError``, and retries with backoff around one streamed call.
+``ProviderError``, retries with backoff around one streamed call, and the checks of a
+provider's configuration (API key, models) made when it is created.
 
 Translation (the only place httpx exceptions are caught)::
 
     connect error / connect or pool timeout  -> code "connect_failed",     retryable
     read timeout                             -> code "read_timeout",       retryable
-    reset, incomplete body, protocol error   -> code "stream_interrupted", retryable
+    reset, incomplete body, remote protocol  -> code "stream_interrupted", retryable
+    request we cannot send (bad header, URL) -> code "request_invalid",    not retryable
     HTTP 408/409/429/5xx/529                 -> retryable, Retry-After kept
     other HTTP 4xx                           -> not retryable (auth, bad request, unknown model)
+
+Messages are ours (``kortex.llm.failures``); what the network or the vendor said is kept in
+``ProviderError.detail`` for the logs, scrubbed, and never includes a request header.
 """
 
 from __future__ import annotations
@@ -16,24 +21,51 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing, asynccontextmanager
 from typing import Any
 
 import httpx
 
 from kortex.config import ProviderSettings, Settings
-from kortex.errors import ConfigError, ProviderError
+from kortex.errors import ConfigError, ProviderError, ProviderUnavailable
 from kortex.llm import catalog
-from kortex.llm.base import CompletionRequest, ModelInfo, Provider, StreamChunk, TextChunk, ToolCallChunk
+from kortex.llm.base import (
+    CompletionRequest,
+    DoneChunk,
+    ModelInfo,
+    Provider,
+    StreamChunk,
+    TextChunk,
+    TokenUsage,
+    ToolCallChunk,
+    UsageChunk,
+    WarningChunk,
+)
+from kortex.llm.failures import failure
 from kortex.llm.retry import RETRYABLE_STATUS, RetryPolicy, parse_retry_after
 
 log = logging.getLogger(__name__)
 
 MAX_ERROR_BODY = 16 * 1024
+#: how long the rest of a body is read once the answer is complete (for connection reuse)
+DRAIN_SECONDS = 1.0
 sleep = asyncio.sleep  # the backoff wait (tests record it instead of waiting)
 _CODES = {401: "provider_auth", 403: "provider_auth", 404: "provider_not_found", 429: "rate_limited",
           529: "provider_overloaded", 503: "provider_overloaded"}
+
+
+def clean_api_key(raw: str | None, provider: str, where: str) -> str | None:
+    """The key without surrounding whitespace (secret files end in a newline); None when empty.
+    A key with whitespace or control characters inside is refused here, when the provider is
+    created: sent as a header it fails every call with an error that quotes it."""
+    key = (raw or "").strip()
+    if not key:
+        return None
+    if not all("!" <= ch <= "~" for ch in key):
+        raise ProviderUnavailable(f"the API key ({where}) contains whitespace, control or non-ASCII characters; "
+                                  "check the secret it comes from", provider=provider, code="provider_config")
+    return key
 
 
 def make_transport(kind: str, limits: httpx.Limits) -> httpx.AsyncBaseTransport | None:
@@ -85,8 +117,14 @@ class VendorClient:
                 if response.status_code >= 400:
                     raise await status_error(response, self.provider, model)
                 yield response
+        except httpx.LocalProtocolError as exc:
+            # Its text (and its cause's) quotes the refused header, the API key as likely as not:
+            # the chain is cut so no traceback in a log can show it.
+            raise transport_error(exc, self.provider, model) from None
         except httpx.HTTPError as exc:
             raise transport_error(exc, self.provider, model) from exc
+        except httpx.InvalidURL as exc:
+            raise failure("request_invalid", provider=self.provider, model=model, detail="invalid URL") from exc
 
     async def get_json(self, path: str, *, timeout: float | None = None) -> Any:
         try:
@@ -94,11 +132,15 @@ class VendorClient:
             if response.status_code >= 400:
                 raise await status_error(response, self.provider, "")
             return response.json()
+        except httpx.LocalProtocolError as exc:
+            raise transport_error(exc, self.provider, "") from None
         except httpx.HTTPError as exc:
             raise transport_error(exc, self.provider, "") from exc
+        except httpx.InvalidURL as exc:
+            raise failure("request_invalid", provider=self.provider, detail="invalid URL") from exc
         except ValueError as exc:
-            raise ProviderError("the server answered with something that is not JSON", provider=self.provider,
-                                code="stream_invalid") from exc
+            raise failure("stream_invalid", provider=self.provider,
+                          detail="the server answered with something that is not JSON") from exc
 
     async def aclose(self) -> None:
         client, self._http = self._http, None
@@ -107,19 +149,25 @@ class VendorClient:
 
 
 def transport_error(exc: httpx.HTTPError, provider: str, model: str) -> ProviderError:
-    # The message names the failure, never the request (headers carry the API key).
+    """Never the request in the text: a protocol error quotes the header it refused, and headers
+    carry the API key. Only network errors keep their text (addresses, errno) as detail."""
+    name = exc.__class__.__name__
+    if isinstance(exc, httpx.LocalProtocolError | httpx.UnsupportedProtocol):
+        # Our request cannot be sent as it is (a bad header value, a bad URL scheme): trying
+        # again sends the same thing.
+        return failure("request_invalid", provider=provider, model=model, detail=name)
+    if isinstance(exc, httpx.ProtocolError):
+        return failure("stream_interrupted", provider=provider, model=model, retryable=True, detail=name)
     if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout):
-        code, what = "connect_failed", "cannot connect"
+        code = "connect_failed"
     elif isinstance(exc, httpx.ReadTimeout | httpx.WriteTimeout):
-        code, what = "read_timeout", "the server stopped sending"
+        code = "read_timeout"
     elif isinstance(exc, httpx.TransportError):
-        code, what = "stream_interrupted", "the connection broke"
+        code = "stream_interrupted"
     else:
-        return ProviderError(f"HTTP failure: {exc.__class__.__name__}", provider=provider, model=model,
-                             code="provider")
-    detail = str(exc).strip()
-    message = f"{what} ({exc.__class__.__name__}{': ' + detail[:200] if detail else ''})"
-    return ProviderError(message, provider=provider, model=model, retryable=True, code=code)
+        return failure("provider", provider=provider, model=model, detail=name)
+    text = str(exc).strip()
+    return failure(code, provider=provider, model=model, retryable=True, detail=f"{name}: {text}" if text else name)
 
 
 async def status_error(response: httpx.Response, provider: str, model: str) -> ProviderError:
@@ -132,11 +180,11 @@ async def status_error(response: httpx.Response, provider: str, model: str) -> P
                 break
     except httpx.HTTPError:
         pass  # the status says enough
-    message = vendor_message(bytes(body[:MAX_ERROR_BODY])) or response.reason_phrase or "error"
+    detail = vendor_message(bytes(body[:MAX_ERROR_BODY])) or response.reason_phrase or "error"
     retryable = status in RETRYABLE_STATUS
     code = _CODES.get(status) or ("provider_server_error" if status >= 500 else "provider_rejected")
-    return ProviderError(message, provider=provider, model=model, status=status, retryable=retryable,
-                         retry_after=parse_retry_after(response.headers) if retryable else None, code=code)
+    return failure(code, provider=provider, model=model, status=status, retryable=retryable, detail=detail,
+                   retry_after=parse_retry_after(response.headers) if retryable else None)
 
 
 def vendor_message(body: bytes) -> str:
@@ -158,18 +206,65 @@ def vendor_message(body: bytes) -> str:
     return text[:300]
 
 
+async def drain(rest: AsyncIterator[object], seconds: float | None = None) -> None:
+    """Read what is left of a body once the answer is complete, so the connection can be
+    reused; briefly, and whatever goes wrong (a reset, a proxy holding the connection open)
+    costs only that connection: the answer is whole already."""
+    try:
+        async with asyncio.timeout(DRAIN_SECONDS if seconds is None else seconds):
+            async for _ in rest:
+                pass
+    except Exception as exc:  # noqa: BLE001 - nothing after the final chunk can change the answer
+        log.debug("ignored after a complete answer: %s", exc.__class__.__name__)
+
+
 class HTTPProvider(Provider):
     """A provider reached over HTTP: ``stream`` retries ``_stream_once`` on retryable failures
-    while nothing has been produced yet (a retry after output would repeat it)."""
+    while nothing has been produced yet (a retry after output would repeat it).
+
+    The models on offer are the vendor's catalogue (``catalogue``) with configured prices, plus
+    the configured ``model``/``fast_model`` and priced ids; ``problems`` says what is wrong with
+    the configuration without making the provider unusable (shown by ``/v1/llm/providers``).
+    """
+
+    catalogue: tuple[ModelInfo, ...] = ()
 
     def __init__(self, name: str, config: ProviderSettings, settings: Settings) -> None:
         self.name = name
         self.config = config
+        self.settings = settings
         self.retry = RetryPolicy.of(config)
+        if config.model and not catalog.valid_id(config.model):
+            raise ProviderUnavailable("model is not a valid model id (printable characters, no spaces)",
+                                      provider=name, code="provider_config")
+        self._models: tuple[ModelInfo, ...] = ()
+        self.problems: list[str] = []
+        if self.catalogue:  # a vendor with a price list (Ollama lists what its server has)
+            self._models, self.problems = catalog.offered(self.catalogue, config)
+        for problem in self.problems:
+            log.warning("llm.providers.%s: %s", name, problem)
+
+    def models(self) -> Sequence[ModelInfo]:
+        return self._models
 
     def fast_model(self) -> ModelInfo | None:
         fast = catalog.fast_model(self.models(), self.config)
-        return self.model_info(fast) if fast else None
+        if not fast:
+            return None
+        try:
+            return self.model_info(fast)
+        except ProviderError:  # a fast model the provider cannot use means no fast model, not no provider
+            return None
+
+    def unknown_model(self, model_id: str) -> ModelInfo:
+        if self.config.allow_unlisted_models:
+            # The operator allowed any id: priced from configuration, else free (documented).
+            return catalog.unlisted(model_id, self.config)
+        # The id is the caller's own input (checked printable and short before it gets here).
+        raise ProviderError(f"model {model_id!r} is not offered by {self.name}", provider=self.name,
+                            model=model_id, code="unknown_model",
+                            detail="not in the catalogue, model, fast_model or prices; allow_unlisted_models "
+                                   "accepts any id")
 
     async def _stream_once(self, request: CompletionRequest) -> AsyncIterator[StreamChunk]:
         raise NotImplementedError
@@ -177,25 +272,52 @@ class HTTPProvider(Provider):
 
     async def stream(self, request: CompletionRequest) -> AsyncIterator[StreamChunk]:
         retry, waited = 0, 0.0
+        spent = TokenUsage()  # billed to tries that failed and were tried again
+        warned: set[tuple[str, str]] = set()  # a warning is said once, not once per try
         while True:
-            produced = False
+            produced = done = False
+            running = TokenUsage()
             try:
                 async with aclosing(self._stream_once(request)) as chunks:
                     async for chunk in chunks:
-                        if isinstance(chunk, TextChunk | ToolCallChunk):
+                        if isinstance(chunk, UsageChunk):
+                            running = chunk.usage
+                            yield UsageChunk(usage=spent + running)
+                            continue
+                        if isinstance(chunk, WarningChunk):
+                            if (chunk.code, chunk.message) in warned:
+                                continue
+                            warned.add((chunk.code, chunk.message))
+                        elif isinstance(chunk, DoneChunk):
+                            done = True
+                            chunk = chunk.model_copy(update={"usage": spent + chunk.usage})
+                        elif isinstance(chunk, TextChunk | ToolCallChunk):
                             produced = True
                         yield chunk
                 return
             except ProviderError as exc:
-                if produced or not exc.retryable:
-                    raise
-                wait = self.retry.next_wait(retry, exc.retry_after, waited)
-                if wait is None:
-                    raise
-                log.warning("%s: %s; retry %d in %.2fs", self.name, exc, retry + 1, wait)
-                await sleep(wait)
-                waited += wait
-                retry += 1
+                error, cause = exc, exc.__cause__
+            except Exception as exc:  # a frame no check foresaw, or a bug: still this provider's failure
+                if not done:
+                    log.exception("%s: unexpected failure while streaming", self.name)
+                error = failure("stream_invalid", detail=f"{exc.__class__.__name__}: {exc}")
+                cause = exc
+            if done:  # the answer and its usage are whole; what broke afterwards changes nothing
+                log.debug("%s: ignored after the final chunk: %s", self.name, error.code)
+                return
+            error.provider = error.provider or self.name
+            error.model = error.model or request.model or ""
+            error.usage = spent + running.most(error.usage)
+            wait = None if produced or not error.retryable else self.retry.next_wait(retry, error.retry_after, waited)
+            if wait is None:
+                log.warning("%s:%s failed: %s (%s)", self.name, error.model, error.code, error.detail or error.message)
+                raise error from cause
+            log.warning("%s:%s: %s (%s); retry %d in %.2fs", self.name, error.model, error.code,
+                        error.detail or error.message, retry + 1, wait)
+            await sleep(wait)
+            spent = error.usage
+            waited += wait
+            retry += 1
 
     async def aclose(self) -> None:
         http: VendorClient | None = getattr(self, "http", None)

@@ -1,19 +1,25 @@
 """Ollama (``POST /api/chat``, streamed as NDJSON): the local provider; models come from
 ``GET /api/tags``. Models that refuse native ``tools`` get prompt-injected pseudo-tools
-(rfc-005 §4.3) with a visible warning."""
+(rfc-005 §4.3) with a visible warning.
+
+A caller may name only a model this server serves (``/api/tags``) or the configuration names,
+unless ``allow_unlisted_models`` is set. Cloud models (``...:cloud``, ``...-cloud`` tags) run on
+ollama.com, not here: local-only mode refuses them."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from collections.abc import AsyncIterator, Sequence
+from contextlib import aclosing
 from typing import Any
 
 from kortex.config import ProviderSettings, Settings
-from kortex.errors import ProviderError
+from kortex.errors import ProviderError, ProviderUnavailable
 from kortex.ids import new_call_id
-from kortex.llm import pseudotools
+from kortex.llm import catalog, pseudotools
 from kortex.llm.base import (
     CompletionRequest,
     DoneChunk,
@@ -22,12 +28,16 @@ from kortex.llm.base import (
     TextChunk,
     TokenUsage,
     ToolCallChunk,
+    UsageChunk,
     WarningChunk,
 )
-from kortex.llm.convert import from_user_turn, parse_arguments, result_text
-from kortex.llm.http import HTTPProvider, VendorClient
+from kortex.llm.convert import MAX_CALLS, from_user_turn, paired, parse_arguments, result_text
+from kortex.llm.failures import failure
+from kortex.llm.http import HTTPProvider, VendorClient, clean_api_key, drain
 from kortex.llm.wire import ndjson_lines
 from kortex.messages import AssistantMessage, ToolCall, ToolMessage, UserMessage
+
+log = logging.getLogger(__name__)
 
 DEFAULT_ENDPOINT = "http://127.0.0.1:11434"
 DEFAULT_CONTEXT = 8192
@@ -35,54 +45,118 @@ TAGS_TTL = 30.0
 MAX_REMEMBERED = 256
 
 
+def canonical(model_id: str) -> str:
+    """Ollama's name for a model: without a tag it means ``:latest`` (``/api/tags`` lists tags)."""
+    return model_id if ":" in model_id.rsplit("/", 1)[-1] else model_id + ":latest"
+
+
+def is_cloud_tag(model_id: str) -> bool:
+    """Ollama's cloud models (``gpt-oss:120b-cloud``, ``glm-4.6:cloud``) are served by ollama.com."""
+    tag = model_id.rsplit(":", 1)[-1].lower()
+    return tag == "cloud" or tag.endswith("-cloud")
+
+
 class OllamaProvider(HTTPProvider):
     local = True
 
     def __init__(self, name: str, config: ProviderSettings, settings: Settings) -> None:
         super().__init__(name, config, settings)
+        self.local_only = settings.llm.local_only
+        if self.local_only and config.model and is_cloud_tag(config.model):
+            raise ProviderUnavailable(f"model {config.model!r} runs on ollama.com, which local-only mode forbids",
+                                      provider=name, code="local_only")
+        if self.local_only and config.fast_model and is_cloud_tag(config.fast_model):
+            self.problems.append(f"fast_model {config.fast_model!r} runs on ollama.com, which local-only mode "
+                                 "forbids; frugal mode has no fast model here")
+            log.warning("llm.providers.%s: %s", name, self.problems[-1])
         endpoint = config.endpoint or config.base_url or os.environ.get("OLLAMA_HOST") or DEFAULT_ENDPOINT
         if "://" not in endpoint:  # OLLAMA_HOST is often written host:port
             endpoint = "http://" + endpoint
         self.endpoint = endpoint.rstrip("/")
         headers = {"accept": "application/x-ndjson"}
-        if config.api_key:  # Ollama has no auth; a reverse proxy in front of it may
-            headers["authorization"] = f"Bearer {config.api_key.get_secret_value()}"
+        # Ollama has no auth; a reverse proxy in front of it may
+        key = clean_api_key(config.api_key.get_secret_value() if config.api_key else None, name,
+                            f"llm.providers.{name}.api_key")
+        if key:
+            headers["authorization"] = f"Bearer {key}"
         self.http = VendorClient(provider=name, base_url=self.endpoint, headers=headers, config=config,
                                  transport=settings.llm.http_transport)
         self._pulled: tuple[str, ...] = ()
-        self._pulled_at = 0.0
-        self._refresh_lock: asyncio.Lock | None = None
+        self._pulled_at: float | None = None
+        # An asyncio.Lock belongs to the loop that first waits on it; a forked worker child or
+        # a second loop needs its own.
+        self._refresh_lock: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
         self._no_native_tools: set[str] = set()
 
     # -- models ---------------------------------------------------------------------------
 
     def _info(self, model_id: str) -> ModelInfo:
         tier = "fast" if model_id == self.config.fast_model else "balanced"
-        return ModelInfo(id=model_id, display_name=f"{model_id} (local)", tier=tier,
-                         context_tokens=self.config.context_tokens or DEFAULT_CONTEXT,
-                         supports_tools=model_id not in self._no_native_tools)
+        # Free unless priced: a cloud model an operator pulled is billed by ollama.com.
+        return catalog.with_price(ModelInfo(id=model_id, display_name=f"{model_id} (local)", tier=tier,
+                                            context_tokens=self.config.context_tokens or DEFAULT_CONTEXT,
+                                            supports_tools=model_id not in self._no_native_tools), self.config)
+
+    def _configured(self) -> list[str]:
+        return [m for m in (self.config.model, self.config.fast_model, *self.config.prices) if m]
+
+    def _allowed_here(self, model_id: str) -> bool:
+        return catalog.valid_id(model_id) and not (self.local_only and is_cloud_tag(model_id))
 
     def models(self) -> Sequence[ModelInfo]:
-        """The configured models first (the default leads), then whatever ``/api/tags`` listed."""
-        ids = [m for m in (self.config.model, self.config.fast_model) if m]
+        """The configured models first (the default leads), then whatever ``/api/tags`` listed;
+        in local-only mode without the cloud ones."""
+        ids = self._configured()
         ids += [m for m in self._pulled if m not in ids]
-        return [self._info(m) for m in ids]
+        return [self._info(m) for m in dict.fromkeys(ids) if self._allowed_here(m)]
+
+    def model_info(self, model_id: str | None) -> ModelInfo:
+        if model_id and self.local_only and is_cloud_tag(model_id):
+            raise ProviderUnavailable(f"model {model_id!r} runs on ollama.com, which local-only mode forbids",
+                                      provider=self.name, model=model_id, code="local_only")
+        return super().model_info(model_id)
+
+    def _listed(self, model_id: str, *, pulled_only: bool = False) -> bool:
+        wanted = canonical(model_id)
+        names = self._pulled if pulled_only else (*self._configured(), *self._pulled)
+        return any(canonical(m) == wanted for m in names)
 
     def unknown_model(self, model_id: str) -> ModelInfo:
-        return self._info(model_id)  # any pulled (or soon pulled) model may be asked for
+        if self.config.allow_unlisted_models or self._listed(model_id):
+            return self._info(model_id)  # "llama3.2" is the "llama3.2:latest" the server lists
+        if self._tags_stale() and catalog.valid_id(model_id):
+            # Not listed because the server was not asked lately: accepted for now, checked
+            # against /api/tags before the call (this runs in code that cannot wait for it).
+            return self._info(model_id)
+        return super().unknown_model(model_id)
+
+    def _tags_stale(self) -> bool:
+        return self._pulled_at is None or time.monotonic() - self._pulled_at > TAGS_TTL
 
     async def refresh_models(self, timeout: float = 2.0) -> Sequence[ModelInfo]:
         """Ask ``/api/tags`` which models are pulled (cached for a short while)."""
-        if self._refresh_lock is None:
-            self._refresh_lock = asyncio.Lock()
-        async with self._refresh_lock:
-            if time.monotonic() - self._pulled_at > TAGS_TTL:
+        loop = asyncio.get_running_loop()
+        if self._refresh_lock is None or self._refresh_lock[0] is not loop:
+            self._refresh_lock = (loop, asyncio.Lock())
+        async with self._refresh_lock[1]:
+            if self._tags_stale():
                 data = await self.http.get_json("/api/tags", timeout=timeout)
                 models = data.get("models") if isinstance(data, dict) else None
-                self._pulled = tuple(str(m.get("name") or m.get("model")) for m in models or ()
+                self._pulled = tuple(str(m.get("name") or m.get("model")) for m in
+                                     (models if isinstance(models, list) else ())
                                      if isinstance(m, dict) and (m.get("name") or m.get("model")))
                 self._pulled_at = time.monotonic()
         return self.models()
+
+    async def _check_served(self, model: str) -> None:
+        """A model the configuration does not name must be one this server lists."""
+        self.model_info(model)  # local-only refuses cloud models, whoever names them
+        if self.config.allow_unlisted_models or model in self._configured():
+            return
+        await self.refresh_models()  # a no-op while the list is fresh
+        if not self._listed(model, pulled_only=True):
+            raise ProviderError(f"model {model!r} is not offered by {self.name}", provider=self.name, model=model,
+                                code="unknown_model", detail="not served by this Ollama (/api/tags)")
 
     def default_model(self) -> ModelInfo:
         models = self.models()
@@ -100,14 +174,16 @@ class OllamaProvider(HTTPProvider):
             except ProviderError:
                 pass  # default_model() below says what is missing
         model = request.model or self.default_model().id
+        await self._check_served(model)
         pseudo = bool(request.tools) and (self.config.native_tools is False or model in self._no_native_tools)
         if request.tools and not pseudo:
             try:
-                async for chunk in self._chat(request, model, pseudo=False):
-                    yield chunk
+                async with aclosing(self._chat(request, model, pseudo=False)) as chunks:
+                    async for chunk in chunks:
+                        yield chunk
                 return
             except ProviderError as exc:
-                if not (exc.status == 400 and "does not support tools" in exc.message):
+                if not (exc.status == 400 and "does not support tools" in exc.detail):
                     raise
                 if len(self._no_native_tools) < MAX_REMEMBERED:
                     self._no_native_tools.add(model)
@@ -116,8 +192,9 @@ class OllamaProvider(HTTPProvider):
             yield WarningChunk(code="pseudo_tools", message=(
                 f"{self.name}:{model} has no native tool calling; tools are offered through prompt "
                 "markers instead (best effort: the model may ignore or garble them)"))
-        async for chunk in self._chat(request, model, pseudo=pseudo):
-            yield chunk
+        async with aclosing(self._chat(request, model, pseudo=pseudo)) as chunks:
+            async for chunk in chunks:
+                yield chunk
 
     def body(self, request: CompletionRequest, model: str, *, pseudo: bool) -> dict[str, Any]:
         system = pseudotools.system_prompt(request.system, request.tools) if pseudo else request.system
@@ -136,42 +213,66 @@ class OllamaProvider(HTTPProvider):
     async def _chat(self, request: CompletionRequest, model: str, *, pseudo: bool) -> AsyncIterator[StreamChunk]:
         parser = pseudotools.MarkerParser() if pseudo else None
         calls = 0
-        finished = False
         body = self.body(request, model, pseudo=pseudo)
+
+        def invalid(what: str) -> ProviderError:
+            return failure("stream_invalid", provider=self.name, model=model, detail=what)
+
+        def counted(chunk: StreamChunk) -> StreamChunk:
+            nonlocal calls
+            if isinstance(chunk, ToolCallChunk):
+                calls += 1
+                if calls > MAX_CALLS:
+                    raise invalid(f"more than {MAX_CALLS} tool calls in one answer")
+            return chunk
+
         async with self.http.post_stream("/api/chat", body, model=model) as response:
-            async for line in ndjson_lines(response.aiter_bytes()):
-                if finished:
-                    continue  # read on to the end of the body, so the connection can be reused
-                if line.get("error"):
-                    raise ProviderError(str(line["error"])[:300], provider=self.name, model=model,
-                                        code="provider_stream_error")
-                message = line.get("message") or {}
-                text = message.get("content")
-                if text:
-                    for chunk in _pieces(parser.feed(text)) if parser else (TextChunk(text=text),):
-                        calls += isinstance(chunk, ToolCallChunk)
-                        yield chunk
-                for part in message.get("tool_calls") or ():
-                    function = part.get("function") or {}
-                    calls += 1
-                    yield ToolCallChunk(call=parse_arguments(str(part.get("id") or new_call_id()),
-                                                             str(function.get("name") or ""),
-                                                             function.get("arguments")))
-                if line.get("done"):
-                    if parser:
-                        for chunk in _pieces(parser.finish()):
-                            calls += isinstance(chunk, ToolCallChunk)
-                            yield chunk
-                    reason = line.get("done_reason")
-                    stop = "max_tokens" if reason == "length" else "tool_use" if calls else "end_turn"
-                    finished = True
-                    yield DoneChunk(stop_reason=stop, model=str(line.get("model") or model), usage=TokenUsage(
-                        input_tokens=int(line.get("prompt_eval_count") or 0),
-                        output_tokens=int(line.get("eval_count") or 0)))
-        if finished:
-            return
-        raise ProviderError("the stream ended before done", provider=self.name, model=model, retryable=True,
-                            code="stream_truncated")
+            async with aclosing(ndjson_lines(response.aiter_bytes())) as lines:
+                async for line in lines:
+                    if line.get("error"):
+                        raise failure("provider_stream_error", provider=self.name, model=model,
+                                      detail=str(line["error"]))
+                    message = line.get("message") or {}
+                    if not isinstance(message, dict):
+                        raise invalid("message is not an object")
+                    text = message.get("content")
+                    if not isinstance(text, str | None):
+                        raise invalid("message.content is not a string")
+                    if text:
+                        for chunk in _pieces(parser.feed(text)) if parser else (TextChunk(text=text),):
+                            yield counted(chunk)
+                    parts = message.get("tool_calls") or ()
+                    if not isinstance(parts, list | tuple):
+                        raise invalid("message.tool_calls is not a list")
+                    for part in parts:
+                        function = part.get("function") if isinstance(part, dict) else None
+                        if not isinstance(function, dict) or not isinstance(function.get("arguments"),
+                                                                            dict | str | None):
+                            raise invalid("a tool call without a function object")
+                        call_id = part.get("id")
+                        yield counted(ToolCallChunk(call=parse_arguments(
+                            call_id if isinstance(call_id, str) and call_id else new_call_id(),
+                            str(function.get("name") or ""), function.get("arguments"))))
+                    if line.get("done"):
+                        if parser:
+                            for chunk in _pieces(parser.finish()):
+                                yield counted(chunk)
+                        reason = line.get("done_reason")
+                        stop = "max_tokens" if reason == "length" else "tool_use" if calls else "end_turn"
+                        usage = TokenUsage(input_tokens=_count(line.get("prompt_eval_count")),
+                                           output_tokens=_count(line.get("eval_count")))
+                        yield UsageChunk(usage=usage)
+                        done_model = line.get("model")
+                        yield DoneChunk(stop_reason=stop, usage=usage,
+                                        model=done_model if isinstance(done_model, str) and done_model else model)
+                        await drain(lines)  # briefly: the connection is reused only if the body ends
+                        return
+        raise failure("stream_truncated", provider=self.name, model=model, retryable=True,
+                      detail="the stream ended before done")
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
 def _pieces(items: list[str | ToolCall]) -> list[StreamChunk]:
@@ -180,7 +281,7 @@ def _pieces(items: list[str | ToolCall]) -> list[StreamChunk]:
 
 def to_messages(request: CompletionRequest) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
-    for message in from_user_turn(request.messages):
+    for message in paired(from_user_turn(request.messages)):
         if isinstance(message, UserMessage):
             out.append({"role": "user", "content": message.content})
         elif isinstance(message, AssistantMessage):

@@ -1,14 +1,18 @@
 """OpenAI Chat Completions (``POST /v1/chat/completions``, streamed as SSE) over raw HTTP.
 
-Works against any OpenAI-compatible server through ``base_url``. Streamed ``tool_calls``
-deltas are assembled by ``index``; usage arrives in the last chunk (``include_usage``).
+Works against any OpenAI-compatible server through ``base_url``; its models must be listed in
+the configuration (``model``, ``fast_model``, ``prices``) unless ``allow_unlisted_models`` is
+set. Streamed ``tool_calls`` deltas are assembled by ``index`` (servers that omit it: a
+fragment with an ``id`` opens a call, one without continues the last); usage arrives in the
+last chunk (``include_usage``), possibly together with ``finish_reason``.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator
+from contextlib import aclosing
 from typing import Any
 
 from kortex.config import ProviderSettings, Settings
@@ -17,15 +21,16 @@ from kortex.llm import catalog
 from kortex.llm.base import (
     CompletionRequest,
     DoneChunk,
-    ModelInfo,
     StopReason,
     StreamChunk,
     TextChunk,
     TokenUsage,
     ToolCallChunk,
+    UsageChunk,
 )
-from kortex.llm.convert import from_user_turn, parse_arguments, result_text, wire_id
-from kortex.llm.http import HTTPProvider, VendorClient, api_path
+from kortex.llm.convert import CallAssembler, from_user_turn, paired, result_text, wire_id
+from kortex.llm.failures import failure
+from kortex.llm.http import HTTPProvider, VendorClient, api_path, clean_api_key, drain
 from kortex.llm.wire import SSEvent, sse_events
 from kortex.messages import AssistantMessage, ToolMessage, UserMessage
 
@@ -37,6 +42,8 @@ _FIXED_TEMPERATURE = ("gpt-5", "o1", "o3", "o4")
 
 
 class OpenAIProvider(HTTPProvider):
+    catalogue = catalog.OPENAI
+
     def __init__(self, name: str, config: ProviderSettings, settings: Settings, api_key: str | None) -> None:
         super().__init__(name, config, settings)
         base = config.base_url or DEFAULT_BASE_URL
@@ -47,17 +54,6 @@ class OpenAIProvider(HTTPProvider):
                                  transport=settings.llm.http_transport)
         self.path = api_path(base, "/v1/chat/completions")
         self.official = "api.openai.com" in base
-        self._models = catalog.priced(catalog.OPENAI, config)
-
-    def models(self) -> Sequence[ModelInfo]:
-        return self._models
-
-    def unknown_model(self, model_id: str) -> ModelInfo:
-        # A compatible server (vLLM, llama.cpp, LiteLLM, ...) names its own models; they cost
-        # what the configuration says, nothing by default.
-        if not self.official:
-            return ModelInfo(id=model_id, display_name=model_id)
-        return super().unknown_model(model_id)
 
     def body(self, request: CompletionRequest) -> dict[str, Any]:
         model = request.model or self.default_model().id
@@ -82,30 +78,30 @@ class OpenAIProvider(HTTPProvider):
         model = request.model or self.default_model().id
         decoder = Decoder(self.name, model)
         async with self.http.post_stream(self.path, self.body(request), model=model) as response:
-            async for event in sse_events(response.aiter_bytes()):
-                if decoder.finished:
-                    continue  # read on to the end of the body, so the connection can be reused
-                for chunk in decoder.feed(event):
-                    yield chunk
-        if decoder.finished:
-            return
+            async with aclosing(sse_events(response.aiter_bytes())) as events:
+                async for event in events:
+                    for chunk in decoder.feed(event):
+                        yield chunk
+                    if decoder.finished:
+                        await drain(events)  # briefly: the connection is reused only if the body ends
+                        return
         if decoder.stop is not None:  # a server that omits [DONE] after a complete answer
             for chunk in decoder.finish():
                 yield chunk
             return
-        raise ProviderError("the stream ended before the model finished", provider=self.name, model=model,
-                            retryable=True, code="stream_truncated")
+        raise failure("stream_truncated", provider=self.name, model=model, retryable=True, usage=decoder.usage,
+                      detail="the stream ended before the model finished")
 
 
 def to_messages(request: CompletionRequest) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
-    for message in from_user_turn(request.messages):
+    for message in paired(from_user_turn(request.messages)):
         if isinstance(message, UserMessage):
             out.append({"role": "user", "content": message.content})
         elif isinstance(message, AssistantMessage):
-            if not message.content and not message.tool_calls:
+            if not message.content.strip() and not message.tool_calls:
                 continue
-            item: dict[str, Any] = {"role": "assistant", "content": message.content or None}
+            item: dict[str, Any] = {"role": "assistant", "content": message.content if message.content.strip() else None}
             if message.tool_calls:
                 item["tool_calls"] = [
                     {"id": wire_id(c.id), "type": "function",
@@ -120,72 +116,130 @@ def to_messages(request: CompletionRequest) -> list[dict[str, Any]]:
 
 
 class Decoder:
-    """Turns one stream's chunks into ours; tool calls are whole once the choice finishes."""
+    """Turns one stream's chunks into ours; tool calls are whole once the choice finishes. Every
+    field is type-checked: a frame of the wrong shape is ``stream_invalid``, never a crash."""
 
     def __init__(self, provider: str, model: str) -> None:
         self.provider = provider
         self.model = model
         self.finished = False
         self.stop: str | None = None
-        self._calls: dict[int, dict[str, Any]] = {}
-        self._usage = TokenUsage()
+        self._calls = CallAssembler()
+        self._last_key: int | None = None
+        self.usage = TokenUsage()
+
+    def _invalid(self, what: str) -> ProviderError:
+        return failure("stream_invalid", provider=self.provider, model=self.model, usage=self.usage, detail=what)
+
+    def _dict(self, value: Any, what: str) -> dict[str, Any]:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise self._invalid(f"{what} is not an object")
+        return value
+
+    def _list(self, value: Any, what: str) -> list[Any]:
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            raise self._invalid(f"{what} is not a list")
+        return value
+
+    def _text(self, value: Any, what: str) -> str:
+        if value is None:
+            return ""
+        if not isinstance(value, str):
+            raise self._invalid(f"{what} is not a string")
+        return value
 
     def feed(self, event: SSEvent) -> Iterator[StreamChunk]:
         if event.data.strip() == "[DONE]":
             if self.stop is None:
-                raise ProviderError("the stream ended before the model finished", provider=self.provider,
-                                    model=self.model, retryable=True, code="stream_truncated")
+                raise failure("stream_truncated", provider=self.provider, model=self.model, retryable=True,
+                              usage=self.usage, detail="[DONE] before a finish_reason")
             yield from self.finish()
             return
         try:
             data = event.json()
         except ValueError as exc:
-            raise ProviderError("the stream sent an event that is not JSON", provider=self.provider,
-                                model=self.model, code="stream_invalid") from exc
-        if not isinstance(data, dict):
-            return
+            raise self._invalid("an event that is not JSON") from exc
+        data = self._dict(data, "a chunk")
         if data.get("error"):
             error = data["error"] if isinstance(data["error"], dict) else {"message": str(data["error"])}
             kind = str(error.get("type") or error.get("code") or "error")
-            raise ProviderError(f"{kind}: {error.get('message') or 'stream error'}"[:300], provider=self.provider,
-                                model=self.model, code="provider_stream_error",
-                                retryable=kind in ("server_error", "rate_limit_exceeded", "overloaded"))
-        self.model = data.get("model") or self.model
+            raise failure("provider_stream_error", provider=self.provider, model=self.model, usage=self.usage,
+                          retryable=kind in ("server_error", "rate_limit_exceeded", "overloaded"),
+                          detail=f"{kind}: {error.get('message') or 'stream error'}")
+        model = data.get("model")
+        self.model = model if isinstance(model, str) and model else self.model
         usage = data.get("usage")
-        if isinstance(usage, dict):
-            self._usage = TokenUsage(input_tokens=int(usage.get("prompt_tokens") or 0),
-                                     output_tokens=int(usage.get("completion_tokens") or 0))
-        for choice in data.get("choices") or ():
-            if choice.get("index", 0) != 0:
+        if usage is not None:
+            self.usage = self._usage(self._dict(usage, "usage"))
+            yield UsageChunk(usage=self.usage)
+        for choice in self._list(data.get("choices"), "choices"):
+            choice = self._dict(choice, "a choice")
+            if choice.get("index", 0) not in (0, None):
                 continue  # we ask for one choice
-            delta = choice.get("delta") or {}
-            text = delta.get("content") or delta.get("refusal")
+            delta = self._dict(choice.get("delta"), "delta")
+            text = self._text(delta.get("content"), "delta.content") or self._text(delta.get("refusal"),
+                                                                                 "delta.refusal")
             if text:
                 yield TextChunk(text=text)
-            for part in delta.get("tool_calls") or ():
-                call = self._calls.setdefault(int(part.get("index", len(self._calls))),
-                                              {"id": "", "name": "", "arguments": []})
-                call["id"] = part.get("id") or call["id"]
-                function = part.get("function") or {}
-                call["name"] = function.get("name") or call["name"]
-                if function.get("arguments"):
-                    call["arguments"].append(function["arguments"])
-            if choice.get("finish_reason"):
-                self.stop = choice["finish_reason"]
+            for part in self._list(delta.get("tool_calls"), "delta.tool_calls"):
+                self._tool_part(self._dict(part, "a tool call delta"))
+            finish = choice.get("finish_reason")
+            if finish:
+                self.stop = self._text(finish, "finish_reason")
+
+    def _tool_part(self, part: dict[str, Any]) -> None:
+        call_id = self._text(part.get("id"), "tool_calls.id")
+        function = self._dict(part.get("function"), "tool_calls.function")
+        name = self._text(function.get("name"), "function.name")
+        arguments = self._text(function.get("arguments"), "function.arguments")
+        index = part.get("index")
+        if index is None:
+            # Servers that send no index: an id opens a call, a fragment without one continues
+            # the last (a null index is read the same way).
+            last = self._last_key
+            opens = last is None or bool(call_id and call_id != self._calls.id_of(last))
+            key = (max(self._calls.keys(), default=-1) + 1) if opens else last
+        elif isinstance(index, int) and not isinstance(index, bool) and index >= 0:
+            key = index
+        else:
+            raise self._invalid("tool_calls.index is not a non-negative integer")
+        assert key is not None
+        self._calls.start(key, call_id, name)
+        self._calls.update(key, call_id=call_id, name=name)
+        if arguments:
+            self._calls.append(key, arguments)
+        self._last_key = key
+
+    def _usage(self, usage: dict[str, Any]) -> TokenUsage:
+        def count(value: Any) -> int:
+            return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+        details = usage.get("prompt_tokens_details")
+        cached = count(details.get("cached_tokens")) if isinstance(details, dict) else 0
+        prompt = count(usage.get("prompt_tokens"))
+        return TokenUsage(input_tokens=prompt, output_tokens=count(usage.get("completion_tokens")),
+                          cache_read_tokens=min(cached, prompt))  # part of prompt_tokens, billed lower
 
     def finish(self) -> Iterator[StreamChunk]:
         self.finished = True
-        for index in sorted(self._calls):
-            call = self._calls[index]
-            yield ToolCallChunk(call=parse_arguments(call["id"], call["name"], "".join(call["arguments"])))
+        calls = self._calls.finish_all()
+        for call in calls:
+            yield ToolCallChunk(call=call)
         stop = _STOP.get(self.stop or "stop", "end_turn")
-        if self._calls and stop == "end_turn":
+        if calls and stop == "end_turn":
             stop = "tool_use"  # some compatible servers say "stop" after tool calls
-        yield DoneChunk(stop_reason=stop, usage=self._usage, model=self.model)
+        yield DoneChunk(stop_reason=stop, usage=self.usage, model=self.model)
 
 
 def create(name: str, config: ProviderSettings, settings: Settings) -> OpenAIProvider:
-    key = config.api_key.get_secret_value() if config.api_key else os.environ.get("OPENAI_API_KEY")
+    if config.api_key:
+        key = clean_api_key(config.api_key.get_secret_value(), name, f"llm.providers.{name}.api_key")
+    else:
+        key = clean_api_key(os.environ.get("OPENAI_API_KEY"), name, "OPENAI_API_KEY")
     if not key and "api.openai.com" in (config.base_url or DEFAULT_BASE_URL):
         # api.openai.com needs a key; a compatible server elsewhere may not.
         raise ProviderUnavailable("no API key: set OPENAI_API_KEY or llm.providers.openai.api_key", provider=name)

@@ -18,6 +18,8 @@ from kortex.llm.base import ModelInfo, Provider
 log = logging.getLogger(__name__)
 
 ProviderFactory = Callable[[str, ProviderSettings, Settings], Provider]
+#: the provider local-only mode falls back to
+LOCAL_PROVIDER = "ollama"
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +31,7 @@ class ProviderStatus:
     local: bool
     synthetic: bool
     reachable: bool | None = None  # None: not probed (cloud providers are not called to list models)
+    problems: tuple[str, ...] = ()  # configuration worth fixing that does not stop the provider
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +50,24 @@ class ProviderRegistry:
         self._factories = factories
         self._providers: dict[str, Provider] = {}
         self._unavailable: dict[str, str] = {}
+        self._check_names()
+
+    def _check_names(self) -> None:
+        """Provider names in ``[llm]`` must be providers of this build: a typo would otherwise
+        fail every turn (a default) or silently never fail over (a fallback)."""
+        llm = self.settings.llm
+        known = ", ".join(self._factories)
+        named = [("llm.default_provider", llm.default_provider)]
+        named += [(f"llm.fallback_providers[{i}]", f) for i, f in enumerate(llm.fallback_providers)]
+        if llm.default_model and ":" in llm.default_model:
+            named.append(("llm.default_model", llm.default_model.partition(":")[0]))
+        for where, name in named:
+            if name not in self._factories:
+                raise ConfigError(f"{where}: no provider named {name!r} (known: {known})")
+        unused = sorted(set(llm.providers) - set(self._factories))
+        if unused:
+            log.warning("llm.providers names providers this build does not have: %s (known: %s)",
+                        ", ".join(unused), known)
 
     def names(self) -> list[str]:
         return list(self._factories)
@@ -88,15 +109,17 @@ class ProviderRegistry:
                 continue
             models = tuple(provider.models())
             cloud = not (provider.local or provider.synthetic)
+            problems = tuple(getattr(provider, "problems", ()))
             if local_only and cloud:
-                out.append(ProviderStatus(name, False, "refused in local-only mode", models, False, False))
+                out.append(ProviderStatus(name, False, "refused in local-only mode", models, False, False,
+                                          problems=problems))
             elif name in unreachable:
                 out.append(ProviderStatus(name, False, unreachable[name], models, provider.local, provider.synthetic,
-                                          reachable=False))
+                                          reachable=False, problems=problems))
             else:
                 probed = True if hasattr(provider, "refresh_models") else None
                 out.append(ProviderStatus(name, True, None, models, provider.local, provider.synthetic,
-                                          reachable=probed))
+                                          reachable=probed, problems=problems))
         return out
 
     async def probe(self, timeout: float = 2.0) -> dict[str, str]:
@@ -119,12 +142,20 @@ class ProviderRegistry:
                 failures[name] = "unreachable: no answer in time"
         return failures
 
+    def find(self, spec: str | None) -> Resolved:
+        """The provider and model for ``spec``, whatever the mode."""
+        return self._resolve(spec)
+
     def resolve(self, spec: str | None) -> Resolved:
         """Find the provider and model for ``spec`` (None: the configured default). In
-        local-only mode a cloud provider is refused here, before anything is queued."""
+        local-only mode a cloud provider a caller names is refused here, before anything is
+        queued; a configured default that is one gives way to the local provider."""
         resolved = self._resolve(spec)
         provider = resolved.provider
         if self.settings.llm.local_only and not (provider.local or provider.synthetic):
+            if not spec:
+                local = self.get(LOCAL_PROVIDER)
+                return Resolved(local, local.model_info(self._configured_model(LOCAL_PROVIDER)))
             raise ProviderUnavailable(
                 f"provider {provider.name!r} sends data off this network, which local-only mode forbids; "
                 "use a local provider such as 'ollama'", provider=provider.name, code="local_only")

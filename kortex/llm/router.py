@@ -3,11 +3,15 @@
 - **normal**: the requested (or default) provider, then ``fallback_providers`` in order.
 - **frugal**: each provider's fast model first; its answer is held back and, if it stopped at
   ``max_tokens`` or said ``<<NEED_MORE_CONTEXT>>``, the full model answers instead.
-- **local-only** (or ``[llm.privacy] local_only``): cloud providers are refused outright.
+- **local-only** (or ``[llm.privacy] local_only``): cloud providers are refused when a caller
+  names them; a configured default that is a cloud provider is skipped for the local one.
 
-Failover happens only while no text has reached the client: a provider that fails after it
-streamed text ends the step with that error, so nothing is ever said twice. Every call made
-along the way is kept as an ``Attempt`` (for the audit trail and the turn's cost).
+Only a model the caller named is pinned (frugal mode leaves it alone); the configured default
+is not. Failover happens only while no text has reached the client: a provider that fails
+after it streamed text ends the step with that error, so nothing is ever said twice. Every call
+made along the way is kept as an ``Attempt`` with what it was billed, also when it failed or
+was cancelled (for the audit trail and the turn's cost). With ``redact_secrets`` the
+conversation is scrubbed of credentials before it goes to a cloud provider.
 """
 
 from __future__ import annotations
@@ -28,9 +32,12 @@ from kortex.llm.base import (
     TextChunk,
     TokenUsage,
     ToolCallChunk,
+    UsageChunk,
     WarningChunk,
 )
-from kortex.llm.registry import ProviderRegistry
+from kortex.llm.convert import scrubbed
+from kortex.llm.registry import LOCAL_PROVIDER, ProviderRegistry
+from kortex.messages import Message
 
 NEED_MORE_CONTEXT = "<<NEED_MORE_CONTEXT>>"
 FRUGAL_HINT = (
@@ -39,6 +46,8 @@ FRUGAL_HINT = (
 )
 #: statuses after which another provider may well succeed (bad key, unknown model)
 _FAILOVER_STATUS = frozenset({401, 403, 404})
+#: warnings said once per step, however many calls (retries, frugal escalation) repeat them
+_ONCE_PER_STEP = frozenset({"pseudo_tools"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,14 +86,17 @@ class Attempt:
 
     @property
     def cost_usd(self) -> float:
-        return self.model.cost(self.usage.input_tokens, self.usage.output_tokens)
+        return self.model.cost_of(self.usage)
 
     def end(self, *, done: DoneChunk | None = None, error: ProviderError | None = None) -> None:
+        """``usage`` holds what the call reported while it ran; a failure keeps it (the vendor
+        billed the prompt) and adds what the error says it cost."""
         self.latency_ms = int((time.monotonic() - self.started) * 1000)
         if done is not None:
-            self.usage, self.stop_reason = done.usage, done.stop_reason
+            self.usage, self.stop_reason = done.usage.most(self.usage), done.stop_reason
         else:
             self.stop_reason, self.error = "error", error
+            self.usage = self.usage.most(error.usage if error is not None else None)
 
 
 def is_cloud(provider: Provider) -> bool:
@@ -98,38 +110,45 @@ def can_fail_over(exc: ProviderError) -> bool:
 def plan(registry: ProviderRegistry, spec: str | None) -> list[Candidate]:
     """The failover chain for a turn's model ``spec`` (None: the configured default).
 
-    A spec naming a model pins it on its provider (frugal mode leaves it alone); fallbacks
-    answer with their configured model. Unavailable providers are skipped; if none is left,
-    the error says why each was skipped.
+    A model the caller named is pinned on its provider (frugal mode leaves it alone); the
+    configured ``default_model`` is where the chain starts, not a pin. Fallbacks answer with
+    their configured model. Unavailable providers are skipped, and so is a configured default
+    that local-only mode forbids; if none is left, the error says why each was skipped.
     """
     llm = registry.settings.llm
     explicit = bool(spec)
     spec = spec or llm.default_model or llm.default_provider
     name, sep, model_id = spec.partition(":")
     if not sep and name not in registry.names():
-        resolved = registry.resolve(spec)  # a bare model id some provider offers
+        resolved = registry.find(spec)  # a bare model id some provider offers
         name, model_id = resolved.provider.name, resolved.model.id
     chain = [name, *(f for f in llm.fallback_providers if f != name)]
-    if llm.local_only and "ollama" not in chain:
-        chain.append("ollama")  # local-only forces the local provider in
+    if llm.local_only and LOCAL_PROVIDER not in chain:
+        chain.append(LOCAL_PROVIDER)  # local-only forces the local provider in
     out: list[Candidate] = []
     skipped: list[str] = []
     for index, candidate in enumerate(chain):
-        pinned = model_id if index == 0 else None
+        head = index == 0
+        named = head and explicit  # the caller chose this provider: its failures are the answer
         try:
             provider = registry.get(candidate)
             if llm.local_only and is_cloud(provider):
-                if index == 0 and explicit:
+                if named:
                     registry.resolve(spec)  # raises the local-only refusal
                 skipped.append(f"{candidate}: not local (mode local-only)")
                 continue
-            model = provider.model_info(pinned or _configured(llm, candidate))
-            fast = provider.fast_model() if llm.mode == "frugal" and not pinned else None
+            model = provider.model_info((model_id if head else None) or _configured(llm, candidate))
         except ProviderError as exc:
-            if index == 0 and explicit:
+            if named:
                 raise
             skipped.append(f"{candidate}: {exc.message}")
             continue
+        fast = None
+        if llm.mode == "frugal" and not (named and model_id):
+            try:
+                fast = provider.fast_model()
+            except ProviderError:  # a fast model that cannot be used means none, not no provider
+                fast = None
         out.append(Candidate(provider, model, fast if fast and fast.id != model.id else None))
     if not out:
         raise ProviderUnavailable("no provider can answer: " + "; ".join(skipped), provider=name)
@@ -154,12 +173,19 @@ class RoutedStream:
         self.attempts: list[Attempt] = []
         self.answered: Attempt | None = None
         self.text_streamed = False
+        self._warned: set[str] = set()
+        self._scrubbed: tuple[Message, ...] | None = None  # the conversation for cloud providers, made once
 
-    def request_for(self, provider: str, model: ModelInfo, *, fast: bool) -> CompletionRequest:
-        config = self.llm.providers.get(provider) or ProviderSettings()
+    def request_for(self, provider: Provider, model: ModelInfo, *, fast: bool) -> CompletionRequest:
+        config = self.llm.providers.get(provider.name) or ProviderSettings()
         system = self.request.system + (FRUGAL_HINT if fast else "")
-        return self.request.model_copy(update={"model": model.id, "max_tokens": config.max_tokens,
-                                               "temperature": config.temperature, "system": system})
+        update = {"model": model.id, "max_tokens": config.max_tokens, "temperature": config.temperature,
+                  "system": system}
+        if self.llm.privacy.redact_secrets and is_cloud(provider):
+            if self._scrubbed is None:
+                self._scrubbed = scrubbed(self.request.messages)
+            update["messages"] = self._scrubbed
+        return self.request.model_copy(update=update)
 
     async def stream(self) -> AsyncIterator[StreamChunk]:
         error: ProviderError | None = None
@@ -176,10 +202,12 @@ class RoutedStream:
                 calls: list[ToolCallChunk] = []
                 done: DoneChunk | None = None
                 try:
-                    stream = candidate.provider.stream(self.request_for(candidate.provider.name, model, fast=fast))
+                    stream = candidate.provider.stream(self.request_for(candidate.provider, model, fast=fast))
                     async with aclosing(stream) as chunks:  # type: ignore[type-var]
                         async for chunk in chunks:
-                            if isinstance(chunk, TextChunk):
+                            if isinstance(chunk, UsageChunk):
+                                attempt.usage = chunk.usage  # kept should the call fail or be cancelled
+                            elif isinstance(chunk, TextChunk):
                                 if fast:
                                     held.append(chunk.text)
                                 else:
@@ -189,6 +217,10 @@ class RoutedStream:
                                 calls.append(chunk)
                             elif isinstance(chunk, DoneChunk):
                                 done = chunk
+                            elif isinstance(chunk, WarningChunk) and chunk.code in _ONCE_PER_STEP:
+                                if chunk.code not in self._warned:
+                                    self._warned.add(chunk.code)
+                                    yield chunk
                             else:
                                 yield chunk
                     if done is None:
@@ -205,7 +237,7 @@ class RoutedStream:
                         raise
                     error = exc
                     break  # the next provider; a failing fast model says little good of its sibling
-                except BaseException:
+                except BaseException:  # cancelled (a step timeout, a lost lease): billed all the same
                     attempt.end(error=ProviderError("cancelled", provider=attempt.provider, model=model.id,
                                                     code="cancelled"))
                     raise

@@ -78,8 +78,15 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
                 data=body or None, allow_redirects=False, compress=None,
                 timeout=aiohttp.ClientTimeout(total=None, connect=timeout.get("pool"),
                                               sock_connect=timeout.get("connect"), sock_read=timeout.get("read")))
+        except aiohttp.InvalidURL as exc:
+            raise httpx.UnsupportedProtocol("invalid URL") from exc
         except (TimeoutError, aiohttp.ClientError, ConnectionError) as exc:
             raise _translate(exc) from exc
+        except Exception as exc:
+            # aiohttp refuses a request it cannot send (a header value with a newline, ...) with a
+            # bare ValueError or TypeError whose text quotes the value, which may be the API key:
+            # say only what kind of failure it was.
+            raise httpx.LocalProtocolError(f"the request cannot be sent ({exc.__class__.__name__})") from exc
         return httpx.Response(status_code=response.status, headers=list(response.raw_headers),
                               stream=_Body(response), request=request,
                               extensions={"http_version": b"HTTP/1.1",

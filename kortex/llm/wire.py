@@ -1,7 +1,10 @@
 """Decoding streamed response bodies: Server-Sent Events (Anthropic, OpenAI) and NDJSON (Ollama).
 
-Both work on raw byte chunks, split lines themselves (no per-line decoding layers) and bound
-the length of a line, so a server that never sends a newline cannot exhaust memory.
+Both work on raw byte chunks and split lines themselves (no per-line decoding layers, so a
+multibyte character split between chunks is whole again before it is decoded). Everything is
+bounded: a line, and the data of one SSE event, so a server that never sends a newline or a
+blank line cannot exhaust memory, and a long line delivered in many small pieces costs linear
+time, not quadratic.
 """
 
 from __future__ import annotations
@@ -11,9 +14,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from kortex.errors import ProviderError
+from kortex.llm.failures import failure
 
 MAX_LINE = 4 * 1024 * 1024
+MAX_EVENT = 4 * 1024 * 1024  # the data lines of one SSE event, together
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,23 +29,56 @@ class SSEvent:
         return json.loads(self.data)
 
 
-async def sse_events(chunks: AsyncIterator[bytes], *, max_line: int = MAX_LINE) -> AsyncIterator[SSEvent]:
+def _too_long() -> Exception:
+    return failure("stream_invalid", detail="a streamed line is longer than the limit")
+
+
+class _Lines:
+    """Complete lines of a byte stream, fed chunk by chunk. A partial line waits in a bytearray
+    and only newly arrived bytes are searched for its end, so a long line delivered in many
+    small pieces costs linear time; whole lines are cut by ``bytes.split`` (C speed)."""
+
+    def __init__(self, max_line: int) -> None:
+        self.pending = bytearray()
+        self.max_line = max_line
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        pending = self.pending
+        if pending:
+            scan_from = len(pending)
+            pending += chunk
+            if pending.find(b"\n", scan_from) < 0:
+                if len(pending) > self.max_line:
+                    raise _too_long()
+                return []
+            data = bytes(pending)
+            pending.clear()
+        else:
+            data = chunk
+        lines = data.split(b"\n")
+        rest = lines.pop()
+        if rest:
+            if len(rest) > self.max_line:
+                raise _too_long()
+            pending += rest
+        return lines
+
+
+async def sse_events(chunks: AsyncIterator[bytes], *, max_line: int = MAX_LINE,
+                     max_event: int = MAX_EVENT) -> AsyncIterator[SSEvent]:
     """Events of a ``text/event-stream`` body (WHATWG rules: ``event:``, multi-line ``data:``,
     ``:`` comments, blank line dispatches; ``id``/``retry`` are not used by LLM APIs)."""
-    pending = b""
+    lines = _Lines(max_line)
     event = ""
     data: list[str] = []
+    size = 0
     async for chunk in chunks:
-        lines = (pending + chunk).split(b"\n") if pending else chunk.split(b"\n")
-        pending = lines.pop()
-        if len(pending) > max_line:
-            raise ProviderError("a streamed line is longer than the limit", code="stream_invalid")
-        for raw in lines:
+        for raw in lines.feed(chunk):
             line = raw[:-1] if raw.endswith(b"\r") else raw
             if not line:
                 if data:
                     yield SSEvent(event or "message", "\n".join(data))
-                event, data = "", []
+                event, data, size = "", [], 0
                 continue
             if line[0] == 58:  # ":" comment / keep-alive
                 continue
@@ -49,6 +86,9 @@ async def sse_events(chunks: AsyncIterator[bytes], *, max_line: int = MAX_LINE) 
             if value.startswith(b" "):
                 value = value[1:]
             if name == b"data":
+                size += len(value) + 1
+                if size > max_event:
+                    raise failure("stream_invalid", detail="a streamed event is larger than the limit")
                 data.append(value.decode("utf-8", "replace"))
             elif name == b"event":
                 event = value.decode("utf-8", "replace")
@@ -58,24 +98,27 @@ async def sse_events(chunks: AsyncIterator[bytes], *, max_line: int = MAX_LINE) 
 
 async def ndjson_lines(chunks: AsyncIterator[bytes], *, max_line: int = MAX_LINE) -> AsyncIterator[dict[str, Any]]:
     """Objects of a newline-delimited JSON body."""
-    pending = b""
+    lines = _Lines(max_line)
     async for chunk in chunks:
-        lines = (pending + chunk).split(b"\n") if pending else chunk.split(b"\n")
-        pending = lines.pop()
-        if len(pending) > max_line:
-            raise ProviderError("a streamed line is longer than the limit", code="stream_invalid")
-        for line in lines:
+        for line in lines.feed(chunk):
             if line.strip():
                 yield _object(line)
-    if pending.strip():
-        yield _object(pending)
+    rest = bytes(lines.pending)
+    if rest.strip():
+        # A last line without its newline: whole (some servers omit the final newline) or cut
+        # off mid-way, which is a truncated body (worth another try), not a malformed one.
+        try:
+            json.loads(rest)
+        except ValueError as exc:
+            raise failure("stream_truncated", retryable=True, detail="the body ended in the middle of a line") from exc
+        yield _object(rest)
 
 
 def _object(line: bytes) -> dict[str, Any]:
     try:
         value = json.loads(line)
     except ValueError as exc:
-        raise ProviderError("the stream sent a line that is not JSON", code="stream_invalid") from exc
+        raise failure("stream_invalid", detail="the stream sent a line that is not JSON") from exc
     if not isinstance(value, dict):
-        raise ProviderError("the stream sent JSON that is not an object", code="stream_invalid")
+        raise failure("stream_invalid", detail="the stream sent JSON that is not an object")
     return value

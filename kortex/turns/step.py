@@ -109,7 +109,8 @@ def _run_claimed(k: Kortex, turn: TurnRecord, step: int, candidates: list[Candid
             asyncio.wait_for(_consume(k, turn, routed, publisher, _call_ids(history)), limit), timeout=limit + 5)
     except LeaseLost:
         log.warning("step %s of turn %s lost its lease; another attempt runs it", step, turn.id)
-        _audit_alone(k, _llm_audit(turn, step, routed.attempts))
+        _audit_alone(k, _llm_audit(turn, step, routed.attempts, error=ProviderError(
+            "the step was handed to another attempt", code="cancelled")))
         return NOTHING
     except Exception as exc:
         if not isinstance(exc, ProviderError | TimeoutError):
@@ -264,13 +265,15 @@ def _llm_audit(
         last = index == len(attempts) - 1
         failure = attempt.error if attempt.error is not None and attempt.error.code != "cancelled" else None
         if failure is None and last and error is not None and attempt.stop_reason in (None, "error"):
-            failure = error
+            failure = error  # includes "cancelled": a call cut short is not a success
         # Prompts and answers stay out of the audit row: they may quote secrets from telemetry.
         payload: dict[str, Any] = {
             "step": step, "attempt": index, "provider": attempt.provider, "model": attempt.model.id,
             "fast": attempt.fast, "stop_reason": "error" if failure else attempt.stop_reason,
             "tool_calls": [c.name for c in calls] if last and failure is None else [],
             "text_chars": text_chars if last and failure is None else 0,
+            "cache_read_tokens": attempt.usage.cache_read_tokens,
+            "cache_write_tokens": attempt.usage.cache_write_tokens,
         }
         if failure is not None:
             payload.update(error_code=failure.code, status=failure.status, retryable=failure.retryable)

@@ -35,7 +35,9 @@ def test_providers_models_prices_and_availability_without_secrets(harness_factor
     assert [m["id"] for m in anthropic["models"]] == ["claude-opus-4-6", "claude-sonnet-4-6", "claude-haiku-4-6"]
     assert models["claude-opus-4-6"] == {"id": "claude-opus-4-6", "display_name": "Claude Opus 4.6 (1M context)",
                                          "tier": "deep", "context_tokens": 1_000_000, "supports_tools": True,
-                                         "input_usd_per_mtok": 15.0, "output_usd_per_mtok": 75.0}
+                                         "input_usd_per_mtok": 15.0, "output_usd_per_mtok": 75.0,
+                                         "cache_read_usd_per_mtok": 1.5, "cache_write_usd_per_mtok": 18.75}
+    assert anthropic["problems"] == []
     assert models["claude-sonnet-4-6"]["input_usd_per_mtok"] == 2.5  # the configured price wins
     openai = by_name["openai"]
     assert not openai["available"] and "OPENAI_API_KEY" in openai["reason"] and openai["models"] == []
@@ -58,3 +60,16 @@ def test_an_unreachable_ollama_is_listed_as_such(harness_factory) -> None:
     assert not ollama["available"] and ollama["reachable"] is False and "unreachable" in ollama["reason"]
     offline = next(p for p in body["providers"] if p["name"] == "offline")
     assert offline["available"] and offline["default"] and offline["synthetic"]
+
+
+def test_configuration_problems_are_shown_without_making_the_provider_unavailable(harness_factory) -> None:
+    h = harness_factory(llm={"default_provider": "anthropic", "providers": {
+        "anthropic": {"api_key": "test-key", "model": "claude-opus-4-7", "fast_model": "claude haiku"}}})
+    app = create_app(h.settings, dispatch=lambda handoff: None, embedded_worker=False)
+    with TestClient(app) as client:
+        key = h.api_key(h.tenant("acme"))
+        body = client.get("/v1/llm/providers", headers={"Authorization": f"Bearer {key}"}).json()
+    anthropic = next(p for p in body["providers"] if p["name"] == "anthropic")
+    assert anthropic["available"] and anthropic["models"][0]["id"] == "claude-opus-4-7"
+    problems = " ".join(anthropic["problems"])
+    assert "claude-opus-4-7" in problems and "$0" in problems and "fast_model" in problems

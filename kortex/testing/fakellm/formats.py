@@ -85,14 +85,30 @@ class Anthropic:
                 return 400, f"invalid_request_error: {key}: Field required"
         messages = body["messages"]
         for i, message in enumerate(messages):
-            blocks = message.get("content") if isinstance(message.get("content"), list) else []
+            content = message.get("content")
+            blocks = content if isinstance(content, list) else []
+            if isinstance(content, str) and not content.strip():
+                return 400, f"invalid_request_error: messages.{i}: text content blocks must be non-empty"
+            for j, block in enumerate(blocks):
+                if block.get("type") == "text" and not str(block.get("text") or "").strip():
+                    return 400, (f"invalid_request_error: messages.{i}.content.{j}.text: text content blocks "
+                                 "must contain non-whitespace text")
+            uses = [b.get("id") for b in blocks if b.get("type") == "tool_use"]
+            if uses and message.get("role") == "assistant":
+                after = messages[i + 1] if i + 1 < len(messages) else {}
+                answered = {b.get("tool_use_id") for b in after.get("content") or []
+                            if isinstance(b, dict) and b.get("type") == "tool_result"}
+                unanswered = [u for u in uses if u not in answered]
+                if unanswered:
+                    return 400, (f"invalid_request_error: messages.{i + 1}: tool_use ids were found without "
+                                 f"tool_result blocks immediately after: {', '.join(map(str, unanswered))}")
             results = [b.get("tool_use_id") for b in blocks if b.get("type") == "tool_result"]
             if not results:
                 continue
             before = messages[i - 1] if i else {}
-            uses = {b.get("id") for b in before.get("content") or []
-                    if isinstance(b, dict) and b.get("type") == "tool_use"}
-            missing = [r for r in results if r not in uses]
+            uses_before = {b.get("id") for b in before.get("content") or []
+                           if isinstance(b, dict) and b.get("type") == "tool_use"}
+            missing = [r for r in results if r not in uses_before]
             if before.get("role") != "assistant" or missing:
                 return 400, f"invalid_request_error: messages.{i}: unexpected tool_use_id in tool_result: {missing}"
         return None
@@ -118,10 +134,13 @@ class Anthropic:
     @staticmethod
     def render(step: FakeStep, model: str, body: dict[str, Any], conv: Conversation) -> list[Piece]:
         usage = step.usage_for(conv.prompt_chars)
+        start_usage = {"input_tokens": usage.input_tokens, "output_tokens": 1}
+        if usage.cache_read_tokens or usage.cache_write_tokens:
+            start_usage.update(cache_read_input_tokens=usage.cache_read_tokens,
+                               cache_creation_input_tokens=usage.cache_write_tokens)
         out = [Piece(_sse("message_start", {"type": "message_start", "message": {
             "id": f"msg_{uuid.uuid4().hex[:24]}", "type": "message", "role": "assistant", "model": model,
-            "content": [], "stop_reason": None, "stop_sequence": None,
-            "usage": {"input_tokens": usage.input_tokens, "output_tokens": 1}}}))]
+            "content": [], "stop_reason": None, "stop_sequence": None, "usage": start_usage}}))]
         index = 0
         if step.text:
             out.append(Piece(_sse("content_block_start", {"type": "content_block_start", "index": 0,
@@ -132,6 +151,7 @@ class Anthropic:
                     for t in step.text]
             out.append(Piece(_sse("content_block_stop", {"type": "content_block_stop", "index": 0})))
             index = 1
+        out += [Piece(_sse(None, frame)) for frame in step.extra_frames]
         if step.stream_error:
             return [*out, Piece(Anthropic.stream_error(step.stream_error))]
         for n, call in enumerate(step.tool_calls):
@@ -164,6 +184,18 @@ class OpenAI:
                 return 400, f"Missing required parameter: '{key}'."
         messages = body["messages"]
         for i, message in enumerate(messages):
+            calls = [c.get("id") for c in message.get("tool_calls") or [] if isinstance(c, dict)]
+            if message.get("role") == "assistant" and calls:
+                answered = set()
+                for after in messages[i + 1:]:
+                    if after.get("role") != "tool":
+                        break
+                    answered.add(after.get("tool_call_id"))
+                unanswered = [c for c in calls if c not in answered]
+                if unanswered:
+                    return 400, ("An assistant message with 'tool_calls' must be followed by tool messages "
+                                 "responding to each 'tool_call_id'. The following tool_call_ids did not have "
+                                 f"response messages: {', '.join(map(str, unanswered))}")
             if message.get("role") != "tool":
                 continue
             j = i - 1
@@ -203,22 +235,42 @@ class OpenAI:
 
         out = [Piece(chunk({"role": "assistant", "content": ""}))]
         out += [Piece(chunk({"content": t}), text=True) for t in step.text]
+        out += [Piece(_sse(None, frame)) for frame in step.extra_frames]
         if step.stream_error:
             return [*out, Piece(OpenAI.stream_error(step.stream_error))]
-        for n, call in enumerate(step.tool_calls):
-            out.append(Piece(chunk({"tool_calls": [{"index": n, "id": call.id or f"call_{uuid.uuid4().hex[:24]}",
-                                                    "type": "function",
-                                                    "function": {"name": call.name, "arguments": ""}}]})))
-            out += [Piece(chunk({"tool_calls": [{"index": n, "function": {"arguments": p}}]}))
-                    for p in _fragments(_arguments_text(call), call.fragments)]
-        out.append(Piece(chunk({}, OpenAI._STOP[step.stop()])))
-        if include_usage:
-            usage = step.usage_for(conv.prompt_chars)
-            out.append(Piece(_sse(None, {**base, "choices": [], "usage": {
-                "prompt_tokens": usage.input_tokens, "completion_tokens": usage.output_tokens,
-                "total_tokens": usage.input_tokens + usage.output_tokens}})))
+        out += [Piece(chunk({"tool_calls": parts})) for parts in OpenAI._tool_deltas(step)]
+        usage = step.usage_for(conv.prompt_chars)
+        prompt = usage.input_tokens + usage.cache_read_tokens + usage.cache_write_tokens
+        usage_body = {"prompt_tokens": prompt, "completion_tokens": usage.output_tokens,
+                      "total_tokens": prompt + usage.output_tokens,
+                      "prompt_tokens_details": {"cached_tokens": usage.cache_read_tokens}}
+        if include_usage and step.usage_with_finish:  # some compatible servers fold it in
+            out.append(Piece(_sse(None, {**base, "usage": usage_body, "choices": [
+                {"index": 0, "delta": {}, "logprobs": None, "finish_reason": OpenAI._STOP[step.stop()]}]})))
+        else:
+            out.append(Piece(chunk({}, OpenAI._STOP[step.stop()])))
+            if include_usage:
+                out.append(Piece(_sse(None, {**base, "choices": [], "usage": usage_body})))
         out.append(Piece(_sse(None, "[DONE]")))
         return out
+
+    @staticmethod
+    def _tool_deltas(step: FakeStep) -> list[list[dict[str, Any]]]:
+        """The ``tool_calls`` of each chunk: per call an opening delta then its argument fragments
+        (``sequential``), or one fragment of every call per chunk (``interleaved``)."""
+        calls = []
+        for n, call in enumerate(step.tool_calls):
+            opening = {"index": n, "id": call.id or f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                       "function": {"name": call.name, "arguments": ""}}
+            fragments = [{"index": n, "function": {"arguments": p}}
+                         for p in _fragments(_arguments_text(call), call.fragments)]
+            calls.append([opening, *fragments])
+        if step.tool_call_style == "no_index":
+            calls = [[{k: v for k, v in part.items() if k != "index"} for part in parts] for parts in calls]
+        if step.tool_call_style != "interleaved":
+            return [[part] for parts in calls for part in parts]
+        longest = max((len(parts) for parts in calls), default=0)
+        return [[parts[i] for parts in calls if i < len(parts)] for i in range(longest)]
 
 
 class Ollama:
@@ -254,6 +306,7 @@ class Ollama:
                             "done": False, **extra}) + "\n").encode()
 
         out = [Piece(line({"content": t}), text=True) for t in step.text]
+        out += [Piece((_dumps(frame) + "\n").encode()) for frame in step.extra_frames]
         if step.stream_error:
             return [*out, Piece(Ollama.stream_error(step.stream_error))]
         for call in step.tool_calls:

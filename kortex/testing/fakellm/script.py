@@ -11,7 +11,17 @@ The step served is the number of assistant messages after the last user message,
 script is one turn, whichever wire format asks. Faults make the fake fail like a vendor:
 ``faults`` answer the first requests for a step with HTTP errors; ``disconnect_after`` resets
 the connection and ``truncate_after`` ends the body cleanly but early, both after that many
-text pieces; ``stream_error`` sends the vendor's in-stream error event after the text.
+text pieces (``truncate_partial`` also sends the first half of the next frame, a line cut
+mid-way); ``stream_error`` sends the vendor's in-stream error event after the text.
+
+What happens after the final frame (``message_stop``, ``[DONE]``, ``"done": true``):
+``after_end`` ``"reset"`` resets the connection instead of ending the body, ``"stall"`` holds
+it open (a proxy that keeps it) for ``stall_ms`` first. ``split_bytes`` writes every text frame
+in slices of that many bytes (2 splits every 3-byte character across reads). ``extra_frames`` are
+sent verbatim after the text (the JSON of an SSE ``data:`` or an NDJSON line): malformed frames.
+OpenAI only: ``tool_call_style`` ``"interleaved"`` sends one fragment of every call per chunk
+(several indexes in one chunk), ``"no_index"`` omits ``index`` as some compatible servers do;
+``usage_with_finish`` puts usage in the chunk with ``finish_reason``.
 """
 
 from __future__ import annotations
@@ -46,8 +56,10 @@ class FakeStreamError(_Model):
 
 
 class FakeUsage(_Model):
-    input_tokens: int = 0
+    input_tokens: int = 0  # not counting the cache (Anthropic's meaning)
     output_tokens: int = 0
+    cache_read_tokens: int = 0  # Anthropic cache_read_input_tokens, OpenAI cached_tokens
+    cache_write_tokens: int = 0  # Anthropic cache_creation_input_tokens
 
 
 class FakeStep(_Model):
@@ -59,7 +71,14 @@ class FakeStep(_Model):
     faults: list[FakeFault] = Field(default_factory=list)
     disconnect_after: int | None = Field(None, ge=0)
     truncate_after: int | None = Field(None, ge=0)
+    truncate_partial: bool = False
     stream_error: FakeStreamError | None = None
+    after_end: Literal["reset", "stall"] | None = None
+    stall_ms: float = Field(30_000, ge=0, le=600_000)
+    split_bytes: int | None = Field(None, ge=1)
+    extra_frames: list[Any] = Field(default_factory=list)
+    tool_call_style: Literal["sequential", "interleaved", "no_index"] = "sequential"
+    usage_with_finish: bool = False
 
     def stop(self) -> str:
         return self.stop_reason or ("tool_use" if self.tool_calls else "end_turn")

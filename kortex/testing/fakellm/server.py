@@ -277,14 +277,24 @@ class FakeLLM:
                     _reset(writer)
                     return False
                 if piece.text and step.truncate_after is not None and texts >= step.truncate_after:
+                    if step.truncate_partial:  # the body ends in the middle of a frame
+                        half = piece.data[:max(1, len(piece.data) // 2)]
+                        writer.write(b"%x\r\n%s\r\n" % (len(half), half))
                     break
                 if delay:
                     await writer.drain()
                     await asyncio.sleep(delay)
-                writer.write(b"%x\r\n%s\r\n" % (len(piece.data), piece.data))
+                await self._write(writer, piece.data, step.split_bytes if piece.text else None)
                 texts += piece.text
                 if delay or writer.transport.get_write_buffer_size() > 65536:
                     await writer.drain()
+            if step.after_end == "reset":
+                await writer.drain()
+                _reset(writer)
+                return False
+            if step.after_end == "stall":  # everything sent, but the body does not end yet
+                await writer.drain()
+                await asyncio.sleep(step.stall_ms / 1000.0)
             writer.write(b"0\r\n\r\n")
             await writer.drain()
         except ConnectionError:
@@ -294,6 +304,19 @@ class FakeLLM:
         with self._lock:
             self.stats.streams_completed += 1
         return True
+
+
+    @staticmethod
+    async def _write(writer: asyncio.StreamWriter, data: bytes, split: int | None) -> None:
+        """One frame, as one HTTP chunk or in slices of ``split`` bytes sent apart."""
+        if not split:
+            writer.write(b"%x\r\n%s\r\n" % (len(data), data))
+            return
+        for at in range(0, len(data), split):
+            part = data[at:at + split]
+            writer.write(b"%x\r\n%s\r\n" % (len(part), part))
+            await writer.drain()
+            await asyncio.sleep(0.001)  # so the client's reads see the slices, not their sum
 
 
 def _reset(writer: asyncio.StreamWriter) -> None:

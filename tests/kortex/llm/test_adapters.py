@@ -155,7 +155,8 @@ def test_5xx_backs_off_exponentially_and_gives_up_after_max_retries(transport: s
         collect(provider, request(vendor))
     error = caught.value
     assert error.status == 500 and error.retryable and error.code == "provider_server_error"
-    assert error.provider == vendor and "fake failure" in error.message
+    assert error.provider == vendor and "fake failure" in error.detail  # for the logs; the message is ours
+    assert str(error) == f"{vendor}:{model_of(vendor)}: the provider had a server error (HTTP 500)"
     assert len(fake.requests) == 3 and len(waits) == 2
     assert 0.5 <= waits[0] <= 1.0 and 1.0 <= waits[1] <= 2.0  # base * 2^n, with jitter in [50%, 100%]
 
@@ -176,7 +177,8 @@ def test_client_errors_are_not_retried(transport: str, fake: FakeLLM, waits: lis
     with pytest.raises(ProviderError) as caught:
         collect(make_provider("openai", fake.url, transport=transport), request("openai"))
     assert (caught.value.status, caught.value.code, caught.value.retryable) == (status, code, False)
-    assert "nope" in caught.value.message and len(fake.requests) == 1 and waits == []
+    assert "nope" in caught.value.detail and "nope" not in str(caught.value)
+    assert len(fake.requests) == 1 and waits == []
 
 
 @pytest.mark.parametrize("vendor", VENDORS)
@@ -224,7 +226,7 @@ def test_an_in_stream_error_event_raises(transport: str, fake: FakeLLM, vendor: 
                                                                                   "message": "Overloaded"}}]})
     with pytest.raises(ProviderError) as caught:
         collect(make_provider(vendor, fake.url, transport=transport), request(vendor))
-    assert "Overloaded" in caught.value.message and caught.value.provider == vendor
+    assert "Overloaded" in caught.value.detail and caught.value.provider == vendor
 
 
 def test_connection_refused_is_retryable_and_bounded(transport: str, waits: list[float]) -> None:
@@ -301,9 +303,35 @@ def test_openai_parameters_for_reasoning_models_and_compatible_servers(transport
     collect(official, request("openai").model_copy(update={"model": "gpt-5"}))
     body = fake.requests[-1].body
     assert body["max_completion_tokens"] == 4096 and "temperature" not in body and "max_tokens" not in body
-    compatible = make_provider("openai", fake.url, transport=transport)
+    compatible = make_provider("openai", fake.url, transport=transport, model="local-llama")
     chunks = collect(compatible, request("openai").model_copy(update={"model": "local-llama"}))
     assert texts(chunks) == ["ok"]
     body = fake.requests[-1].body
     assert body["max_tokens"] == 4096 and body["temperature"] == 0.2
-    assert compatible.model_info("local-llama").input_usd_per_mtok == 0  # unknown to us, priced as configured
+    assert compatible.model_info("local-llama").input_usd_per_mtok == 0  # configured, unpriced: free, and said so
+    assert any("local-llama" in p and "$0" in p for p in compatible.problems)
+
+
+@pytest.mark.parametrize("style", ["interleaved", "no_index"])
+def test_openai_tool_call_deltas_interleaved_or_without_index(transport: str, fake: FakeLLM, style: str) -> None:
+    fake.add("gpt-4o", {"steps": [{"tool_call_style": style, "tool_calls": [
+        {"id": "call_a", "name": "get_logs", "arguments": LOGS_ARGS, "fragments": 4},
+        {"id": "call_b", "name": "get_metrics", "arguments": {"product": "api"}, "fragments": 2}]}]})
+    chunks = collect(make_provider("openai", fake.url, transport=transport), request("openai"))
+    assert [(c.id, c.name, c.arguments) for c in calls(chunks)] == [
+        ("call_a", "get_logs", LOGS_ARGS), ("call_b", "get_metrics", {"product": "api"})]
+    assert chunks[-1].stop_reason == "tool_use"
+
+
+def test_openai_usage_in_the_same_chunk_as_finish_reason(transport: str, fake: FakeLLM) -> None:
+    fake.add("gpt-4o", {"steps": [{"text": ["ok"], "usage_with_finish": True,
+                                   "usage": {"input_tokens": 33, "output_tokens": 4}}]})
+    chunks = collect(make_provider("openai", fake.url, transport=transport), request("openai"))
+    assert chunks[-1].usage == TokenUsage(input_tokens=33, output_tokens=4)
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_multibyte_text_split_across_network_reads(transport: str, fake: FakeLLM, vendor: str) -> None:
+    fake.add(model_of(vendor), {"steps": [{"text": ["café ☕ ", "終わり"], "split_bytes": 2}]})
+    chunks = collect(make_provider(vendor, fake.url, transport=transport), request(vendor))
+    assert texts(chunks) == ["café ☕ ", "終わり"]

@@ -5,10 +5,17 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
+from kortex.config import Settings
+from kortex.errors import ProviderError, ProviderUnavailable
 from kortex.llm.base import ToolCallChunk, WarningChunk
+from kortex.llm.providers import BUILTIN_PROVIDERS
+from kortex.llm.registry import ProviderRegistry
+from kortex.llm.router import plan
 from kortex.messages import AssistantMessage, ToolMessage, ToolResult, UserMessage
 from kortex.testing.fakellm import FakeLLM
-from tests.kortex.llm.conftest import collect, make_provider, request
+from tests.kortex.llm.conftest import collect, make_provider, request, vendor_config
 from tests.kortex.llm.test_adapters import texts
 
 
@@ -28,7 +35,9 @@ def test_models_come_from_api_tags_with_the_configured_ones_first(fake: FakeLLM)
     info = provider.model_info("qwen2.5:7b")
     assert info.input_usd_per_mtok == 0 and info.output_usd_per_mtok == 0 and provider.local
     assert provider.model_info("llama3.2:1b").tier == "fast" and provider.fast_model().id == "llama3.2:1b"
-    assert provider.model_info("anything:pulled-later").id == "anything:pulled-later"
+    with pytest.raises(ProviderError) as caught:
+        provider.model_info("anything:not-pulled")  # the list is fresh: not served here
+    assert caught.value.code == "unknown_model"
 
 
 def test_a_model_without_native_tools_falls_back_to_markers_with_a_warning(fake: FakeLLM) -> None:
@@ -56,3 +65,63 @@ def test_a_model_without_native_tools_falls_back_to_markers_with_a_warning(fake:
     sent = fake.requests[-1].body["messages"]
     assert sent[-1] == {"role": "user", "content": 'Tool result (get_logs, ok):\n{"lines":3}'}
     assert not provider.model_info("tiny").supports_tools
+
+
+def test_a_model_the_server_does_not_serve_is_refused_before_the_call(fake: FakeLLM) -> None:
+    fake.ollama_models = ["llama3.2"]
+    fake.add("qwen2.5:72b", {"steps": [{"text": ["would answer"]}]})  # the fake would serve it; /api/tags does not
+    provider = make_provider("ollama", fake.url)
+    assert provider.model_info("qwen2.5:72b").id == "qwen2.5:72b"  # not asked yet: checked before the call
+    with pytest.raises(ProviderError) as caught:
+        collect(provider, request("ollama").model_copy(update={"model": "qwen2.5:72b"}))
+    assert caught.value.code == "unknown_model"
+    assert [r.path for r in fake.requests] == ["/api/tags"]  # never sent to /api/chat
+    unlisted = make_provider("ollama", fake.url, allow_unlisted_models=True)
+    chunks = collect(unlisted, request("ollama").model_copy(update={"model": "qwen2.5:72b"}))
+    assert texts(chunks) == ["would answer"]
+
+
+@pytest.mark.parametrize("cloud", ["gpt-oss:120b-cloud", "glm-4.6:cloud"])
+def test_local_only_refuses_ollama_cloud_models(fake: FakeLLM, cloud: str) -> None:
+    fake.ollama_models = ["llama3.2", cloud]
+    fake.add(cloud, {"steps": [{"text": ["sent to ollama.com"]}]})
+    settings = Settings(llm={"mode": "local-only", "default_provider": "ollama", "providers": {
+        "ollama": vendor_config("ollama", fake.url, fast_model=cloud)}})
+    reg = ProviderRegistry(settings, BUILTIN_PROVIDERS)
+    with pytest.raises(ProviderUnavailable) as caught:
+        plan(reg, f"ollama:{cloud}")
+    assert caught.value.code == "local_only"
+    provider = reg.get("ollama")
+    asyncio.run(provider.refresh_models())  # type: ignore[attr-defined]
+    assert cloud not in [m.id for m in provider.models()] and provider.fast_model() is None
+    [status] = [s for s in reg.status() if s.name == "ollama"]
+    assert status.available and any(cloud in p for p in status.problems)
+    with pytest.raises(ProviderError):
+        collect(provider, request("ollama").model_copy(update={"model": cloud}))
+    assert not [r for r in fake.requests if r.path == "/api/chat"]
+    normal = ProviderRegistry(Settings(llm={"providers": {"ollama": vendor_config("ollama", fake.url)}}),
+                              BUILTIN_PROVIDERS)
+    assert plan(normal, f"ollama:{cloud}")[0].model.id == cloud  # outside local-only: the operator pulled it
+
+
+def test_the_tags_lock_belongs_to_the_loop_that_uses_it(fake: FakeLLM) -> None:
+    fake.ollama_models = ["llama3.2"]
+    provider = make_provider("ollama", fake.url)
+
+    async def refresh_twice() -> None:
+        provider._pulled_at = None  # type: ignore[attr-defined]  # stale: both refreshes contend for the lock
+        await asyncio.gather(provider.refresh_models(), provider.refresh_models())  # type: ignore[attr-defined]
+        await provider.aclose()
+
+    asyncio.run(refresh_twice())
+    asyncio.run(refresh_twice())  # another loop, as in a forked worker child
+    assert [m.id for m in provider.models()] == ["llama3.2"]
+
+
+def test_a_model_named_without_its_tag_is_the_latest_the_server_lists(fake: FakeLLM) -> None:
+    fake.ollama_models = ["qwen2.5:latest"]
+    fake.add("qwen2.5", {"steps": [{"text": ["served"]}]})
+    provider = make_provider("ollama", fake.url)
+    asyncio.run(provider.refresh_models())  # type: ignore[attr-defined]
+    assert provider.model_info("qwen2.5").id == "qwen2.5"  # the list is fresh, and it is on it
+    assert texts(collect(provider, request("ollama").model_copy(update={"model": "qwen2.5"}))) == ["served"]

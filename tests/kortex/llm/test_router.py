@@ -11,11 +11,11 @@ import pytest
 from kortex.config import Settings
 from kortex.errors import ProviderError, ProviderUnavailable
 from kortex.llm import http
-from kortex.llm.base import CompletionRequest, DoneChunk, TextChunk, WarningChunk
+from kortex.llm.base import CompletionRequest, DoneChunk, TextChunk, ToolSchema, WarningChunk
 from kortex.llm.providers import BUILTIN_PROVIDERS
 from kortex.llm.registry import ProviderRegistry
 from kortex.llm.router import FRUGAL_HINT, NEED_MORE_CONTEXT, RoutedStream, plan
-from kortex.messages import UserMessage
+from kortex.messages import AssistantMessage, ToolCall, ToolMessage, ToolResult, UserMessage
 from kortex.testing.fakellm import FakeLLM
 from tests.kortex.llm.conftest import vendor_config
 
@@ -100,7 +100,7 @@ def test_no_failover_once_text_was_streamed(fake: FakeLLM) -> None:
 def test_a_non_retryable_failure_does_not_fail_over(fake: FakeLLM) -> None:
     fake.add("claude-opus-4-6", {"steps": [{"faults": [{"status": 400, "message": "prompt is too long"}]}]})
     got, _ = run(registry(fake.url, default_provider="anthropic", fallback_providers=["openai"]), None)
-    assert isinstance(got[-1], ProviderError) and "prompt is too long" in got[-1].message
+    assert isinstance(got[-1], ProviderError) and "prompt is too long" in got[-1].detail
     assert len(fake.requests) == 1
 
 
@@ -144,3 +144,110 @@ def test_frugal_escalates_to_the_full_model_without_showing_the_fast_attempt(fak
     assert fake.requests[-1].body["messages"][0]["content"] == "sys"  # no frugal hint for the full model
     if "faults" not in fast_step:
         assert fast.cost_usd > 0  # the escalated call was billed and is counted
+
+
+def test_a_configured_default_model_is_not_pinned_so_frugal_still_applies(fake: FakeLLM) -> None:
+    reg = registry(fake.url, default_model="anthropic:claude-opus-4-6", mode="frugal")
+    [head, *_] = plan(reg, None)
+    assert head.spec == "anthropic:claude-opus-4-6" and head.fast is not None and head.fast.id == "claude-haiku-4-6"
+    assert plan(reg, "anthropic:claude-opus-4-6")[0].fast is None  # named by the caller: pinned
+    assert plan(reg, "anthropic")[0].fast is not None  # a provider named, not a model
+
+
+@pytest.mark.parametrize("default_model", ["claude-opus-4-6", "anthropic:claude-opus-4-6"])
+def test_local_only_skips_a_configured_cloud_default_for_the_local_provider(fake: FakeLLM, default_model: str) -> None:
+    reg = registry(fake.url, default_provider="anthropic", default_model=default_model, mode="local-only")
+    assert [c.spec for c in plan(reg, None)] == ["ollama:llama3.2"]
+    assert reg.resolve(None).spec == "ollama:llama3.2"
+    with pytest.raises(ProviderUnavailable, match="local-only"):
+        plan(reg, "anthropic:claude-opus-4-6")  # named by the caller: refused, not rerouted
+
+
+def test_a_failed_call_keeps_what_it_was_billed(fake: FakeLLM) -> None:
+    fake.add("claude-opus-4-6", {"steps": [{"text": ["The deploy "], "usage": {"input_tokens": 5000,
+                                                                               "output_tokens": 2},
+                                            "stream_error": {"type": "api_error", "message": "Internal"}}]})
+    got, routed = run(registry(fake.url, default_provider="anthropic"), None)
+    assert isinstance(got[-1], ProviderError)
+    [attempt] = routed.attempts
+    assert attempt.error is not None and attempt.usage.input_tokens == 5000
+    assert attempt.cost_usd == pytest.approx(5000 * 15 / 1e6, rel=0.01)
+
+
+def test_a_cancelled_call_keeps_what_it_was_billed(fake: FakeLLM) -> None:
+    fake.add("claude-opus-4-6", {"steps": [{"text": [f"w{i} " for i in range(100)], "delay_ms": 20,
+                                            "usage": {"input_tokens": 7000, "output_tokens": 50}}]})
+    reg = registry(fake.url, default_provider="anthropic")
+    routed = RoutedStream(plan(reg, None), CompletionRequest(messages=(UserMessage(content="q"),)), reg.settings.llm)
+    seen: list[Any] = []
+
+    async def consume() -> None:
+        async with aclosing(routed.stream()) as chunks:
+            async for chunk in chunks:
+                seen.append(chunk)
+
+    async def go() -> None:
+        try:
+            task = asyncio.ensure_future(consume())
+            while len(seen) < 2:
+                await asyncio.sleep(0.005)
+            task.cancel()  # what a step timeout does
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        finally:
+            await reg.aclose()
+
+    asyncio.run(go())
+    [attempt] = routed.attempts
+    assert attempt.error is not None and attempt.error.code == "cancelled"
+    assert attempt.usage.input_tokens == 7000 and attempt.cost_usd > 0
+
+
+def test_the_pseudo_tools_warning_is_said_once_per_step(fake: FakeLLM) -> None:
+    fake.add("tiny", {"native_tools": False, "steps": [{"faults": [{"status": 500}], "text": [NEED_MORE_CONTEXT]}]})
+    fake.add("small", {"native_tools": False, "steps": [{"text": ["answer"]}]})
+    settings = Settings(llm={"mode": "frugal", "default_provider": "ollama", "providers": {
+        "ollama": vendor_config("ollama", fake.url, model="small", fast_model="tiny")}})
+    reg = ProviderRegistry(settings, BUILTIN_PROVIDERS)
+    request = CompletionRequest(messages=(UserMessage(content="q"),), tools=(ToolSchema(
+        name="get_logs", description="d", input_schema={"type": "object"}),))
+    routed = RoutedStream(plan(reg, None), request, reg.settings.llm)
+
+    async def go() -> list[Any]:
+        try:
+            return [c async for c in routed.stream()]
+        finally:
+            await reg.aclose()
+
+    got = asyncio.run(go())
+    codes = [c.code for c in got if isinstance(c, WarningChunk)]
+    assert codes.count("pseudo_tools") == 1 and "frugal_escalation" in codes  # retried, then escalated
+    assert [a.spec for a in routed.attempts] == ["ollama:tiny", "ollama:small"]
+
+
+SECRET = "api_key=sk-live-abcdefghijklmnopqrstuvwxyz"
+
+
+@pytest.mark.parametrize(("provider", "scrubbed"), [("anthropic", True), ("ollama", False)])
+def test_redact_secrets_scrubs_what_goes_to_cloud_providers(fake: FakeLLM, provider: str, scrubbed: bool) -> None:
+    fake.add("claude-opus-4-6", {"steps": [{"text": ["ok"]}], "loop": True})
+    fake.add("llama3.2", {"steps": [{"text": ["ok"]}], "loop": True})
+    reg = registry(fake.url, default_provider=provider)
+    history = (UserMessage(content=f"my config says {SECRET}"),
+               AssistantMessage(content="Checking.", tool_calls=(ToolCall(id="c1", name="get_logs", arguments={
+                   "query": f"grep {SECRET}"}),)),
+               ToolMessage(result=ToolResult(call_id="c1", name="get_logs", content={"lines": [SECRET]})))
+    routed = RoutedStream(plan(reg, None), CompletionRequest(messages=history), reg.settings.llm)
+
+    async def go() -> None:
+        try:
+            async for _ in routed.stream():
+                pass
+        finally:
+            await reg.aclose()
+
+    asyncio.run(go())
+    sent = str(fake.requests[-1].body)
+    assert ("sk-live-abcdefghij" not in sent) is scrubbed
+    assert ("[REDACTED]" in sent) is scrubbed
+    assert "my config says" in sent and "get_logs" in sent

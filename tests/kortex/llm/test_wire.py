@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
@@ -39,18 +40,21 @@ def test_an_sse_event_cut_off_before_its_blank_line_is_dropped() -> None:
 
 
 def test_an_endless_line_is_refused() -> None:
-    with pytest.raises(ProviderError, match="longer than the limit"):
+    with pytest.raises(ProviderError) as caught:
         _sse(b"data: " + b"x" * 5000, max_line=1000)
+    assert caught.value.code == "stream_invalid" and "longer than the limit" in caught.value.detail
 
 
 def test_ndjson_lines_and_bad_lines() -> None:
     async def run(*parts: bytes) -> list[dict]:
         return [line async for line in ndjson_lines(_chunks(*parts))]
     assert asyncio.run(run(b'{"a": 1}\n{"b"', b': 2}\n\n{"c": 3}')) == [{"a": 1}, {"b": 2}, {"c": 3}]
-    with pytest.raises(ProviderError, match="not JSON"):
+    with pytest.raises(ProviderError) as caught:
         asyncio.run(run(b"{oops}\n"))
-    with pytest.raises(ProviderError, match="not an object"):
+    assert caught.value.code == "stream_invalid" and "not JSON" in caught.value.detail
+    with pytest.raises(ProviderError) as caught:
         asyncio.run(run(b"[1]\n"))
+    assert caught.value.code == "stream_invalid" and "not an object" in caught.value.detail
 
 
 def test_backoff_doubles_with_jitter_and_respects_its_bounds() -> None:
@@ -106,3 +110,60 @@ def test_pseudo_tool_history_writes_calls_as_markers_and_results_as_user_text() 
     assert [m["role"] for m in messages] == ["user", "assistant", "user"]
     assert messages[1]["content"] == "Looking.\n<<TOOL name=\"get_logs\" args='{\"product\": \"checkout\"}'>>"
     assert messages[2]["content"] == 'Tool result (get_logs, ok):\n{"lines":[]}'
+
+
+def test_sse_data_without_a_blank_line_is_bounded() -> None:
+    async def run() -> list:
+        lines = b"".join(b"data: " + b"x" * 100 + b"\n" for _ in range(50))  # never dispatched
+        return [e async for e in sse_events(_chunks(lines), max_line=1000, max_event=2000)]
+    with pytest.raises(ProviderError) as caught:
+        asyncio.run(run())
+    assert caught.value.code == "stream_invalid" and "event" in caught.value.detail
+
+
+def test_a_multibyte_character_split_between_chunks_arrives_whole() -> None:
+    text = '{"text": "café ☕ 終わり"}'
+    body = f"data: {text}\n\n".encode()
+    cut = body.index("☕".encode()) + 1  # inside the three bytes of ☕
+    assert _sse(body[:cut], body[cut:]) == [("message", text)]
+
+    async def ndjson() -> list[dict]:
+        line = (text + "\n").encode()
+        at = line.index("終".encode()) + 2
+        return [o async for o in ndjson_lines(_chunks(line[:at], line[at:]))]
+    assert asyncio.run(ndjson()) == [{"text": "café ☕ 終わり"}]
+
+
+def test_an_ndjson_body_cut_mid_line_is_truncated_not_invalid() -> None:
+    async def run(*parts: bytes) -> list[dict]:
+        return [line async for line in ndjson_lines(_chunks(*parts))]
+    with pytest.raises(ProviderError) as caught:
+        asyncio.run(run(b'{"a": 1}\n{"message": {"content": "hal'))
+    assert caught.value.code == "stream_truncated" and caught.value.retryable
+    assert asyncio.run(run(b'{"a": 1}\n{"done": true}')) == [{"a": 1}, {"done": True}]  # no final newline: whole
+
+
+def test_tool_call_arguments_and_the_number_of_calls_are_bounded() -> None:
+    from kortex.llm.anthropic import Decoder as AnthropicDecoder
+    from kortex.llm.convert import MAX_ARGUMENT_BYTES, MAX_CALLS
+    from kortex.llm.openai import Decoder as OpenAIDecoder
+    from kortex.llm.wire import SSEvent
+
+    def feed(decoder: object, frames: list[dict]) -> None:
+        for frame in frames:
+            list(decoder.feed(SSEvent("message", json.dumps(frame))))  # type: ignore[attr-defined]
+
+    piece = "x" * 65536
+    big = [{"type": "content_block_start", "index": 0, "content_block": {"type": "tool_use", "id": "t", "name": "n"}}]
+    big += [{"type": "content_block_delta", "index": 0, "delta": {"type": "input_json_delta", "partial_json": piece}}
+            for _ in range(MAX_ARGUMENT_BYTES // len(piece) + 1)]
+    with pytest.raises(ProviderError) as caught:
+        feed(AnthropicDecoder("anthropic", "m"), big)
+    assert caught.value.code == "stream_invalid" and "arguments" in caught.value.detail
+    many = [{"choices": [{"index": 0, "delta": {"tool_calls": [
+        {"index": i, "id": f"c{i}", "function": {"name": "get_logs", "arguments": "{}"}}]}}]}
+        for i in range(MAX_CALLS + 1)]
+    feed(OpenAIDecoder("openai", "m"), many[:MAX_CALLS])  # up to the cap: fine
+    with pytest.raises(ProviderError) as caught:
+        feed(OpenAIDecoder("openai", "m"), many)
+    assert caught.value.code == "stream_invalid" and "tool calls" in caught.value.detail

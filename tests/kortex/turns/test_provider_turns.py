@@ -164,3 +164,26 @@ def test_local_only_refuses_a_cloud_model_before_a_turn_exists(harness_factory, 
     assert caught.value.code == "local_only"
     fake.add("llama3.2", {"steps": [{"text": ["Local answer."]}]})
     assert h.ask(tenant, "why?", model="ollama").model_used == "ollama:llama3.2"
+
+
+def test_a_step_timing_out_mid_answer_still_bills_the_prompt(harness_factory, fake: FakeLLM) -> None:
+    fake.add("claude-opus-4-6", {"steps": [{"text": [f"w{i} " for i in range(100)], "delay_ms": 50,
+                                            "usage": {"input_tokens": 20_000, "output_tokens": 500}}]})
+    h = harness_for(harness_factory, fake, turn={"step_time_limit": 0.4}, default_provider="anthropic")
+    tenant = h.tenant("acme")
+    turn = h.ask(tenant, "why?")
+    assert turn.status == "failed" and turn.error["code"] == "step_timeout"
+    assert turn.input_tokens == 20_000 and turn.cost_usd >= 20_000 * 15 / 1e6  # Opus input, from message_start
+    [row] = [r for r in _audit(h, tenant, turn.id) if r["kind"] == "llm_call"]
+    assert row["input_tokens"] == 20_000 and not row["ok"] and row["payload"]["error_code"] == "step_timeout"
+
+
+def test_what_the_vendor_said_stays_out_of_the_turns_error(harness_factory, fake: FakeLLM) -> None:
+    said = "Incorrect API key provided: sk-proj-abcd****wxyz (org org-SECRETORG)"
+    fake.add("gpt-5", {"steps": [{"faults": [{"status": 401, "message": said}]}]})
+    h = harness_for(harness_factory, fake, default_provider="openai")
+    tenant = h.tenant("acme")
+    turn = h.ask(tenant, "why?")
+    assert turn.status == "failed" and turn.error["code"] == "provider_auth"
+    assert turn.error["message"] == "openai:gpt-5: the provider rejected the API key (HTTP 401)"
+    assert "SECRETORG" not in json.dumps(_events(h, turn.id)) and "wxyz" not in json.dumps(turn.error)
