@@ -20,6 +20,7 @@ from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
+from kortex import regex
 from kortex.errors import ConfigError, Conflict, StorageError
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,8 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.close()
+    # User-written regexes (LogQL |~) run on RE2, never on Python's backtracking engine.
+    dbapi_connection.create_function(regex.SQLITE_FUNCTION, 2, regex.sqlite_search, deterministic=True)
 
 
 def _sqlite_statement_timeout(engine: Engine, seconds: float) -> None:

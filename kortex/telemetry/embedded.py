@@ -11,7 +11,8 @@ from typing import Any
 from sqlalchemy import and_, case, func, literal, not_, or_, select, tuple_
 from sqlalchemy.sql.elements import ColumnElement
 
-from kortex.errors import InvalidInput
+from kortex.errors import InvalidInput, StorageError
+from kortex.regex import SQLITE_FUNCTION, anchored
 from kortex.storage.db import Database
 from kortex.storage.schema import (
     telemetry_deploys,
@@ -45,10 +46,17 @@ from kortex.telemetry.sources import (
 )
 
 MAX_SAMPLES = 2000
+INVALID_REGEX = "2201B"  # PostgreSQL's SQLSTATE for a pattern its engine rejects
 MAX_TOKENS = 12
 _WORD = re.compile(r"[a-z0-9][a-z0-9._/-]*")
 _STOP = frozenset("a an and are as at be by for from has have in is it of on or that the this to was were "
                   "with why what how when".split())
+
+
+def _sqlstate(exc: BaseException) -> str | None:
+    """The SQLSTATE behind a StorageError (PostgreSQL), if any."""
+    orig = getattr(exc.__cause__, "orig", None)
+    return getattr(orig, "sqlstate", None)
 
 
 def like_escape(text: str) -> str:
@@ -83,6 +91,14 @@ class EmbeddedTelemetry:
             return func.instr(column, text) > 0
         return func.strpos(column, text) > 0
 
+    def _matches(self, column: Any, pattern: str) -> ColumnElement[bool]:
+        # SQLite: RE2 through our own SQL function (linear time, so the statement timeout's
+        # progress handler gets control between rows). PostgreSQL: its own engine, bounded by
+        # statement_timeout; patterns it rejects become validation errors (query_logs).
+        if self.db.is_sqlite:
+            return getattr(func, SQLITE_FUNCTION)(pattern, column) == 1
+        return column.regexp_match(pattern)
+
     def _log_filter(self, flt: LogFilter) -> list[ColumnElement[bool]]:
         t = telemetry_logs
         where: list[ColumnElement[bool]] = []
@@ -95,10 +111,10 @@ class EmbeddedTelemetry:
             elif m.op == "!=":
                 where.append(or_(column.is_(None), column != m.value))
             else:
-                matched = func.coalesce(column, "").regexp_match(f"^(?:{m.value})$")
+                matched = self._matches(func.coalesce(column, ""), anchored(m.value))
                 where.append(matched if m.op == "=~" else not_(matched))
         for line in flt.lines:
-            cond = t.c.message.regexp_match(line.value) if line.regex else self._contains(t.c.message, line.value)
+            cond = self._matches(t.c.message, line.value) if line.regex else self._contains(t.c.message, line.value)
             where.append(not_(cond) if line.negated else cond)
         return where
 
@@ -116,17 +132,23 @@ class EmbeddedTelemetry:
             where.append(t.c.severity >= LEVELS[query.min_level])
         if query.filter is not None:
             where.extend(self._log_filter(query.filter))
-        with self.db.connect() as conn:
-            total = int(conn.scalar(select(func.count()).select_from(t).where(*where)) or 0)
-            page_where = list(where)
-            if query.before is not None:
-                page_where.append(tuple_(t.c.ts, t.c.id) < tuple_(*query.before))
-            rows = conn.execute(
-                select(t.c.id, t.c.ts, t.c.level, t.c.host, t.c.message, t.c.trace_id, t.c.product)
-                .where(*page_where)
-                .order_by(t.c.ts.desc(), t.c.id.desc())
-                .limit(limit + 1)
-            ).all()
+        page_where = list(where)
+        if query.before is not None:
+            page_where.append(tuple_(t.c.ts, t.c.id) < tuple_(*query.before))
+        try:
+            with self.db.connect() as conn:
+                total = int(conn.scalar(select(func.count()).select_from(t).where(*where)) or 0)
+                rows = conn.execute(
+                    select(t.c.id, t.c.ts, t.c.level, t.c.host, t.c.message, t.c.trace_id, t.c.product)
+                    .where(*page_where)
+                    .order_by(t.c.ts.desc(), t.c.id.desc())
+                    .limit(limit + 1)
+                ).all()
+        except StorageError as exc:
+            if _sqlstate(exc) == INVALID_REGEX:  # RE2 accepted it, PostgreSQL's engine does not
+                raise InvalidInput("query: a regex in it is not supported by the log store (PostgreSQL "
+                                   "regular expressions); drop named groups and Perl-only syntax") from exc
+            raise
         lines = [LogLine(id=r.id, ts=r.ts, level=r.level, host=r.host, message=r.message, trace_id=r.trace_id,
                          product=r.product)
                  for r in rows[:limit]]

@@ -93,3 +93,21 @@ def test_ingest_upserts_and_deduplicates_on_postgres(pg: Harness) -> None:
     assert [(i["id"], i["title"], i["status"]) for i in found] == [("INC-1", "second title", "closed")]
     assert pg.call(tenant, "get_active_incidents", {}).content["count"] == 0
     assert pg.call(tenant, "get_traces", {"request_id": "t"}).content["span_count"] == 1
+
+
+@pytest.mark.timeout(90)
+def test_regexes_on_postgres_backtracking_and_patterns_it_rejects(pg: Harness) -> None:
+    from tests.kortex.tools.test_service_tools import BACKTRACKERS, write_backtrack_bait
+
+    tenant = pg.tenant(f"pg-regex-{uuid.uuid4().hex[:6]}")
+    write_backtrack_bait(pg, tenant)
+    base = {"product": "p", "time_range": "last 1h"}
+    for pattern, expected in BACKTRACKERS.items():
+        result = pg.call(tenant, "get_logs", {**base, "query": f"|~ `{pattern}`"})
+        assert not result.is_error and result.content["total_matches"] == expected, (pattern, result.content)
+    hosts = pg.call(tenant, "get_logs", {**base, "query": '{host=~`(?i)XYLO.*`}'}).content
+    assert [line["host"] for line in hosts["lines"]] == ["xylophone"]
+    for query in ('|~ "(?P<n>x)"', '{host=~"(?P<h>x)"}'):  # valid RE2, refused by PostgreSQL's engine
+        refused = pg.call(tenant, "get_logs", {**base, "query": query})
+        assert refused.is_error and refused.error_code == "validation", refused.content
+        assert refused.content["code"] == "INVALID_PARAMETER" and "regex" in refused.content["message"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
 from sqlalchemy import select
 
 from kortex.storage.schema import telemetry_spans
@@ -45,11 +46,45 @@ def test_logql_that_we_cannot_run_is_a_validation_error(harness: Harness) -> Non
     tenant = harness.tenant("acme")
     base = {"product": "checkout", "time_range": "last 3h"}
     for query, hint in (('{product="x"}', "not supported"), ('{host="a"} | json', "json"),
-                        ('|= "unterminated', "unterminated"), ('|~ "(a+)+"', "nests"), ('|~ "(["', "invalid regex"),
+                        ('|= "unterminated', "unterminated"), ('|~ "(?=a)b"', "lookarounds"), ('|~ "(["', "invalid regex"),
                         ('{host~"a"}', "expected")):
         result = harness.call(tenant, "get_logs", {**base, "query": query})
         assert result.is_error and result.error_code == "validation", query
         assert hint in result.content["message"] and result.content["code"] == "INVALID_PARAMETER"
+
+
+# Each of these takes Python's backtracking engine seconds to hours on one 28-character line;
+# inside a SQLite step that held the GIL and froze the process (the timeout could not fire).
+BACKTRACKERS = {"((a+))+$": 1, "(a{1,})+$": 1, "(a|a)*$": 7, "(\\w|a)*$": 7, ".*.*.*.*.*x": 1, "(a+)+$": 1}
+
+
+def write_backtrack_bait(h: Harness, tenant: str) -> None:
+    now = utcnow()
+    bait = "a" * 27 + "!"
+    rows = [{"product": "p", "ts": now - timedelta(minutes=i + 1), "level": "info", "severity": 20, "host": bait,
+             "message": bait, "trace_id": None, "attrs": None} for i in range(5)]
+    rows.append({**rows[0], "ts": now - timedelta(minutes=7), "host": "a" * 27, "message": "a" * 27})
+    rows.append({**rows[0], "ts": now - timedelta(minutes=8), "host": "xylophone", "message": "xylophone"})
+    _write(h, tenant, "logs", rows)
+
+
+@pytest.mark.timeout(60)
+def test_regexes_that_backtrack_run_in_linear_time(harness: Harness) -> None:
+    tenant = harness.tenant("acme")
+    write_backtrack_bait(harness, tenant)
+    for pattern, expected in BACKTRACKERS.items():
+        lines = harness.call(tenant, "get_logs", {"product": "p", "time_range": "last 1h",
+                                                  "query": f"|~ `{pattern}`"})
+        assert not lines.is_error and lines.content["total_matches"] == expected, (pattern, lines.content)
+        negated = harness.call(tenant, "get_logs", {"product": "p", "time_range": "last 1h",
+                                                    "query": f"!~ `{pattern}`"}).content
+        assert negated["total_matches"] == 7 - expected, pattern
+    hosts = harness.call(tenant, "get_logs", {"product": "p", "time_range": "last 1h",
+                                              "query": '{host=~`(a|a)*`}'}).content  # anchored: whole value
+    assert [line["host"] for line in hosts["lines"]] == ["a" * 27]
+    folded = harness.call(tenant, "get_logs", {"product": "p", "time_range": "last 1h",
+                                               "query": '{host=~`(?i)XYLO.*`}'}).content
+    assert [line["host"] for line in folded["lines"]] == ["xylophone"]
 
 
 def test_log_pages_do_not_lose_lines_within_one_millisecond(harness: Harness) -> None:
