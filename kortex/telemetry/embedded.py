@@ -18,11 +18,11 @@ from kortex.storage.schema import (
     telemetry_deploys,
     telemetry_incidents,
     telemetry_logs,
-    telemetry_metrics,
     telemetry_products,
     telemetry_spans,
 )
 from kortex.telemetry.embedded_llmops import EmbeddedLLMOps
+from kortex.telemetry.embedded_metrics import EmbeddedMetrics
 from kortex.telemetry.logql import LogFilter
 from kortex.telemetry.sources import (
     LEVELS,
@@ -36,16 +36,11 @@ from kortex.telemetry.sources import (
     LogLine,
     LogPage,
     LogQuery,
-    MetricQuery,
-    MetricSeries,
-    Sample,
     Span,
     TelemetrySources,
     Trace,
-    downsample,
 )
 
-MAX_SAMPLES = 2000
 INVALID_REGEX = "2201B"  # PostgreSQL's SQLSTATE for a pattern its engine rejects
 MAX_TOKENS = 12
 _WORD = re.compile(r"[a-z0-9][a-z0-9._/-]*")
@@ -79,6 +74,7 @@ class EmbeddedTelemetry:
     def __init__(self, db: Database) -> None:
         self.db = db
         self.llmops = EmbeddedLLMOps(db)
+        self.metrics = EmbeddedMetrics(db)
 
     def close(self) -> None:
         self.db.dispose()
@@ -153,36 +149,6 @@ class EmbeddedTelemetry:
                          product=r.product)
                  for r in rows[:limit]]
         return LogPage(lines=lines, total_matches=total, has_more=len(rows) > limit)
-
-    # ---- metrics ---------------------------------------------------------------------------
-
-    def query_metric(self, tenant_id: str, query: MetricQuery) -> MetricSeries:
-        t = telemetry_metrics
-        with self.db.connect() as conn:
-            rows = conn.execute(
-                select(t.c.ts, t.c.value, t.c.unit, t.c.labels)
-                .where(t.c.tenant_id == tenant_id, t.c.product == query.product, t.c.metric == query.metric,
-                       t.c.ts >= query.start, t.c.ts < query.end)
-                .order_by(t.c.ts)
-                .limit(MAX_SAMPLES * 20)
-            ).all()
-        if query.labels:
-            wanted = {k: str(v) for k, v in query.labels.items()}
-            rows = [r for r in rows if all(str((r.labels or {}).get(k)) == v for k, v in wanted.items())]
-        unit = next((r.unit for r in rows if r.unit), None)
-        samples = [Sample(ts=r.ts, value=float(r.value)) for r in rows]
-        if query.step_s:
-            samples = downsample(samples, query.step_s)
-        return MetricSeries(samples=samples, unit=unit)
-
-    def list_metrics(self, tenant_id: str, product: str) -> list[str]:
-        t = telemetry_metrics
-        with self.db.connect() as conn:
-            rows = conn.execute(
-                select(t.c.metric).distinct().where(t.c.tenant_id == tenant_id, t.c.product == product)
-                .order_by(t.c.metric).limit(500)
-            ).all()
-        return [r[0] for r in rows]
 
     # ---- deploys ---------------------------------------------------------------------------
 
@@ -300,5 +266,5 @@ class EmbeddedTelemetry:
         return {**dict(row.info or {}), "reported_at": row.updated_at}
 
     def sources(self) -> TelemetrySources:
-        return TelemetrySources(logs=self, metrics=self, deploys=self, traces=self, incidents=self, admin=self,
+        return TelemetrySources(logs=self, metrics=self.metrics, deploys=self, traces=self, incidents=self, admin=self,
                                 llmops=self.llmops)

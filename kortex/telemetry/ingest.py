@@ -31,6 +31,7 @@ from kortex.storage.schema import (
     telemetry_products,
     telemetry_spans,
 )
+from kortex.telemetry.embedded_metrics import labels_key
 from kortex.telemetry.sources import LEVELS
 from kortex.timeparse import ensure_utc
 
@@ -280,6 +281,8 @@ def write(conn: Connection, tenant_id: str, kind: str, rows: Sequence[dict[str, 
     _model, table, key, clash, _times = kind_spec(kind)
     for start in range(0, len(rows), CHUNK):
         chunk = [{**r, "tenant_id": tenant_id} for r in rows[start:start + CHUNK]]
+        if table is telemetry_metrics:  # a series' identity, and what label filters search
+            chunk = [{**r, "labels_key": labels_key(r.get("labels"))} for r in chunk]
         if key is None:
             conn.execute(table.insert(), chunk)
             continue
