@@ -291,3 +291,25 @@ def test_get_admin_info_reports_the_envelope_and_scrubs_secrets(harness: Harness
     missing = harness.call(tenant, "get_admin_info", {"product": "nope"})
     assert missing.error_code == "not_found" and missing.content["code"] == "NOT_FOUND"
     assert harness.call(harness.tenant("other"), "get_admin_info", {"product": "checkout"}).error_code == "not_found"
+
+
+# ---- times that overflow ------------------------------------------------------------------
+
+
+def test_times_past_the_calendar_are_validation_errors_in_every_tool(harness: Harness) -> None:
+    tenant = harness.tenant("acme")
+    calls = [("get_logs", {"product": "checkout", "time_range": "last 99999999999 days"}),
+             ("get_logs", {"product": "checkout", "time_range": "99999999999 days ago"}),
+             ("get_metrics", {"product": "checkout", "metric_name": P99, "time_range": "now-99999999999d"}),
+             ("get_metrics", {"product": "checkout", "metric_name": P99, "time_range": "9999-12-31T23:00:00Z/PT2H"}),
+             ("get_metrics", {"product": "checkout", "metric_name": P99, "time_range": "last 1h",
+                              "step": "99999999999999d"}),
+             ("get_recent_deploys", {"product": "checkout", "time_range": "PT1H/0001-01-01T00:30:00Z"}),
+             ("compare_to_baseline", {"product": "checkout", "metric_name": P99,
+                                      "time_range": "0001-01-01T10:00:00Z/PT1H"}),
+             ("get_latency_trends", {"since": "99999999999 days ago"}),
+             ("get_request_volume", {"since": "0001-01-01T00:00:00Z", "until": "0001-01-02T00:00:00Z"})]
+    for name, args in calls:
+        result = harness.call(tenant, name, args)
+        assert result.is_error and result.error_code == "validation", (name, args, result.content)
+        assert any(w in result.content["message"] for w in ("range", "longer than", "since")), result.content
