@@ -245,10 +245,14 @@ class EmbeddedTelemetry:
             where.append(t.c.closed_at.is_(None))
         else:
             where += [t.c.opened_at <= at, or_(t.c.closed_at.is_(None), t.c.closed_at > at)]
+        # An incident filed against a product only is about that product: filter on what the
+        # tools show (target_type "product", target_id the product), not on the raw columns.
+        shown_type = func.coalesce(t.c.target_type, case((t.c.product.is_not(None), literal("product")), else_=None))
+        shown_id = func.coalesce(t.c.target_id, t.c.product)
         if target_type is not None:
-            where.append(t.c.target_type == target_type)
+            where.append(shown_type == target_type)
         if target_ids:
-            where.append(and_(t.c.target_id.is_not(None), t.c.target_id.in_(target_ids)))
+            where.append(and_(shown_id.is_not(None), shown_id.in_(target_ids)))
         with self.db.connect() as conn:
             rows = conn.execute(select(t).where(*where).order_by(t.c.opened_at.desc(), t.c.id.desc())
                                 .limit(max(1, min(limit, 500)))).all()
