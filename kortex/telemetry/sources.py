@@ -14,6 +14,18 @@ if TYPE_CHECKING:
     from kortex.telemetry.llmops import LLMOpsSource
     from kortex.telemetry.logql import LogFilter
 
+# What names and identifiers may look like, shared by ingest and the tools' arguments so that
+# every id the store accepts can be asked about. Values only ever travel as bound SQL
+# parameters or escaped PromQL/LogQL strings; the patterns keep out whitespace, quotes,
+# backslashes and braces anyway. Ids cover real ones: "meta-llama/Llama-3-70b", "a+b@x.com",
+# "claude-3-5-sonnet@20240620", "arn:aws:bedrock:...:model/x:1", base64 with "=".
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@+/=~-]*$"
+#: a deployment is "<model>/<backend>"; the model may hold "/", the backend may not
+DEPLOYMENT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@+/=~-]*/[A-Za-z0-9][A-Za-z0-9._:@+=~-]*$"
+PRODUCT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:-]*$"
+METRIC_PATTERN = r"^[a-zA-Z_:][a-zA-Z0-9_:.]*$"
+ID_MAX = 200
+
 LEVELS: dict[str, int] = {"debug": 10, "info": 20, "warn": 30, "error": 40, "fatal": 50}
 MAX_LOG_PAGE = 100  # rfc-005 §6.1: enforced here, whatever the caller asks for
 MAX_TRACE_SPANS = 2000  # a trace larger than this is cut (and says so)
