@@ -47,3 +47,17 @@ def test_0004_backfills_the_series_key_of_existing_metrics(tmp_path: Path) -> No
             assert list(keys) == [labels_key(lab) for lab in labels] == [",", ",instance=a%2Cb,route=%2Fpay,"]
     finally:
         engine.dispose()
+
+
+def test_the_logs_of_one_trace_are_found_through_an_index(sqlite_template: Path) -> None:
+    """get_traces(include_logs) asks for one trace's lines without a product: without an index
+    on (tenant_id, trace_id) that scans every line of the tenant."""
+    engine = create_engine(f"sqlite:///{sqlite_template}")
+    try:
+        with engine.connect() as conn:
+            plan = " ".join(str(row[-1]) for row in conn.exec_driver_sql(
+                "EXPLAIN QUERY PLAN SELECT id FROM telemetry_logs WHERE tenant_id = 't' AND trace_id = 'x' "
+                "AND ts >= '2026-01-01' AND ts < '2026-01-02' ORDER BY ts DESC, id DESC LIMIT 101"))
+    finally:
+        engine.dispose()
+    assert "ix_telemetry_logs_tenant_id_trace_id" in plan, plan
