@@ -193,7 +193,11 @@ def test_latency_trends_show_the_degradation(platform) -> None:
     aws = h.call(tenant, "get_latency_trends", {"deployment_id": "gpt-4/aws", "since": "last 6h"}).content
     rows = aws["data"]
     assert {r["deployment_id"] for r in rows} == {"gpt-4/aws"} and 6 <= len(rows) <= 7
-    assert rows[-1]["latency_p95_ms"] > 5 * rows[1]["latency_p95_ms"] and rows[-1]["error_rate"] > 0.05
+    # The degradation began 40 minutes ago: it fills the current hour (which may have only just
+    # begun, with a handful of requests) or the one before.
+    recent = rows[-2:]
+    assert max(r["latency_p95_ms"] for r in recent) > 5 * rows[1]["latency_p95_ms"]
+    assert max(r["error_rate"] for r in recent) > 0.05
     assert aws["summary"]["total_requests"] == sum(r["request_count"] for r in rows)
     gpt4 = h.call(tenant, "get_latency_trends", {"model_id": "gpt-4", "granularity": "day", "since": "2 days ago"})
     assert {r["deployment_id"] for r in gpt4.content["data"]} == {"gpt-4/aws", "gpt-4/azure"}
