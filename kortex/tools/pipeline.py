@@ -9,21 +9,21 @@ The cap measures what the model receives: redaction can lengthen strings (``pwd=
 
 Nothing raises out of ``ToolPipeline.run``: every failure is an ``is_error`` result with a
 code (``policy_denied``, ``invalid_json``, ``validation``, ``not_found``, ``timeout``,
-``upstream``, ``result_too_large``, ``internal``) and a message the model can act on. The content also carries the
-code of llm-ops-agent-tools.md, so every tool fails in one shape:
+``upstream``, ``result_too_large``, ``internal``) and a message the model can act on. The
+content also carries the code of llm-ops-agent-tools.md, so every tool fails in one shape:
 
     {"error": "<error_code>", "message": "...", "code": "NOT_FOUND" | "INVALID_PARAMETER" | ...}
 
-    error_code      code                    raised as
-    validation      INVALID_PARAMETER       pydantic ValidationError, InvalidInput
-    invalid_json    INVALID_PARAMETER       arguments that are not a JSON object
-    not_found       NOT_FOUND               NotFound (an id that does not exist for this tenant)
-    upstream        DATABASE_ERROR          StorageError (the embedded store failed)
-    upstream        UPSTREAM_ERROR          UpstreamError (Prometheus, Loki, ... failed)
-    timeout         TIMEOUT                 the tool ran past its timeout
-    result_too_large RESULT_TOO_LARGE       even trimmed, the result does not fit the output cap
-    policy_denied   POLICY_DENIED           unknown tool, or not allowed in this session
-    internal        INTERNAL_ERROR          a bug in the tool
+    error_code        code                  raised as
+    validation        INVALID_PARAMETER     pydantic ValidationError, InvalidInput
+    invalid_json      INVALID_PARAMETER     arguments that are not a JSON object
+    not_found         NOT_FOUND             NotFound (an id that does not exist for this tenant)
+    upstream          DATABASE_ERROR        StorageError (the embedded store failed)
+    upstream          UPSTREAM_ERROR        UpstreamError (Prometheus, Loki, ... failed)
+    timeout           TIMEOUT               the tool ran past its timeout
+    result_too_large  RESULT_TOO_LARGE      ResultTooLarge (even trimmed, it does not fit the cap)
+    policy_denied     POLICY_DENIED         unknown tool, or not allowed in this session
+    internal          INTERNAL_ERROR        a bug in the tool
 """
 
 from __future__ import annotations
