@@ -112,3 +112,23 @@ def test_regexes_on_postgres_backtracking_and_patterns_it_rejects(pg: Harness) -
         refused = pg.call(tenant, "get_logs", {**base, "query": query})
         assert refused.is_error and refused.error_code == "validation", refused.content
         assert refused.content["code"] == "INVALID_PARAMETER" and "regex" in refused.content["message"]
+
+
+def test_metric_series_bucket_average_and_filter_in_postgres(pg: Harness) -> None:
+    tenant = pg.tenant(f"pg-metrics-{uuid.uuid4().hex[:6]}")
+    now = utcnow().replace(second=0, microsecond=0)
+    rows = [{"product": "api", "metric": "queue_depth", "ts": now - timedelta(minutes=m), "unit": None,
+             "value": float(10 * (i + 1) + (100 if m <= 10 else 0)),
+             "labels": {"instance": f"i{i}", "zone": "a,b" if i == 2 else "c"}}
+            for i in range(3) for m in range(1, 181)]
+    with pg.k.db.begin() as conn:
+        ingest.write(conn, tenant, "metrics", rows)
+    base = {"product": "api", "metric_name": "queue_depth", "time_range": "last 3h"}
+    every = pg.call(tenant, "get_metrics", base, now=now).content
+    assert every["series"] == 3 and len(every["samples"]) == 180
+    assert every["samples"][0]["value"] == 20.0 and every["samples"][-1]["value"] == 120.0  # averaged, newest kept
+    comma = pg.call(tenant, "get_metrics", {**base, "labels": {"zone": "a,b"}}, now=now).content
+    assert comma["series"] == 1 and {s["value"] for s in comma["samples"]} == {30.0, 130.0}
+    stepped = pg.call(tenant, "get_metrics", {**base, "step": "1h"}, now=now).content
+    assert [s["ts"] for s in stepped["samples"]] == [
+        (now - timedelta(hours=h)).isoformat(timespec="milliseconds").replace("+00:00", "Z") for h in (3, 2, 1)]
