@@ -54,7 +54,9 @@ def is_secret_key(name: str) -> bool:
 _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,}"), r"\1 " + REDACTED),
     # user:password@ in any URL or DSN
-    (re.compile(r"(?i)([a-z][a-z0-9+.-]*://[^\s:/@]+:)[^\s@/]+@"), r"\1" + REDACTED + "@"),
+    # (the scheme starts at a word boundary and is short: otherwise every letter of a long word
+    # would start a scan to its end, quadratic in the text)
+    (re.compile(r"(?i)(\b[a-z][a-z0-9+.-]{0,31}://[^\s:/@]+:)[^\s@/]+@"), r"\1" + REDACTED + "@"),
     # webhook URLs carry their credential in the path
     (re.compile(r"(?i)(https?://hooks\.slack\.com/(?:services|workflows|triggers)/)[^\s\"'<>]+"), r"\1" + REDACTED),
     (re.compile(r"(?i)(https?://(?:[\w-]+\.)*discord(?:app)?\.com/api/webhooks/)[^\s\"'<>]+"), r"\1" + REDACTED),
