@@ -206,7 +206,12 @@ class PrometheusSettings(_Section):
 
     url: Annotated[str | None, BeforeValidator(resolve_env_refs)] = None
     product_label: str = "product"       # the label that names the product (service)
-    tenant_label: str | None = None      # set when one Prometheus holds several tenants (value: tenant id)
+    # Tenant scoping, one of them required: a label whose value is the tenant id, or the tenant
+    # id as X-Scope-OrgID (Mimir, Cortex, Thanos), or an explicit statement that this
+    # Prometheus serves a single tenant. Without any, the sources refuse to start.
+    tenant_label: str | None = None
+    org_id_from_tenant: bool = False
+    single_tenant: bool = False
     timeout: Seconds = 10.0
     bearer_token: Secret = None
 
@@ -220,6 +225,7 @@ class LokiSettings(_Section):
     host_label: str = "host"
     trace_label: str = "trace_id"
     org_id_from_tenant: bool = True      # send X-Scope-OrgID: <tenant id> (Loki's multi-tenancy)
+    single_tenant: bool = False          # required to turn the above off: this Loki serves one tenant
     timeout: Seconds = 10.0
     bearer_token: Secret = None
 

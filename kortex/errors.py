@@ -16,6 +16,7 @@
         ├── ToolValidationError arguments do not match the tool's input model
         ├── ToolTimeout         the tool ran past its time limit
         ├── UpstreamError       the telemetry source behind the tool failed
+        ├── ResultTooLarge      even trimmed, the result does not fit the output cap
         └── ToolNotFound        the tool exists nowhere in the catalog
 
 Vendor exceptions (httpx, SQLAlchemy, redis) are translated at the boundary with
@@ -138,6 +139,10 @@ class ToolTimeout(ToolError):
 
 class UpstreamError(ToolError):
     code = "upstream"
+
+
+class ResultTooLarge(ToolError):
+    code = "result_too_large"
 
 
 class ToolNotFound(ToolError):

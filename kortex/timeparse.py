@@ -1,12 +1,14 @@
 """Parse the time expressions models and operators write: ISO 8601 instants, durations and
 intervals, and relative forms such as "last 30m", "1 hour ago", "yesterday", "PT30M".
 
-All results are timezone-aware UTC datetimes. Bad input raises ``InvalidInput`` with a
-message a model can act on.
+All results are timezone-aware UTC datetimes between 1970 and 2200. Bad input raises
+``InvalidInput`` with a message a model can act on, never ``OverflowError``: magnitudes are
+checked before a timedelta is built, and date arithmetic that leaves the calendar is refused.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from datetime import UTC, datetime, timedelta
 
@@ -29,6 +31,9 @@ _NOW_MINUS = re.compile(r"^\s*now\s*-\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*$")  # Graf
 _LAST = re.compile(r"^\s*(?:last|past|previous)\s+(?:(\d+(?:\.\d+)?)\s*)?([a-z]+)\s*$")
 
 MAX_SPAN = timedelta(days=366)
+#: instants outside this range are refused (telemetry has none; arithmetic near year 1 or 9999 overflows)
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST = datetime(2200, 1, 1, tzinfo=UTC)
 
 EXAMPLES = "'last 30m', '1 hour ago', 'yesterday', 'PT30M', '2026-04-07T14:00:00Z/PT30M'"
 
@@ -55,19 +60,36 @@ def parse_duration(text: str) -> timedelta:
             parts.get("w", 0) * 604800 + parts.get("d", 0) * 86400 + parts.get("h", 0) * 3600
             + parts.get("m", 0) * 60 + parts.get("s", 0)
         )
-        return _checked(timedelta(seconds=seconds), text)
+        return _checked(seconds, text)
     short = _SHORT.match(raw.lower())
     if short and short.group(2) in _UNITS:
-        return _checked(timedelta(seconds=float(short.group(1)) * _UNITS[short.group(2)]), text)
+        return _checked(float(short.group(1)) * _UNITS[short.group(2)], text)
     raise InvalidInput(f"invalid duration {text!r}; use e.g. 'PT30M', '30m', '2 hours'")
 
 
-def _checked(delta: timedelta, text: str) -> timedelta:
-    if delta <= timedelta(0):
-        raise InvalidInput(f"duration {text!r} must be positive")
-    if delta > MAX_SPAN:
+def _checked(seconds: float, text: str) -> timedelta:
+    """A positive duration of at most MAX_SPAN, checked as a number before it becomes a
+    timedelta (which overflows past about 2.7 million years)."""
+    if not math.isfinite(seconds) or seconds > MAX_SPAN.total_seconds():
         raise InvalidInput(f"duration {text!r} is longer than {MAX_SPAN.days} days")
-    return delta
+    if seconds <= 0:
+        raise InvalidInput(f"duration {text!r} must be positive")
+    return timedelta(seconds=seconds)
+
+
+def _in_range(moment: datetime, text: str) -> datetime:
+    if not EARLIEST <= moment < LATEST:
+        raise InvalidInput(f"time {text!r} is out of range; use a time between {EARLIEST.year} and {LATEST.year}")
+    return moment
+
+
+def shift(moment: datetime, delta: timedelta, text: str = "") -> datetime:
+    """``moment + delta``, as ``InvalidInput`` when it leaves the supported range."""
+    try:
+        return _in_range(moment + delta, text or f"{isoformat(moment)} {'+' if delta >= timedelta(0) else '-'} "
+                                                  f"{abs(delta)}")
+    except OverflowError:
+        raise InvalidInput(f"time {text!r} is out of range") from None
 
 
 def _start_of_day(moment: datetime) -> datetime:
@@ -92,12 +114,12 @@ def parse_instant(text: str, *, now: datetime | None = None) -> datetime:
         if unit not in _UNITS:
             raise InvalidInput(f"unknown time unit {unit!r} in {text!r}")
         count = 1.0 if amount in ("a", "an") else float(amount)
-        return now - _checked(timedelta(seconds=count * _UNITS[unit]), text)
+        return shift(now, -_checked(count * _UNITS[unit], text), text)
     try:
-        parsed = datetime.fromisoformat(raw.replace("Z", "+00:00").replace("z", "+00:00"))
-    except ValueError:
+        parsed = ensure_utc(datetime.fromisoformat(raw.replace("Z", "+00:00").replace("z", "+00:00")))
+    except (ValueError, OverflowError):  # OverflowError: an offset that pushes year 1 or 9999 over the edge
         raise InvalidInput(f"invalid time {text!r}; use ISO 8601 or e.g. {EXAMPLES}") from None
-    return ensure_utc(parsed)
+    return _in_range(parsed, text)
 
 
 def parse_range(text: str, *, now: datetime | None = None) -> tuple[datetime, datetime]:
@@ -120,10 +142,10 @@ def parse_range(text: str, *, now: datetime | None = None) -> tuple[datetime, da
             raise InvalidInput(f"interval {text!r} needs at least one instant")
         if left_is_dur:
             end = parse_instant(right, now=now)
-            start = end - parse_duration(left)
+            start = shift(end, -parse_duration(left), text)
         elif right_is_dur:
             start = parse_instant(left, now=now)
-            end = start + parse_duration(right)
+            end = shift(start, parse_duration(right), text)
         else:
             start, end = parse_instant(left, now=now), parse_instant(right, now=now)
         return _ordered(start, end, text)
@@ -137,9 +159,9 @@ def parse_range(text: str, *, now: datetime | None = None) -> tuple[datetime, da
         amount, unit = last.group(1) or "1", last.group(2)
         if unit not in _UNITS:
             raise InvalidInput(f"unknown time unit {unit!r} in {text!r}")
-        return now - _checked(timedelta(seconds=float(amount) * _UNITS[unit]), text), now
+        return shift(now, -_checked(float(amount) * _UNITS[unit], text), text), now
     if raw.upper().startswith("P"):
-        return now - parse_duration(raw), now
+        return shift(now, -parse_duration(raw), text), now
     if _AGO.match(low) or _NOW_MINUS.match(low) or low == "now":
         return _ordered(parse_instant(raw, now=now), now, text)
     try:

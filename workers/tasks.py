@@ -59,4 +59,5 @@ def watchdog() -> dict[str, Any]:
     report = runtime.run(_settings(), sweep)
     dispatch(app, report.handoff)
     return {"failed_turns": report.failed_turns, "timed_out_tools": report.timed_out_tools,
-            "requeued_steps": report.requeued_steps, "requeued_tools": report.requeued_tools}
+            "requeued_steps": report.requeued_steps, "requeued_tools": report.requeued_tools,
+            "expired_proposals": report.expired_proposals, "recovered_executions": report.recovered_executions}

@@ -19,8 +19,11 @@ class ExecutionOutcome(BaseModel):
 
 
 class ActionExecutor(Protocol):
-    """Carries out a confirmed proposal. Called once per proposal, after the confirmation is
-    committed; it must not raise for an action it cannot do (return ``failed`` instead)."""
+    """Carries out a confirmed proposal, after the confirmation is committed; it must not raise
+    for an action it cannot do (return ``failed`` instead). Called once per proposal, and once
+    more (by the watchdog, after a grace period) only when the process died before the outcome
+    was recorded: use the proposal id as an idempotency key. Each call is bounded by the
+    service's ``execute_timeout``; an answer after it is ignored."""
 
     name: str
 

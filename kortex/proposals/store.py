@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
@@ -53,25 +53,36 @@ class ProposalRecord(_Record):
     execution_status: str | None
     execution: dict[str, Any] | None
     executed_at: datetime | None
+    execution_attempts: int = 0
+    execution_started_at: datetime | None = None
 
 
 def create(conn: Connection, tenant_id: str, new: NewProposal, *, session_id: str | None, turn_id: str | None,
            call_id: str | None, now: datetime, ttl: timedelta = EXPIRES_AFTER) -> ProposalRecord:
     """Insert a pending proposal; the same tool call (turn, call id) always gets the same one."""
+    return create_once(conn, tenant_id, new, session_id=session_id, turn_id=turn_id, call_id=call_id, now=now,
+                       ttl=ttl)[0]
+
+
+def create_once(conn: Connection, tenant_id: str, new: NewProposal, *, session_id: str | None,
+                turn_id: str | None, call_id: str | None, now: datetime,
+                ttl: timedelta = EXPIRES_AFTER) -> tuple[ProposalRecord, bool]:
+    """``create``, and whether this call inserted the row (False: an earlier run of the same
+    tool call did, and announced it)."""
     row = {"id": uuid7(), "tenant_id": tenant_id, "session_id": session_id, "turn_id": turn_id, "call_id": call_id,
            "action": new.action, "product": new.product, "params": new.params, "rationale": new.rationale,
            "blast_radius": new.blast_radius, "reversible": new.reversible, "status": "pending", "created_at": now,
            "expires_at": now + ttl}
     if turn_id is None or call_id is None:
         conn.execute(proposals.insert().values(**row))
-        return get(conn, tenant_id, row["id"])
+        return get(conn, tenant_id, row["id"]), True
     dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
-    conn.execute(dialect.insert(proposals).values(**row)
-                 .on_conflict_do_nothing(index_elements=["tenant_id", "turn_id", "call_id"]))
+    inserted = conn.execute(dialect.insert(proposals).values(**row)
+                            .on_conflict_do_nothing(index_elements=["tenant_id", "turn_id", "call_id"])).rowcount
     found = conn.execute(select(proposals).where(_p.tenant_id == tenant_id, _p.turn_id == turn_id,
                                                  _p.call_id == call_id)).first()
     assert found is not None  # inserted now, or by an earlier run of the same call
-    return ProposalRecord.from_row(found)
+    return ProposalRecord.from_row(found), inserted == 1
 
 
 def get(conn: Connection, tenant_id: str, proposal_id: str) -> ProposalRecord:
@@ -104,7 +115,10 @@ def decide(conn: Connection, tenant_id: str, proposal_id: str, status: str, *, b
         update(proposals)
         .where(_p.tenant_id == tenant_id, _p.id == proposal_id, _p.status == "pending", _p.expires_at > now)
         .values(status=status, decided_at=now, decided_by=by, note=note,
-                execution_status="pending" if status == "confirmed" else None)
+                # a confirmation is the first execution attempt, started now
+                execution_status="pending" if status == "confirmed" else None,
+                execution_attempts=1 if status == "confirmed" else 0,
+                execution_started_at=now if status == "confirmed" else None)
         .returning(*proposals.c)
     ).first()
     return ProposalRecord.from_row(row) if row else None
@@ -136,3 +150,26 @@ def record_execution(conn: Connection, tenant_id: str, proposal_id: str, status:
         .values(execution_status=status, execution=detail, executed_at=now)
     )
     return result.rowcount == 1
+
+
+def stuck_executions(conn: Connection, cutoff: datetime, limit: int = 100) -> list[tuple[str, str, int]]:
+    """(tenant id, proposal id, attempts) of executions still pending that started before
+    ``cutoff``: the process running them died (the executor call itself is bounded)."""
+    started = func.coalesce(_p.execution_started_at, _p.decided_at)
+    rows = conn.execute(select(_p.tenant_id, _p.id, _p.execution_attempts)
+                        .where(_p.execution_status == "pending", started < cutoff)
+                        .order_by(started).limit(limit)).all()
+    return [(r[0], r[1], int(r[2] or 0)) for r in rows]
+
+
+def claim_retry(conn: Connection, tenant_id: str, proposal_id: str, attempts: int,
+                now: datetime) -> ProposalRecord | None:
+    """Start the next execution attempt of a stuck proposal; None if another sweep took it."""
+    row = conn.execute(
+        update(proposals)
+        .where(_p.tenant_id == tenant_id, _p.id == proposal_id, _p.execution_status == "pending",
+               _p.execution_attempts == attempts)
+        .values(execution_attempts=attempts + 1, execution_started_at=now)
+        .returning(*proposals.c)
+    ).first()
+    return ProposalRecord.from_row(row) if row else None

@@ -20,9 +20,11 @@ from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
+from kortex import regex
 from kortex.errors import ConfigError, Conflict, StorageError
 
 log = logging.getLogger(__name__)
+SQLITE_BUSY_MS = 10_000  # how long a SQLite writer waits for the write lock by default
 
 
 def _normalise(url: str | URL) -> URL:
@@ -46,10 +48,12 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     # driver's deferred BEGIN never has to upgrade a read lock.)
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA busy_timeout=10000")
+    cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_MS}")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.close()
+    # User-written regexes (LogQL |~) run on RE2, never on Python's backtracking engine.
+    dbapi_connection.create_function(regex.SQLITE_FUNCTION, 2, regex.sqlite_search, deterministic=True)
 
 
 def _sqlite_statement_timeout(engine: Engine, seconds: float) -> None:
@@ -82,6 +86,26 @@ def _translated() -> Iterator[None]:
         raise StorageError(f"database error: {exc.__class__.__name__}") from exc
 
 
+@contextmanager
+def bounded_writes(conn: Connection, seconds: float | None) -> Iterator[None]:
+    """Inside a transaction: wait at most ``seconds`` for locks (SQLite's busy handler,
+    PostgreSQL's lock and statement timeouts) instead of the connection's default."""
+    if seconds is None:
+        yield
+        return
+    ms = max(1, int(seconds * 1000))
+    if conn.dialect.name == "postgresql":  # SET LOCAL ends with the transaction
+        conn.exec_driver_sql(f"SET LOCAL lock_timeout = {ms}")
+        conn.exec_driver_sql(f"SET LOCAL statement_timeout = {ms}")
+        yield
+        return
+    conn.exec_driver_sql(f"PRAGMA busy_timeout = {ms}")
+    try:
+        yield
+    finally:  # the connection goes back to the pool: restore the default wait
+        conn.exec_driver_sql(f"PRAGMA busy_timeout = {SQLITE_BUSY_MS}")
+
+
 class Database:
     """The application's handle on the database. One per process; safe to share between threads."""
 
@@ -102,7 +126,8 @@ class Database:
             database = self.url.database
             if database and database != ":memory:":
                 Path(database).parent.mkdir(parents=True, exist_ok=True)
-            kwargs.update(connect_args={"check_same_thread": False, "timeout": 10}, pool_size=pool_size,
+            kwargs.update(connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_MS / 1000},
+                          pool_size=pool_size,
                           max_overflow=pool_size)
         self.engine: Engine = create_engine(sync_url(self.url), **kwargs)
         # Reads run in autocommit: one round trip per statement, no BEGIN/ROLLBACK around them.

@@ -197,6 +197,7 @@ telemetry_logs = Table(
     Column("trace_id", String(64), nullable=True),
     Column("attrs", JSONType, nullable=True),
     Index(None, "tenant_id", "product", "ts"),
+    Index(None, "tenant_id", "trace_id"),  # get_traces(include_logs): the lines of one trace
 )
 
 telemetry_metrics = Table(
@@ -207,6 +208,9 @@ telemetry_metrics = Table(
     Column("product", String(200), nullable=False),
     Column("metric", String(200), nullable=False),
     Column("labels", JSONType, nullable=False, default=dict),
+    # The labels as ",k=v,k=v," (sorted, values percent-encoded): one series' identity, and a
+    # label filter is a portable substring test on it (telemetry/embedded_metrics.py).
+    Column("labels_key", Text, nullable=False, server_default=","),
     Column("ts", UTCDateTime(), nullable=False),
     Column("value", Float, nullable=False),
     Column("unit", String(32), nullable=True),
@@ -370,10 +374,15 @@ proposals = Table(
     Column("execution_status", String(16), nullable=True),  # confirmed: pending -> recorded | done | failed
     Column("execution", JSONType, nullable=True),
     Column("executed_at", UTCDateTime(), nullable=True),
+    # Executor runs started (the first at confirmation, at most one retry by the watchdog) and
+    # when the last one started: an execution left pending past a grace period was interrupted.
+    Column("execution_attempts", Integer, nullable=False, default=0, server_default="0"),
+    Column("execution_started_at", UTCDateTime(), nullable=True),
     UniqueConstraint("tenant_id", "turn_id", "call_id"),  # a re-run tool call finds its proposal
     Index(None, "tenant_id", "status", "expires_at"),
     Index(None, "tenant_id", "session_id"),
     Index(None, "status", "expires_at"),  # the watchdog's expiry sweep, across tenants
+    Index(None, "execution_status", "execution_started_at"),  # the watchdog's execution recovery
 )
 
 TENANT_TABLES = tuple(t for t in metadata.sorted_tables if "tenant_id" in t.c)

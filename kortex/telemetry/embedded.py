@@ -11,17 +11,18 @@ from typing import Any
 from sqlalchemy import and_, case, func, literal, not_, or_, select, tuple_
 from sqlalchemy.sql.elements import ColumnElement
 
-from kortex.errors import InvalidInput
+from kortex.errors import InvalidInput, StorageError
+from kortex.regex import SQLITE_FUNCTION, anchored
 from kortex.storage.db import Database
 from kortex.storage.schema import (
     telemetry_deploys,
     telemetry_incidents,
     telemetry_logs,
-    telemetry_metrics,
     telemetry_products,
     telemetry_spans,
 )
 from kortex.telemetry.embedded_llmops import EmbeddedLLMOps
+from kortex.telemetry.embedded_metrics import EmbeddedMetrics
 from kortex.telemetry.logql import LogFilter
 from kortex.telemetry.sources import (
     LEVELS,
@@ -35,20 +36,22 @@ from kortex.telemetry.sources import (
     LogLine,
     LogPage,
     LogQuery,
-    MetricQuery,
-    MetricSeries,
-    Sample,
     Span,
     TelemetrySources,
     Trace,
-    downsample,
 )
 
-MAX_SAMPLES = 2000
+INVALID_REGEX = "2201B"  # PostgreSQL's SQLSTATE for a pattern its engine rejects
 MAX_TOKENS = 12
 _WORD = re.compile(r"[a-z0-9][a-z0-9._/-]*")
 _STOP = frozenset("a an and are as at be by for from has have in is it of on or that the this to was were "
                   "with why what how when".split())
+
+
+def _sqlstate(exc: BaseException) -> str | None:
+    """The SQLSTATE behind a StorageError (PostgreSQL), if any."""
+    orig = getattr(exc.__cause__, "orig", None)
+    return getattr(orig, "sqlstate", None)
 
 
 def like_escape(text: str) -> str:
@@ -71,6 +74,7 @@ class EmbeddedTelemetry:
     def __init__(self, db: Database) -> None:
         self.db = db
         self.llmops = EmbeddedLLMOps(db)
+        self.metrics = EmbeddedMetrics(db)
 
     def close(self) -> None:
         self.db.dispose()
@@ -82,6 +86,14 @@ class EmbeddedTelemetry:
         if self.db.is_sqlite:
             return func.instr(column, text) > 0
         return func.strpos(column, text) > 0
+
+    def _matches(self, column: Any, pattern: str) -> ColumnElement[bool]:
+        # SQLite: RE2 through our own SQL function (linear time, so the statement timeout's
+        # progress handler gets control between rows). PostgreSQL: its own engine, bounded by
+        # statement_timeout; patterns it rejects become validation errors (query_logs).
+        if self.db.is_sqlite:
+            return getattr(func, SQLITE_FUNCTION)(pattern, column) == 1
+        return column.regexp_match(pattern)
 
     def _log_filter(self, flt: LogFilter) -> list[ColumnElement[bool]]:
         t = telemetry_logs
@@ -95,10 +107,10 @@ class EmbeddedTelemetry:
             elif m.op == "!=":
                 where.append(or_(column.is_(None), column != m.value))
             else:
-                matched = func.coalesce(column, "").regexp_match(f"^(?:{m.value})$")
+                matched = self._matches(func.coalesce(column, ""), anchored(m.value))
                 where.append(matched if m.op == "=~" else not_(matched))
         for line in flt.lines:
-            cond = t.c.message.regexp_match(line.value) if line.regex else self._contains(t.c.message, line.value)
+            cond = self._matches(t.c.message, line.value) if line.regex else self._contains(t.c.message, line.value)
             where.append(not_(cond) if line.negated else cond)
         return where
 
@@ -116,51 +128,27 @@ class EmbeddedTelemetry:
             where.append(t.c.severity >= LEVELS[query.min_level])
         if query.filter is not None:
             where.extend(self._log_filter(query.filter))
-        with self.db.connect() as conn:
-            total = int(conn.scalar(select(func.count()).select_from(t).where(*where)) or 0)
-            page_where = list(where)
-            if query.before is not None:
-                page_where.append(tuple_(t.c.ts, t.c.id) < tuple_(*query.before))
-            rows = conn.execute(
-                select(t.c.id, t.c.ts, t.c.level, t.c.host, t.c.message, t.c.trace_id, t.c.product)
-                .where(*page_where)
-                .order_by(t.c.ts.desc(), t.c.id.desc())
-                .limit(limit + 1)
-            ).all()
+        page_where = list(where)
+        if query.before is not None:
+            page_where.append(tuple_(t.c.ts, t.c.id) < tuple_(*query.before))
+        try:
+            with self.db.connect() as conn:
+                total = int(conn.scalar(select(func.count()).select_from(t).where(*where)) or 0)
+                rows = conn.execute(
+                    select(t.c.id, t.c.ts, t.c.level, t.c.host, t.c.message, t.c.trace_id, t.c.product)
+                    .where(*page_where)
+                    .order_by(t.c.ts.desc(), t.c.id.desc())
+                    .limit(limit + 1)
+                ).all()
+        except StorageError as exc:
+            if _sqlstate(exc) == INVALID_REGEX:  # RE2 accepted it, PostgreSQL's engine does not
+                raise InvalidInput("query: a regex in it is not supported by the log store (PostgreSQL "
+                                   "regular expressions); drop named groups and Perl-only syntax") from exc
+            raise
         lines = [LogLine(id=r.id, ts=r.ts, level=r.level, host=r.host, message=r.message, trace_id=r.trace_id,
                          product=r.product)
                  for r in rows[:limit]]
         return LogPage(lines=lines, total_matches=total, has_more=len(rows) > limit)
-
-    # ---- metrics ---------------------------------------------------------------------------
-
-    def query_metric(self, tenant_id: str, query: MetricQuery) -> MetricSeries:
-        t = telemetry_metrics
-        with self.db.connect() as conn:
-            rows = conn.execute(
-                select(t.c.ts, t.c.value, t.c.unit, t.c.labels)
-                .where(t.c.tenant_id == tenant_id, t.c.product == query.product, t.c.metric == query.metric,
-                       t.c.ts >= query.start, t.c.ts < query.end)
-                .order_by(t.c.ts)
-                .limit(MAX_SAMPLES * 20)
-            ).all()
-        if query.labels:
-            wanted = {k: str(v) for k, v in query.labels.items()}
-            rows = [r for r in rows if all(str((r.labels or {}).get(k)) == v for k, v in wanted.items())]
-        unit = next((r.unit for r in rows if r.unit), None)
-        samples = [Sample(ts=r.ts, value=float(r.value)) for r in rows]
-        if query.step_s:
-            samples = downsample(samples, query.step_s)
-        return MetricSeries(samples=samples, unit=unit)
-
-    def list_metrics(self, tenant_id: str, product: str) -> list[str]:
-        t = telemetry_metrics
-        with self.db.connect() as conn:
-            rows = conn.execute(
-                select(t.c.metric).distinct().where(t.c.tenant_id == tenant_id, t.c.product == product)
-                .order_by(t.c.metric).limit(500)
-            ).all()
-        return [r[0] for r in rows]
 
     # ---- deploys ---------------------------------------------------------------------------
 
@@ -257,10 +245,14 @@ class EmbeddedTelemetry:
             where.append(t.c.closed_at.is_(None))
         else:
             where += [t.c.opened_at <= at, or_(t.c.closed_at.is_(None), t.c.closed_at > at)]
+        # An incident filed against a product only is about that product: filter on what the
+        # tools show (target_type "product", target_id the product), not on the raw columns.
+        shown_type = func.coalesce(t.c.target_type, case((t.c.product.is_not(None), literal("product")), else_=None))
+        shown_id = func.coalesce(t.c.target_id, t.c.product)
         if target_type is not None:
-            where.append(t.c.target_type == target_type)
+            where.append(shown_type == target_type)
         if target_ids:
-            where.append(and_(t.c.target_id.is_not(None), t.c.target_id.in_(target_ids)))
+            where.append(and_(shown_id.is_not(None), shown_id.in_(target_ids)))
         with self.db.connect() as conn:
             rows = conn.execute(select(t).where(*where).order_by(t.c.opened_at.desc(), t.c.id.desc())
                                 .limit(max(1, min(limit, 500)))).all()
@@ -278,5 +270,5 @@ class EmbeddedTelemetry:
         return {**dict(row.info or {}), "reported_at": row.updated_at}
 
     def sources(self) -> TelemetrySources:
-        return TelemetrySources(logs=self, metrics=self, deploys=self, traces=self, incidents=self, admin=self,
+        return TelemetrySources(logs=self, metrics=self.metrics, deploys=self, traces=self, incidents=self, admin=self,
                                 llmops=self.llmops)

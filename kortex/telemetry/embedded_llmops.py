@@ -28,6 +28,7 @@ from kortex.telemetry.llmops import (
 )
 
 MAX_TREND_ROWS = 200_000
+MAX_VOLUME_ROWS = 10_000
 GROUP_COLUMNS = {"tier": "user_tier", "model": "model_id", "backend": "backend_id", "deployment": "deployment_id"}
 
 
@@ -172,7 +173,7 @@ class EmbeddedLLMOps:
                 for r in rows]
 
     def request_volume(self, tenant_id: str, group_by: GroupBy, start: datetime, end: datetime,
-                       granularity: Granularity) -> list[VolumeRow]:
+                       granularity: Granularity) -> tuple[list[VolumeRow], bool]:
         t = llm_requests
         column = t.c[GROUP_COLUMNS[group_by]]
         bucket = self._bucket(t.c.created_at, granularity).label("period")
@@ -180,7 +181,14 @@ class EmbeddedLLMOps:
             rows = conn.execute(
                 select(bucket, column, func.count(), func.coalesce(func.sum(t.c.cost_usd), 0.0))
                 .where(t.c.tenant_id == tenant_id, t.c.created_at >= start, t.c.created_at < end)
-                .group_by(bucket, column).order_by(bucket, column).limit(10_000)
+                .group_by(bucket, column)
+                .order_by(bucket.desc(), column)  # a cut drops the oldest periods, never the newest
+                .limit(MAX_VOLUME_ROWS + 1)
             ).all()
-        return [VolumeRow(period=self._period(r[0]), group=r[1], request_count=int(r[2]),
-                          total_cost_usd=round(float(r[3]), 6)) for r in rows]
+        cut = len(rows) > MAX_VOLUME_ROWS
+        if cut:  # a period only partly inside the limit would understate its numbers: drop it whole
+            oldest = rows[MAX_VOLUME_ROWS - 1][0]
+            rows = [r for r in rows[:MAX_VOLUME_ROWS] if r[0] != oldest] or rows[:MAX_VOLUME_ROWS]
+        out = [VolumeRow(period=self._period(r[0]), group=r[1], request_count=int(r[2]),
+                         total_cost_usd=round(float(r[3]), 6)) for r in rows]
+        return sorted(out, key=lambda v: (v.period, v.group)), cut

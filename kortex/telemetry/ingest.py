@@ -31,7 +31,15 @@ from kortex.storage.schema import (
     telemetry_products,
     telemetry_spans,
 )
-from kortex.telemetry.sources import LEVELS
+from kortex.telemetry.embedded_metrics import labels_key
+from kortex.telemetry.sources import (
+    DEPLOYMENT_PATTERN,
+    ID_MAX,
+    ID_PATTERN,
+    LEVELS,
+    METRIC_PATTERN,
+    PRODUCT_PATTERN,
+)
 from kortex.timeparse import ensure_utc
 
 MAX_ITEMS = 5000
@@ -41,8 +49,12 @@ FUTURE_SKEW = timedelta(minutes=5)
 MAX_AGE = timedelta(days=400)
 MAX_JSON_BYTES = 8 * 1024
 
-Name = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:-]*$")]
-Id = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")]
+# The tools' argument types use the same patterns (sources.py): what is stored can be asked about.
+Name = Annotated[str, Field(min_length=1, max_length=200, pattern=PRODUCT_PATTERN)]
+Id = Annotated[str, Field(min_length=1, max_length=64, pattern=ID_PATTERN)]
+LongId = Annotated[str, Field(min_length=1, max_length=100, pattern=ID_PATTERN)]
+UserId = Annotated[str, Field(min_length=1, max_length=ID_MAX, pattern=ID_PATTERN)]
+DeploymentId = Annotated[str, Field(min_length=3, max_length=200, pattern=DEPLOYMENT_PATTERN)]
 
 
 def _aware(value: datetime) -> datetime:
@@ -80,7 +92,7 @@ class LogItem(_Item):
 
 class MetricItem(_Item):
     product: Name
-    metric: str = Field(min_length=1, max_length=200, pattern=r"^[a-zA-Z_:][a-zA-Z0-9_:.]*$")
+    metric: str = Field(min_length=1, max_length=200, pattern=METRIC_PATTERN)
     ts: Timestamp
     value: float
     unit: str | None = Field(None, max_length=32)
@@ -102,7 +114,7 @@ class SpanItem(_Item):
     trace_id: Id
     span_id: Id
     parent_span_id: Id | None = None
-    request_id: str | None = Field(None, max_length=100)
+    request_id: LongId | None = None
     service: Name
     operation: str = Field(min_length=1, max_length=200)
     start: Timestamp
@@ -142,7 +154,7 @@ class IncidentItem(_Item):
     findings: str = Field("", max_length=16_384)
     resolution: str = Field("", max_length=16_384)
     target_type: Literal["product", "deployment", "model", "backend"] | None = None
-    target_id: str | None = Field(None, max_length=200)
+    target_id: UserId | None = None
 
     def row(self) -> dict[str, Any]:
         if self.closed_at is not None and self.closed_at < self.opened_at:
@@ -166,9 +178,9 @@ class ProductInfoItem(_Item):
 
 
 class LLMDeploymentItem(_Item):
-    deployment_id: str = Field(min_length=3, max_length=200, pattern=r"^[^/\s]+/[^/\s]+$")
-    model_id: str = Field(min_length=1, max_length=100)
-    backend_id: str = Field(min_length=1, max_length=100)
+    deployment_id: DeploymentId
+    model_id: LongId
+    backend_id: LongId
     status: Literal["healthy", "degraded", "down"]
     latency_p50_ms: float | None = Field(None, ge=0)
     latency_p95_ms: float | None = Field(None, ge=0)
@@ -184,7 +196,7 @@ class LLMDeploymentItem(_Item):
 
 
 class LLMUserItem(_Item):
-    user_id: str = Field(min_length=1, max_length=200)
+    user_id: UserId
     tier: Literal["premium", "standard", "budget"]
     latency_sla_ms: int | None = Field(None, ge=1)
     daily_budget_usd: float | None = Field(None, ge=0)
@@ -194,13 +206,13 @@ class LLMUserItem(_Item):
 
 
 class LLMRequestItem(_Item):
-    request_id: str = Field(min_length=1, max_length=100)
-    user_id: str = Field(min_length=1, max_length=200)
+    request_id: LongId
+    user_id: UserId
     user_tier: Literal["premium", "standard", "budget"]
-    deployment_id: str = Field(min_length=3, max_length=200)
-    model_id: str = Field(min_length=1, max_length=100)
-    backend_id: str = Field(min_length=1, max_length=100)
-    task_type: str = Field("", max_length=50)
+    deployment_id: DeploymentId
+    model_id: LongId
+    backend_id: LongId
+    task_type: str = Field("", max_length=50, pattern=f"^$|{ID_PATTERN}")
     input_tokens: int = Field(0, ge=0)
     output_tokens: int = Field(0, ge=0)
     cost_usd: float = Field(0.0, ge=0)
@@ -280,6 +292,8 @@ def write(conn: Connection, tenant_id: str, kind: str, rows: Sequence[dict[str, 
     _model, table, key, clash, _times = kind_spec(kind)
     for start in range(0, len(rows), CHUNK):
         chunk = [{**r, "tenant_id": tenant_id} for r in rows[start:start + CHUNK]]
+        if table is telemetry_metrics:  # a series' identity, and what label filters search
+            chunk = [{**r, "labels_key": labels_key(r.get("labels"))} for r in chunk]
         if key is None:
             conn.execute(table.insert(), chunk)
             continue

@@ -7,8 +7,9 @@
     string    := "..." (backslash escapes) | `...` (raw)
 
 Plain text (no selector, no operator) keeps its old meaning: the message contains it, ignoring
-case. ``|=`` and ``!=`` are case-sensitive as in LogQL; regexes are RE2-style and may start
-with ``(?i)``. Regex matchers on labels are anchored, line regexes are not (LogQL semantics).
+case. ``|=`` and ``!=`` are case-sensitive as in LogQL; regexes are RE2 (``kortex.regex``: linear time, no backreferences
+or lookarounds) and may start with ``(?i)``. Regex matchers on labels are anchored, line regexes
+are not (LogQL semantics).
 """
 
 from __future__ import annotations
@@ -17,17 +18,16 @@ import re
 from dataclasses import dataclass
 
 from kortex.errors import InvalidInput
+from kortex.regex import MAX_PATTERN, anchored, compile_pattern
 
 LABELS = ("host", "level", "trace_id")
 MAX_QUERY = 500
-MAX_REGEX = 200
+MAX_REGEX = MAX_PATTERN
 MAX_STAGES = 10
 
 _LABEL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _MATCH_OPS = ("=~", "!~", "!=", "=")
 _LINE_OPS = ("|=", "!=", "|~", "!~")
-# Nested quantifiers such as (a+)+ backtrack exponentially in Python's engine (the SQLite path).
-_NESTED = re.compile(r"\([^)]*[+*][^)]*\)\s*[+*{]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,15 +58,11 @@ class LogFilter:
     plain: str | None = None  # case-insensitive "contains"
 
 
-def _check_regex(pattern: str) -> str:
+def _check_regex(pattern: str, whole: bool = False) -> str:
     if len(pattern) > MAX_REGEX:
         raise InvalidInput(f"regex is longer than {MAX_REGEX} characters")
-    if _NESTED.search(pattern):
-        raise InvalidInput(f"regex {pattern!r} nests quantifiers; simplify it")
-    try:
-        re.compile(pattern)
-    except re.error as exc:
-        raise InvalidInput(f"invalid regex {pattern!r}: {exc}") from None
+    # Label matchers run anchored, so the anchored form is the one that must compile.
+    compile_pattern(anchored(pattern) if whole else pattern)
     return pattern
 
 
@@ -169,7 +165,7 @@ def parse(text: str | None) -> LogFilter | None:
                 raise reader.error("expected =, !=, =~ or !~")
             value = reader.string()
             if op.endswith("~"):
-                _check_regex(value)
+                _check_regex(value, whole=True)
             matchers.append(Matcher(label, op, value))
     lines: list[LineFilter] = []
     while not reader.done():

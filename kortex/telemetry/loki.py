@@ -1,6 +1,7 @@
 """A log source over Loki's HTTP API (LogQL), behind the same interface as the embedded store.
 
-The tenant travels as ``X-Scope-OrgID`` (Loki's own multi-tenancy); the product, level, host
+The tenant travels as ``X-Scope-OrgID`` (Loki's own multi-tenancy; turning it off needs an
+explicit ``single_tenant``); the product, level, host
 and trace id are labels whose names are configurable. Pages come newest first with
 ``direction=backward``; Loki lines have no id, so a stable hash of the line stands in for one
 and the keyset is (timestamp to the microsecond, hash), as in the embedded store.
@@ -15,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from kortex.errors import UpstreamError
+from kortex.errors import ConfigError, UpstreamError
 from kortex.telemetry.logql import LogFilter, Matcher, to_logql
 from kortex.telemetry.sources import LEVELS, MAX_LOG_PAGE, LogLine, LogPage, LogQuery
 
@@ -30,8 +31,12 @@ def line_id(ns: int, labels: dict[str, str], text: str) -> int:
 class LokiLogs:
     def __init__(self, url: str, *, product_label: str = "product", level_label: str = "level",
                  host_label: str = "host", trace_label: str = "trace_id", org_id_from_tenant: bool = True,
-                 timeout: float = 10.0, bearer_token: str | None = None,
+                 single_tenant: bool = False, timeout: float = 10.0, bearer_token: str | None = None,
                  transport: httpx.BaseTransport | None = None) -> None:
+        if not (org_id_from_tenant or single_tenant):
+            raise ConfigError("telemetry.loki: with org_id_from_tenant = false every tenant could read every other "
+                              "tenant's logs; keep it true (X-Scope-OrgID: <tenant id>) or, if this Loki serves one "
+                              "tenant only, set single_tenant = true")
         self.product_label = product_label
         self.labels = {"host": host_label, "level": level_label, "trace_id": trace_label}
         self.org_id_from_tenant = org_id_from_tenant

@@ -1,27 +1,31 @@
 """A metric source over Prometheus' HTTP API (PromQL).
 
-The product is a label (``product_label``, default ``product``); so, optionally, is the tenant
-(``tenant_label``: its value is the Kortex tenant id). Without a step the raw samples of the
-window come from a range selector (``metric{...}[3h]``); with one, ``query_range``. Several
-matching series are averaged by Prometheus (``avg(...)``) into the one series tools expect.
-Label values are escaped and label names checked, so no argument can change the query's shape.
+The product is a label (``product_label``, default ``product``). Every query is scoped to the
+tenant (see ``kortex.telemetry.factory``): by a label (``tenant_label``: its value is the Kortex
+tenant id), by ``X-Scope-OrgID: <tenant id>`` (``org_id_from_tenant``, for Mimir, Cortex and
+Thanos' receive/query frontends), or the deployment says it is ``single_tenant``. Queries are
+always ``query_range`` with a bounded number of steps, after counting the matching series;
+several series are averaged by Prometheus into the one series tools expect. Label values are
+escaped and label names checked, so no argument can change the query's shape.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
 
-from kortex.errors import InvalidInput, UpstreamError
-from kortex.telemetry.sources import MetricQuery, MetricSeries, Sample
+from kortex.errors import ConfigError, InvalidInput, UpstreamError
+from kortex.telemetry.sources import MAX_BUCKETS, MetricQuery, MetricSeries, Sample
 
 _LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _METRIC = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
-MAX_POINTS = 11_000  # Prometheus refuses longer query_range results
+UNSCOPED = ("telemetry.prometheus: every tenant could read every other tenant's metrics; set tenant_label "
+            "(a label whose value is the tenant id), org_id_from_tenant = true (Mimir, Cortex, Thanos: "
+            "X-Scope-OrgID) or, if this Prometheus serves one tenant only, single_tenant = true")
 UNITS = (("_seconds", "seconds"), ("_ratio", "ratio"), ("_bytes", "bytes"), ("_percent", "percent"),
          ("_total", "count"))
 
@@ -40,14 +44,17 @@ def unit_of(metric: str) -> str | None:
 
 class PrometheusMetrics:
     def __init__(self, url: str, *, product_label: str = "product", tenant_label: str | None = None,
-                 timeout: float = 10.0, bearer_token: str | None = None,
-                 transport: httpx.BaseTransport | None = None) -> None:
+                 org_id_from_tenant: bool = False, single_tenant: bool = False, timeout: float = 10.0,
+                 bearer_token: str | None = None, transport: httpx.BaseTransport | None = None) -> None:
         for name in (product_label, tenant_label):
             if name is not None and not _LABEL.match(name):
                 raise ValueError(f"invalid Prometheus label name {name!r}")
+        if not (tenant_label or org_id_from_tenant or single_tenant):
+            raise ConfigError(UNSCOPED)
         self.url = url.rstrip("/")
         self.product_label = product_label
         self.tenant_label = tenant_label
+        self.org_id_from_tenant = org_id_from_tenant
         self.timeout = timeout
         headers = {"Authorization": f"Bearer {bearer_token}"} if bearer_token else {}
         self._client = httpx.Client(base_url=self.url, timeout=timeout, headers=headers, transport=transport)
@@ -69,9 +76,10 @@ class PrometheusMetrics:
         name = metric if metric is not None and _METRIC.match(metric) else ""
         return name + "{" + ",".join(matchers) + "}"
 
-    def _get(self, path: str, params: dict[str, Any] | list[tuple[str, Any]]) -> Any:
+    def _get(self, tenant_id: str, path: str, params: dict[str, Any] | list[tuple[str, Any]]) -> Any:
+        headers = {"X-Scope-OrgID": tenant_id} if self.org_id_from_tenant else {}
         try:
-            response = self._client.get(path, params=params)
+            response = self._client.get(path, params=params, headers=headers)
         except httpx.TimeoutException as exc:
             raise UpstreamError(f"prometheus did not answer within {self.timeout:.0f}s") from exc
         except httpx.HTTPError as exc:
@@ -95,39 +103,47 @@ class PrometheusMetrics:
         return out
 
     def query_metric(self, tenant_id: str, query: MetricQuery) -> MetricSeries:
+        """One series, bucketed: ``avg(avg_over_time(sel[step]))`` over buckets that tile
+        ``[start, end)``. The number of buckets is bounded (at most ``MAX_BUCKETS``, never finer
+        than a second), so no window fetches a raw matrix; every series is averaged within a
+        bucket, then the series with each other (what the embedded store does in SQL)."""
         sel = self.selector(tenant_id, query.product, query.metric, query.labels)
         span = (query.end - query.start).total_seconds()
         unit = unit_of(query.metric)
-        if not query.step_s:
-            data = self._get("/api/v1/query", {"query": f"{sel}[{max(1, math.ceil(span))}s]",
-                                               "time": query.end.timestamp()})
-            result = data.get("result") or []
-            if len(result) <= 1:
-                samples = self._samples(result[0]["values"]) if result else []
-                # A range selector is (end - span, end]; tools work on [start, end).
-                samples = [s for s in samples if query.start <= s.ts < query.end]
-                return MetricSeries(samples=samples, unit=unit, series=len(result))
-        # Several series without a step: sample their average at most 500 times (what tools show),
-        # never finer than 15 s (the usual scrape interval).
-        step = max(1.0, query.step_s or max(15.0, span / 500), span / MAX_POINTS)
-        data = self._get("/api/v1/query_range", {"query": f"avg({sel})", "start": query.start.timestamp(),
-                                                  "end": query.end.timestamp(), "step": f"{step:g}"})
+        count = self._count(tenant_id, sel, query.end, span)
+        if count == 0:
+            return MetricSeries(samples=[], unit=unit, series=0)
+        wanted = max(query.step_s or 0.0, span / MAX_BUCKETS, 1.0)
+        buckets = max(1, math.ceil(span / wanted - 1e-9))
+        # Buckets of whole milliseconds that tile the window (the last may end up to a few
+        # milliseconds past it): none is partial, none is left out.
+        step_ms = math.ceil(span * 1000 / buckets)
+        step = step_ms / 1000
+        # Each bucket [b, b + step) is evaluated at its last millisecond: the range selector then
+        # covers it exactly on Prometheus 3 ((t - range, t]); on 2.x ([t - range, t]) a sample one
+        # millisecond before a boundary would count twice, which beats losing one.
+        first_eval = query.start.timestamp() + step - 0.001
+        last_eval = query.start.timestamp() + buckets * step - 0.001
+        data = self._get(tenant_id, "/api/v1/query_range", {
+            "query": f"avg(avg_over_time({sel}[{step_ms}ms]))", "start": f"{first_eval:.3f}",
+            "end": f"{last_eval:.3f}", "step": f"{step:.3f}"})
         result = data.get("result") or []
-        count = self._count(sel, query.end, span) if result else 0
         samples = self._samples(result[0]["values"]) if result else []
-        return MetricSeries(samples=[s for s in samples if s.ts < query.end], unit=unit, series=count)
+        # Report each point at the start of its bucket, as the embedded store does.
+        shifted = [Sample(ts=s.ts - timedelta(seconds=step - 0.001), value=s.value) for s in samples]
+        return MetricSeries(samples=[s for s in shifted if query.start <= s.ts < query.end], unit=unit, series=count)
 
-    def _count(self, sel: str, at: datetime, span: float) -> int:
-        """How many series matched anywhere in the window (not only at its end)."""
+    def _count(self, tenant_id: str, sel: str, at: datetime, span: float) -> int:
+        """How many series have samples anywhere in the window (asked before any data)."""
         query = f"count(count_over_time({sel}[{max(1, math.ceil(span))}s]))"
-        data = self._get("/api/v1/query", {"query": query, "time": at.timestamp()})
+        data = self._get(tenant_id, "/api/v1/query", {"query": query, "time": f"{at.timestamp() - 0.001:.3f}"})
         result = data.get("result") or []
-        return int(float(result[0]["value"][1])) if result else 1
+        return int(float(result[0]["value"][1])) if result else 0
 
     def list_metrics(self, tenant_id: str, product: str) -> list[str]:
         match = "{" + f'{self.product_label}="{escape(product)}"'
         if self.tenant_label:
             match += f',{self.tenant_label}="{escape(tenant_id)}"'
         match += "}"
-        data = self._get("/api/v1/label/__name__/values", [("match[]", match)])
+        data = self._get(tenant_id, "/api/v1/label/__name__/values", [("match[]", match)])
         return sorted(str(n) for n in (data or []))[:500]

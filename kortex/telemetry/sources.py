@@ -14,9 +14,24 @@ if TYPE_CHECKING:
     from kortex.telemetry.llmops import LLMOpsSource
     from kortex.telemetry.logql import LogFilter
 
+# What names and identifiers may look like, shared by ingest and the tools' arguments so that
+# every id the store accepts can be asked about. Values only ever travel as bound SQL
+# parameters or escaped PromQL/LogQL strings; the patterns keep out whitespace, quotes,
+# backslashes and braces anyway. Ids cover real ones: "meta-llama/Llama-3-70b", "a+b@x.com",
+# "claude-3-5-sonnet@20240620", "arn:aws:bedrock:...:model/x:1", base64 with "=".
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@+/=~-]*$"
+#: a deployment is "<model>/<backend>"; the model may hold "/", the backend may not
+DEPLOYMENT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@+/=~-]*/[A-Za-z0-9][A-Za-z0-9._:@+=~-]*$"
+PRODUCT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:-]*$"
+METRIC_PATTERN = r"^[a-zA-Z_:][a-zA-Z0-9_:.]*$"
+ID_MAX = 200
+
 LEVELS: dict[str, int] = {"debug": 10, "info": 20, "warn": 30, "error": 40, "fatal": 50}
 MAX_LOG_PAGE = 100  # rfc-005 §6.1: enforced here, whatever the caller asks for
 MAX_TRACE_SPANS = 2000  # a trace larger than this is cut (and says so)
+#: points a metric query returns at most, whatever the source: without a step, a bucket is
+#: span / MAX_BUCKETS wide, so minute samples keep their own point for windows up to ~33 h
+MAX_BUCKETS = 2000
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +87,7 @@ class MetricSeries:
     samples: list[Sample]
     unit: str | None
     series: int = 1  # how many series matched; several are averaged into one
+    truncated: bool = False  # a cap cut the oldest part of the window
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,14 +219,15 @@ class TelemetrySources:
                 close()
 
 
-def downsample(samples: list[Sample], step_s: float) -> list[Sample]:
-    """Average samples into ``step_s`` buckets aligned to the epoch."""
+def downsample(samples: list[Sample], step_s: float, origin: datetime | None = None) -> list[Sample]:
+    """Average samples into ``step_s`` buckets aligned to ``origin`` (the window's start, as
+    the sources align theirs), or to the epoch."""
     if not samples or step_s <= 0:
         return samples
+    zero = origin.timestamp() if origin is not None else 0.0
     buckets: dict[int, list[float]] = {}
-    anchor: dict[int, datetime] = {}
     for s in samples:
-        bucket = int(s.ts.timestamp() // step_s)
-        buckets.setdefault(bucket, []).append(s.value)
-        anchor.setdefault(bucket, datetime.fromtimestamp(bucket * step_s, tz=s.ts.tzinfo))
-    return [Sample(ts=anchor[b], value=sum(v) / len(v)) for b, v in sorted(buckets.items())]
+        buckets.setdefault(int((s.ts.timestamp() - zero) // step_s), []).append(s.value)
+    tz = samples[0].ts.tzinfo
+    return [Sample(ts=datetime.fromtimestamp(zero + b * step_s, tz=tz), value=sum(v) / len(v))
+            for b, v in sorted(buckets.items())]

@@ -1,17 +1,25 @@
 """Bound a tool result to a byte budget, flagging ``truncated`` instead of cutting silently.
 
-Top-level fields whose name starts with ``_`` are private to the tool (paging keys its
-``on_truncate`` needs); they never reach the model (no allowlist names them), so they do not
-count against the budget."""
+The pipeline caps what the model will actually see: the allowlisted, scrubbed result (a
+scrubbed string can be longer than the original). Top-level fields whose name starts with
+``_`` are private to the tool (paging keys its ``on_truncate`` needs); they never reach the
+model, so they do not count against the budget.
+
+Order of measures: drop items from the end of the tool's list (never all of them, so a page
+always makes progress and its cursor moves), then shorten long strings. A result that still
+does not fit raises ``ResultTooLarge``: the model gets an error it can act on (narrow the
+query), never an empty-looking success."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
+from kortex.errors import ResultTooLarge
 from kortex.tools.spec import ToolSpec
 
 _MIN_STRING = 200
+_WHOLE = frozenset({"next_cursor"})
 
 
 def encoded_size(value: Any) -> int:
@@ -30,27 +38,25 @@ def cap_result(
         return result, bool(result.get("truncated", False))
     out = dict(result)
     field = spec.list_field or _largest_list(out)
-    if field and isinstance(out.get(field), list):
+    if field and isinstance(out.get(field), list) and len(out[field]) > 1:
         items = out[field]
-        lo, hi = 0, len(items)
-        while lo < hi:  # the most items that still fit
+        lo, hi = 1, len(items)
+        while lo < hi:  # the most items that still fit (at least one: the page must move on)
             mid = (lo + hi + 1) // 2
             trial = {**out, field: items[:mid], "truncated": True}
             if _public_size(trial) <= limit:
                 lo = mid
             else:
                 hi = mid - 1
-        out[field] = items[:lo]
-        out["truncated"] = True
-        if spec.on_truncate is not None:
-            out = spec.on_truncate(out, args, lo, ctx)
-            # The fix-up may add a field (a next_cursor the last page did not have): make room.
-            while lo > 0 and _public_size(out) > limit:
-                lo -= 1
-                if lo:
+        if lo < len(items):
+            out[field] = items[:lo]
+            out["truncated"] = True
+            if spec.on_truncate is not None:
+                out = spec.on_truncate(out, args, lo, ctx)
+                # The fix-up may add a field (a next_cursor the last page did not have): make room.
+                while lo > 1 and _public_size(out) > limit:
+                    lo -= 1
                     out = spec.on_truncate({**out, field: items[:lo]}, args, lo, ctx)
-                else:  # not even one item fits: no page to continue from
-                    out = {k: v for k, v in out.items() if k != "next_cursor"} | {field: []}
         if _public_size(out) <= limit:
             return out, True
     # Still too big: long strings are the remaining suspects.
@@ -61,19 +67,22 @@ def cap_result(
         if _public_size(out) <= limit:
             return out, True
         budget //= 2
-    return {"truncated": True, "error": "result too large to return", "size_limit_bytes": limit}, True
+    raise ResultTooLarge(
+        f"the result is larger than {limit} bytes even after trimming it; ask for less: a shorter time range, "
+        "a narrower filter or a smaller limit")
 
 
 def _largest_list(result: dict[str, Any]) -> str | None:
-    lists = [(encoded_size(v), k) for k, v in result.items() if isinstance(v, list) and v]
+    lists = [(encoded_size(v), k) for k, v in result.items() if isinstance(v, list) and v and not k.startswith("_")]
     return max(lists)[1] if lists else None
 
 
 def _shorten_strings(value: Any, budget: int) -> Any:
     if isinstance(value, str) and len(value) > budget:
         return value[:budget] + "…[truncated]"
-    if isinstance(value, dict):
-        return {k: _shorten_strings(v, budget) for k, v in value.items()}
+    if isinstance(value, dict):  # private fields and cursors are used whole, or not at all
+        return {k: (v if k in _WHOLE or (isinstance(k, str) and k.startswith("_")) else _shorten_strings(v, budget))
+                for k, v in value.items()}
     if isinstance(value, list):
         return [_shorten_strings(v, budget) for v in value]
     return value

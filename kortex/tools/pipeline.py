@@ -2,24 +2,28 @@
 
     lookup -> policy (deny by default) -> arguments (JSON, then the input model)
            -> run with the tool's timeout (progress note past the interim threshold)
-           -> cap output -> redact (allowlist + secret scrub) -> audit entry -> ToolResult
+           -> redact (allowlist + secret scrub) -> cap output -> audit entry -> ToolResult
+
+The cap measures what the model receives: redaction can lengthen strings (``pwd=a`` becomes
+``pwd=[REDACTED]``), so capping first could let a result through at several times the cap.
 
 Nothing raises out of ``ToolPipeline.run``: every failure is an ``is_error`` result with a
 code (``policy_denied``, ``invalid_json``, ``validation``, ``not_found``, ``timeout``,
-``upstream``, ``internal``) and a message the model can act on. The content also carries the
-code of llm-ops-agent-tools.md, so every tool fails in one shape:
+``upstream``, ``result_too_large``, ``internal``) and a message the model can act on. The
+content also carries the code of llm-ops-agent-tools.md, so every tool fails in one shape:
 
     {"error": "<error_code>", "message": "...", "code": "NOT_FOUND" | "INVALID_PARAMETER" | ...}
 
-    error_code      code                    raised as
-    validation      INVALID_PARAMETER       pydantic ValidationError, InvalidInput
-    invalid_json    INVALID_PARAMETER       arguments that are not a JSON object
-    not_found       NOT_FOUND               NotFound (an id that does not exist for this tenant)
-    upstream        DATABASE_ERROR          StorageError (the embedded store failed)
-    upstream        UPSTREAM_ERROR          UpstreamError (Prometheus, Loki, ... failed)
-    timeout         TIMEOUT                 the tool ran past its timeout
-    policy_denied   POLICY_DENIED           unknown tool, or not allowed in this session
-    internal        INTERNAL_ERROR          a bug in the tool
+    error_code        code                  raised as
+    validation        INVALID_PARAMETER     pydantic ValidationError, InvalidInput
+    invalid_json      INVALID_PARAMETER     arguments that are not a JSON object
+    not_found         NOT_FOUND             NotFound (an id that does not exist for this tenant)
+    upstream          DATABASE_ERROR        StorageError (the embedded store failed)
+    upstream          UPSTREAM_ERROR        UpstreamError (Prometheus, Loki, ... failed)
+    timeout           TIMEOUT               the tool ran past its timeout
+    result_too_large  RESULT_TOO_LARGE      ResultTooLarge (even trimmed, it does not fit the cap)
+    policy_denied     POLICY_DENIED         unknown tool, or not allowed in this session
+    internal          INTERNAL_ERROR        a bug in the tool
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ SPEC_CODES: dict[str, str] = {
     "not_found": "NOT_FOUND",
     "upstream": "UPSTREAM_ERROR",
     "timeout": "TIMEOUT",
+    "result_too_large": "RESULT_TOO_LARGE",
     "policy_denied": "POLICY_DENIED",
     "internal": "INTERNAL_ERROR",
 }
@@ -141,11 +146,16 @@ class ToolPipeline:
                 return self._finish(call, ctx, spec, started, audit,
                                     error=("validation", _validation_message(exc)))
             timeout = self.timeout_for(spec)
+            ctx.result_cap_bytes = self.result_cap_bytes
+            ctx.deadline = time.monotonic() + timeout
             raw = self._run_with_timeout(spec, args, ctx, timeout, call, on_progress)
             if not isinstance(raw, dict):
                 raise TypeError(f"tool {spec.name} returned {type(raw).__name__}, not a dict")
-            capped, truncated = cap_result(raw, spec, self.result_cap_bytes, args, ctx)
-            content = spec.allowlist.apply(capped)
+            # Redact first, cap what is left; private paging keys ride along for on_truncate.
+            redacted = spec.allowlist.apply(raw)
+            private = {k: v for k, v in raw.items() if isinstance(k, str) and k.startswith("_")}
+            capped, truncated = cap_result({**redacted, **private}, spec, self.result_cap_bytes, args, ctx)
+            content = {k: v for k, v in capped.items() if not (isinstance(k, str) and k.startswith("_"))}
             if truncated:
                 content["truncated"] = True
             return self._finish(call, ctx, spec, started, audit, content=content, truncated=truncated)

@@ -68,6 +68,10 @@ class ToolContext:
     services: dict[str, Any] = field(default_factory=dict)  # cursors, proposals, ...
     #: stream events to publish once the result is stored (e.g. a proposal card)
     events: list[Any] = field(default_factory=list)
+    #: the output cap the pipeline will apply (a tool may size its pages to it)
+    result_cap_bytes: int = 64 * 1024
+    #: ``time.monotonic()`` at which the pipeline stops waiting for this call (set when it runs)
+    deadline: float | None = None
 
 
 RunFn = Callable[[Any, ToolContext], dict[str, Any]]

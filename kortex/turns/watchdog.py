@@ -1,6 +1,7 @@
 """The periodic sweep that keeps turns moving when workers die or messages are lost:
-fails turns past their deadline, settles tool calls past their hard limit, and re-enqueues
-work that was committed but never picked up."""
+fails turns past their deadline, settles tool calls past their hard limit, re-enqueues work
+that was committed but never picked up, expires proposals and recovers their interrupted
+executions."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ class SweepReport:
     requeued_tools: int
     handoff: Handoff
     expired_proposals: int = 0
+    recovered_executions: int = 0
 
 
 def sweep(k: Kortex) -> SweepReport:
@@ -71,11 +73,17 @@ def sweep(k: Kortex) -> SweepReport:
         tools=tuple(tool_dispatch(k, i.tenant_id, i.id, i.name) for i in stale_tools),
     )
     expired_proposals = k.proposals.expire_due(now)  # each one an audit row, as a human decision is
-    if failed or overdue or stale_turns or stale_tools or expired_proposals:
+    try:  # confirmed proposals whose execution a dying process cut off
+        recovered = k.proposals.recover_executions(now)
+    except KortexError:
+        log.exception("watchdog could not recover proposal executions")
+        recovered = 0
+    if failed or overdue or stale_turns or stale_tools or expired_proposals or recovered:
         log.info("watchdog: %d turns failed, %d tools timed out, %d steps (%d of dead workers) and %d tools "
-                 "re-enqueued, %d proposals expired", failed, len(overdue), len(stale_turns), len(lapsed),
-                 len(stale_tools), expired_proposals)
-    return SweepReport(failed, len(overdue), len(stale_turns), len(stale_tools), handoff, expired_proposals)
+                 "re-enqueued, %d proposals expired, %d proposal executions recovered", failed, len(overdue),
+                 len(stale_turns), len(lapsed), len(stale_tools), expired_proposals, recovered)
+    return SweepReport(failed, len(overdue), len(stale_turns), len(stale_tools), handoff, expired_proposals,
+                       recovered)
 
 
 def _expire(k: Kortex, turn: TurnRecord) -> int:

@@ -85,3 +85,43 @@ def test_limits_kinds_and_auth(client: TestClient, harness: Harness) -> None:
     huge = client.post("/v1/ingest/logs", json={"items": [{**item, "message": "x" * 16_000}] * 80},
                        headers=bearer(key))
     assert huge.status_code == 413
+
+
+def test_ids_that_ingest_accepts_are_ids_the_tools_accept(client: TestClient, harness: Harness) -> None:
+    tenant = harness.tenant("acme")
+    key = harness.api_key(tenant)
+    now = utcnow()
+    model, user, deployment = "meta-llama/Llama-3-70b", "a+b@x.com", "meta-llama/Llama-3-70b/k8s"
+    users = [{"user_id": user, "tier": "premium"}]
+    deployments = [{"deployment_id": deployment, "model_id": model, "backend_id": "k8s", "status": "degraded",
+                    "updated_at": isoformat(now)}]
+    requests = [{"request_id": "chatcmpl-9x/0=", "user_id": user, "user_tier": "premium", "deployment_id": deployment,
+                 "model_id": model, "backend_id": "k8s", "latency_ms": 900, "status": "success",
+                 "task_type": "code-review", "created_at": isoformat(now - timedelta(minutes=2))}]
+    for kind, items in (("llm-users", users), ("llm-deployments", deployments), ("llm-requests", requests)):
+        response = client.post(f"/v1/ingest/{kind}", json={"items": items}, headers=bearer(key))
+        assert response.status_code == 200, response.json()
+    for name, args in (("get_user_context", {"user_id": user}), ("get_request_detail", {"request_id": "chatcmpl-9x/0="}),
+                       ("get_recent_requests", {"model_id": model, "user_id": user, "deployment_id": deployment}),
+                       ("get_deployment_status", {"model_id": model}),
+                       ("get_latency_trends", {"deployment_id": deployment, "model_id": model}),
+                       ("get_quality_summary", {"model_id": model, "task_type": "code-review"})):
+        result = harness.call(tenant, name, args)
+        assert not result.is_error, (name, result.content)
+    assert harness.call(tenant, "get_recent_requests", {"model_id": model}).content["count"] == 1
+    for bad in ("two words", 'quo"te', "{brace}", "back\\slash"):  # refused alike on both sides
+        refused = client.post("/v1/ingest/llm-users", json={"items": [{"user_id": bad, "tier": "premium"}]},
+                              headers=bearer(key))
+        assert refused.status_code == 422, bad
+        assert harness.call(tenant, "get_user_context", {"user_id": bad}).error_code == "validation"
+
+
+def test_ingest_and_tools_share_their_id_patterns() -> None:
+    from kortex.telemetry import ingest
+    from kortex.tools.builtin.get_recent_requests import GetRecentRequestsInput
+
+    tool = GetRecentRequestsInput.model_json_schema()["properties"]
+    item = ingest.LLMRequestItem.model_json_schema()["properties"]
+    for field in ("user_id", "model_id", "backend_id", "deployment_id"):
+        tool_pattern = next(o["pattern"] for o in tool[field]["anyOf"] if "pattern" in o)
+        assert tool_pattern == item[field]["pattern"], field

@@ -108,3 +108,33 @@ def test_decisions_over_http_on_postgres(pg: Harness, api_url: str) -> None:
     again = httpx.post(f"{url}/confirm", headers={"Authorization": f"Bearer {key}"})
     assert again.status_code == 200 and again.headers["idempotent-replayed"] == "true"
     assert httpx.post(f"{url}/reject", headers={"Authorization": f"Bearer {key}"}).status_code == 409
+
+
+def test_a_proposal_write_stuck_behind_a_lock_fails_before_the_tool_times_out(pg: Harness) -> None:
+    """Another transaction holds the row this call would insert: PostgreSQL's lock_timeout, set
+    below the tool's timeout, ends the wait, and the model hears a database error, not a
+    timeout after which the proposal might still be stored."""
+    from kortex.messages import ToolCall
+    from kortex.proposals import store
+    from kortex.timeparse import utcnow
+    from kortex.tools.policy import ToolPolicy
+    from kortex.tools.spec import ToolContext
+
+    tenant = pg.tenant(f"pg-lock-{uuid.uuid4().hex[:6]}")
+    turn = str(uuid.uuid4())
+    arguments = {"action": "rollback-deploy", "product": "checkout", "params": {}, "rationale": "test"}
+    with pg.k.db.engine.connect() as holder:
+        holder.begin()
+        store.create(holder, tenant, NEW, session_id=None, turn_id=turn, call_id="call_lock", now=utcnow())
+        ctx = ToolContext(tenant_id=tenant, session_id=None, turn_id=turn, call_id="call_lock", step=0, now=utcnow(),
+                          sources=pg.k.sources, services=dict(pg.k.services))
+        pg.k.pipeline.timeouts["propose_action"] = 2.0
+        try:
+            allow = ToolPolicy.build(["propose_action"], pg.k.tools)
+            result = pg.k.pipeline.run(ToolCall(id="call_lock", name="propose_action", arguments=arguments), ctx,
+                                       policy=allow)
+        finally:
+            pg.k.pipeline.timeouts.pop("propose_action")
+            holder.rollback()
+    assert result.is_error and result.error_code == "upstream" and result.content["code"] == "DATABASE_ERROR"
+    assert pg.k.proposals.list(tenant) == []

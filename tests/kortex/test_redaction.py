@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from kortex.redaction import REDACTED, Allowlist, scrub, scrub_text
+from kortex.redaction import REDACTED, Allowlist, is_secret_key, scrub, scrub_text
 
 
 @pytest.mark.parametrize("text,secret", [
@@ -35,3 +35,56 @@ def test_allowlist_keeps_listed_paths_only() -> None:
     assert allow.apply(value) == {"lines": [{"ts": 1, "message": "m"}], "stats": {"a": {"b": 1}}, "total": 3}
     with pytest.raises(ValueError):
         Allowlist([])
+
+
+@pytest.mark.parametrize("name", [
+    "password", "db_password", "DB_PASSWORD", "aws_secret_access_key", "x-api-key", "X-Api-Key", "stripe_key", "pass",
+    "pwd", "webhook", "slack_webhook_url", "slackWebhookUrl", "apiKey", "APIKey", "privateKey", "private_key",
+    "client_secret", "access_token", "refresh-token", "authToken", "Authorization", "set-cookie", "session_id",
+    "X-Amz-Signature", "sig", "credentials", "dbpassword", "mysecret", "encryption_key", "license_key", "ssh_key",
+    "orders_db.password", "key",
+])
+def test_secret_names_are_recognised_by_their_words(name: str) -> None:
+    assert is_secret_key(name)
+    assert scrub({name: "s3cr3t-value"}) == {name: REDACTED}
+
+
+@pytest.mark.parametrize("name", [
+    "monkey", "keyboard", "passport", "bypass", "compass", "author", "sort_key", "partition_key", "public_key",
+    "cache_key", "max_tokens", "input_tokens", "password_min_length", "token_ttl", "auth_type", "api_key_name",
+    "orders_db.pool.max_size", "routing_decision", "deployment_id", "version", "health",
+])
+def test_innocent_names_are_kept(name: str) -> None:
+    assert not is_secret_key(name)
+    assert scrub({name: "value"}) == {name: "value"}
+
+
+def test_whole_secret_subtrees_go_and_flags_stay() -> None:
+    config = {"db": {"credentials": {"user": "app", "password": "x"}, "host": "db1"}, "auth_enabled": True,
+              "webhook": None, "pool": {"max_size": 10}}
+    assert scrub(config) == {"db": {"credentials": REDACTED, "host": "db1"}, "auth_enabled": True, "webhook": None,
+                             "pool": {"max_size": 10}}
+
+
+@pytest.mark.parametrize("text,secret", [
+    ("callback https://api.example.com/cb?user=bob&access_token=tok123abc&lang=en", "tok123abc"),
+    ("GET /download?X-Amz-Signature=deadbeef0123&X-Amz-Date=20260101", "deadbeef0123"),
+    ("azure https://acct.blob.core.windows.net/c/f?sv=2022&sig=AbCdEf%2Bgh", "AbCdEf%2Bgh"),
+    ("maps https://maps.googleapis.com/api?key=AIzaSyA-1234567890abcdefghijklmnopqrstu", "AIzaSyA-1234"),
+    ("notify https://hooks.slack.com/services/T0001/B0001/XXXXXXXXXXXXXXXXXXXXXXXX", "XXXXXXXXXXXX"),
+    ("discord https://discord.com/api/webhooks/1234567/abcDEF-ghiJKL", "abcDEF-ghiJKL"),
+    ("posting to https://ci.example.com/generic-webhook/hooks/0a1b2c3d4e5f", "0a1b2c3d4e5f"),
+    ("db_password=hunter2 retrying", "hunter2"),
+    ('{"aws_secret_access_key": "wJalrXUtnFEMI/K7MDENG"}', "wJalrXUtnFEMI"),
+    ("header x-api-key: 0123456789abcdef", "0123456789abcdef"),
+    ("stripe sk_live_0123456789abcdefABCD charged", "sk_live_0123"),
+    ("slack xoxb-1234567890-abcdefghij", "xoxb-1234567890"),
+])
+def test_urls_and_assignments_with_credentials_are_scrubbed(text: str, secret: str) -> None:
+    cleaned = scrub_text(text)
+    assert secret not in cleaned and REDACTED in cleaned
+
+
+def test_scrubbing_keeps_ordinary_assignments_and_times() -> None:
+    text = "at 14:30:02 pool max_size=10 max_tokens=4096 ratio: 0.5 url=https://example.com/a?page=2&sort=asc"
+    assert scrub_text(text) == text

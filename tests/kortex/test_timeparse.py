@@ -47,3 +47,19 @@ def test_durations_and_instants() -> None:
 def test_more_relative_instants(text: str, delta: timedelta) -> None:
     assert parse_instant(text, now=NOW) == NOW - delta
     assert parse_range(text, now=NOW) == (NOW - delta, NOW)
+
+
+@pytest.mark.parametrize("text", [
+    "last 99999999999 days", "99999999999 days ago", "now-99999999999d", "9999-12-31T23:00:00Z/PT2H",
+    "PT1H/0001-01-01T00:30:00Z", "0001-01-01T10:00:00Z/PT1H", "last " + "9" * 400 + " seconds",
+    "P99999999999999D", "0001-01-01T00:00:00+01:00", "1969-12-31T00:00:00Z/PT1H", "2300-01-01T00:00:00Z",
+])
+def test_huge_or_ancient_times_are_invalid_input_not_overflow(text: str) -> None:
+    with pytest.raises(InvalidInput):
+        parse_range(text, now=NOW)
+
+
+@pytest.mark.parametrize("text", ["99999999999999d", "P99999999999999D", "9" * 400 + "s", "PT" + "9" * 400 + "S"])
+def test_huge_durations_are_invalid_input(text: str) -> None:
+    with pytest.raises(InvalidInput, match="longer than"):
+        parse_duration(text)

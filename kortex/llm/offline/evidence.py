@@ -19,24 +19,26 @@ class Cause:
     config_hint: str   # configuration keys worth quoting from /admin/info
 
 
-# Log patterns and the cause they point to: policy as data, first match wins.
+# Log patterns and the cause they point to: policy as data, first match wins. Words are
+# matched whole ("oom" is not in "room", "429" is not in "14290").
 CAUSES: tuple[Cause, ...] = (
-    Cause(re.compile(r"pool (is )?exhausted|waiting for a connection|too many connections|connection pool", re.I),
+    Cause(re.compile(r"\bpool (is )?exhausted|\bwaiting for a connection|\btoo many connections|\bconnection pool\b",
+                     re.I),
           "database connection-pool exhaustion",
           "find what holds the connections (long transactions, leaks) and whether a change lowered the pool size",
           "connection pool exhausted", "pool"),
-    Cause(re.compile(r"out of memory|oom|memoryerror|heap space", re.I), "memory exhaustion",
+    Cause(re.compile(r"\bout of memory\b|\boom(?:[ _-]?killed)?\b|\bmemoryerror\b|\bheap space\b", re.I), "memory exhaustion",
           "check memory limits and recent changes in allocation; restart the affected hosts", "out of memory", "memory"),
-    Cause(re.compile(r"deadlock", re.I), "database deadlocks",
+    Cause(re.compile(r"\bdeadlock", re.I), "database deadlocks",
           "look at the transactions named in the deadlock reports and their lock order", "deadlock", "lock"),
-    Cause(re.compile(r"rate limit|429|throttl", re.I), "upstream rate limiting",
+    Cause(re.compile(r"\brate[ _-]?limit|\b429\b|\bthrottl", re.I), "upstream rate limiting",
           "lower the request rate or raise the quota with the upstream", "rate limit", "rate"),
-    Cause(re.compile(r"timed? ?out|timeout", re.I), "upstream timeouts",
+    Cause(re.compile(r"\btimed?[ _-]?out", re.I), "upstream timeouts",
           "find which dependency is slow with traces and its own metrics", "timeout", "timeout"),
-    Cause(re.compile(r"connection refused|no route to host|name resolution|dns", re.I),
+    Cause(re.compile(r"\bconnection refused\b|\bno route to host\b|\bname resolution\b|\bdns\b", re.I),
           "network or dependency outage", "check the health of the dependency named in the errors",
           "connection refused", "host"),
-    Cause(re.compile(r"disk full|no space left", re.I), "disk full", "free disk space or grow the volume",
+    Cause(re.compile(r"\bdisk full\b|\bno space left\b", re.I), "disk full", "free disk space or grow the volume",
           "disk full", "disk"),
 )
 # Who is behind a cause, when the log line says so.

@@ -133,6 +133,12 @@ class PlatformFindings:
     cause: str | None = None
 
 
+def _read(view: View, key: str) -> bool:
+    """Whether the probe ran and its call succeeded: only then is an empty result evidence."""
+    found = view.get(key)
+    return found is not None and found.ok
+
+
 def _incident_for(target: dict[str, Any], incidents: list[dict[str, Any]]) -> dict[str, Any] | None:
     keys = {("deployment", target["id"]), ("backend", target["backend_id"]), ("model", target["model_id"])}
     return next((i for i in incidents if (i.get("target_type"), i.get("target_id")) in keys), None)
@@ -185,7 +191,13 @@ def analyse(intent: Intent, view: View) -> PlatformFindings:
                        f"to {target['id']} and fills its queue, so every other user of it waits")
     elif RANK.get(target.get("status", ""), 0) > 0:
         found.kind = "unhealthy"
-        found.cause = f"{target['id']} is {target['status']}; neither an open incident nor one user explains it"
+        unread = [what for key, what in (("llm:incidents", "open incidents"), ("llm:requests", "its recent requests"))
+                  if not _read(view, key)]
+        if unread:  # an absence is only evidence when the call that would show it worked
+            found.cause = (f"{target['id']} is {target['status']}; I could not read {' or '.join(unread)}, so what "
+                           "explains it is still open")
+        else:
+            found.cause = f"{target['id']} is {target['status']}; neither an open incident nor one user explains it"
     return found
 
 
@@ -272,9 +284,12 @@ def summary(intent: Intent, view: View, found: PlatformFindings) -> str:
     if target is None:
         if deployments is None:
             return "I could not read the state of the LLM platform's deployments."
+        if not deployments.ok:
+            return (f"I could not read the state of the LLM platform's deployments: get_deployment_status failed "
+                    f"[{deployments.call.id}], so I cannot say whether any is unhealthy.")
         return f"All {len(found.deployments)} deployments of the LLM platform report healthy [{deployments.call.id}]."
     sentences = []
-    if deployments is not None and target.get("status") != "unknown":
+    if deployments is not None and deployments.ok and target.get("status") != "unknown":
         sentences.append(f"Deployment {target['id']} is {target['status']}: {_deployment_text(target)} "
                          f"[{deployments.call.id}].")
     trends = view.get("llm:trends")
@@ -287,8 +302,10 @@ def summary(intent: Intent, view: View, found: PlatformFindings) -> str:
         sentences.append(f"{found.incident['target_type'].capitalize()} {found.incident['target_id']} has an open "
                          f"incident, {found.incident['id']} \"{found.incident['title']}\", for "
                          f"{found.incident['duration_minutes']} minutes [{incidents.call.id}].")
-    elif incidents is not None:
+    elif incidents is not None and incidents.ok:
         sentences.append(f"No open incident concerns {target['id']} [{incidents.call.id}].")
+    elif incidents is not None:
+        sentences.append(f"I could not check for open incidents: get_active_incidents failed [{incidents.call.id}].")
     recent = view.get("llm:requests")
     reqs = found.requests
     if recent is not None and reqs.count:

@@ -293,10 +293,18 @@ def summary(intent: Intent, view: View, found: ServiceFindings) -> str:
             sentences.append(
                 f"That is {when} deploy {deploy['version']} (commit {deploy.get('commit') or 'unknown'}, by "
                 f"{deploy.get('actor') or 'unknown'}) landed at {clock(parse_ts(deploy['ts']))} [{deploys.call.id}].")
-        elif deploys is not None:
+        elif deploys is not None and deploys.ok:
             sentences.append(f"No deploy of {product} landed near that change [{deploys.call.id}].")
-    elif any(k.startswith("metric") for k in view.by_key):
-        sentences.append(f"I found no step change in {product}'s metrics over the window.")
+        elif deploys is not None:
+            sentences.append(f"I could not check whether a deploy of {product} landed near that change: "
+                             f"get_recent_deploys failed [{deploys.call.id}].")
+    else:
+        metrics = [ev for k, ev in view.by_key.items() if k.startswith("metric")]
+        if any(ev.ok for ev in metrics):
+            sentences.append(f"I found no step change in {product}'s metrics over the window.")
+        elif metrics:  # every metric query failed: that is no evidence of a steady metric
+            sentences.append(f"I could not read {product}'s metrics: "
+                             + ", ".join(f"{ev.call.name} failed [{ev.call.id}]" for ev in metrics) + ".")
     logs = view.get("logs")
     if found.pattern and logs is not None:
         sentences.append(f"{found.log_total} error lines since; the dominant one reads \"{found.pattern[2]}\" "
@@ -314,8 +322,10 @@ def summary(intent: Intent, view: View, found: ServiceFindings) -> str:
     if found.cause and found.linked:
         sentences.append(f"Most likely cause: {found.cause.name}, introduced by deploy {found.linked[0]['version']}.")
     elif found.cause and found.culprit:
+        deploys = view.get("deploys")
+        no_deploy = deploys is not None and deploys.ok and not found.linked
         sentences.append(f"Most likely cause: {found.cause.name}, with the connections held by {found.culprit}"
-                         f"{'; no deploy is involved' if view.get('deploys') is not None and not found.linked else ''}.")
+                         f"{'; no deploy is involved' if no_deploy else ''}.")
     elif found.cause:
         sentences.append(f"Most likely cause: {found.cause.name}.")
     elif found.linked:

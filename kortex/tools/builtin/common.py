@@ -9,13 +9,14 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from kortex.errors import InvalidInput
+from kortex.telemetry.sources import DEPLOYMENT_PATTERN, ID_MAX, ID_PATTERN, METRIC_PATTERN, PRODUCT_PATTERN
 from kortex.timeparse import EXAMPLES, MAX_SPAN, ensure_utc, isoformat, parse_instant, parse_range
 from kortex.tools.cursor import CursorCodec
 from kortex.tools.spec import ToolContext
 
 Product = Annotated[
     str,
-    Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$",
+    Field(min_length=1, max_length=200, pattern=PRODUCT_PATTERN,
           description="Product (service) name as registered, e.g. 'checkout'"),
 ]
 TimeRange = Annotated[
@@ -26,7 +27,7 @@ TimeRange = Annotated[
 ]
 MetricName = Annotated[
     str,
-    Field(min_length=1, max_length=200, pattern=r"^[a-zA-Z_:][a-zA-Z0-9_:.]*$",
+    Field(min_length=1, max_length=200, pattern=METRIC_PATTERN,
           description="Metric name, e.g. 'http_request_duration_seconds_p99'"),
 ]
 
@@ -41,13 +42,14 @@ Until = Annotated[
     str,
     Field(min_length=1, max_length=200, description="End time: ISO 8601 instant or relative ('now', '10 minutes ago')"),
 ]
+# The same patterns ingest validates with (telemetry/sources.py): any stored id can be asked about.
 Identifier = Annotated[
     str,
-    Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]*$"),
+    Field(min_length=1, max_length=ID_MAX, pattern=ID_PATTERN),
 ]
 DeploymentId = Annotated[
     str,
-    Field(min_length=3, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*/[A-Za-z0-9][A-Za-z0-9._:-]*$",
+    Field(min_length=3, max_length=200, pattern=DEPLOYMENT_PATTERN,
           description="Deployment id, '<model>/<backend>', e.g. 'gpt-4/aws'"),
 ]
 Cursor = Annotated[

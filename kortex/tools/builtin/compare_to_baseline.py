@@ -48,8 +48,11 @@ def run(args: CompareToBaselineInput, ctx: ToolContext) -> dict[str, Any]:
         "baseline_samples": len(values),
         "unit": current.unit or base.unit,
         "threshold": THRESHOLD,
-        "truncated": False,
+        "series": max(base.series, current.series),
+        "truncated": base.truncated or current.truncated,
     }
+    if base.truncated or current.truncated:
+        result["note"] = "only the most recent part of a window fits; narrow the time range"
     if not values:
         result.update(baseline_mean=None, baseline_stddev=None, anomaly_count=0, max_z_score=None,
                       samples=[{"ts": isoformat(s.ts), "value": round(s.value, 6), "z_score": None, "anomalous": False}
@@ -63,7 +66,7 @@ def run(args: CompareToBaselineInput, ctx: ToolContext) -> dict[str, Any]:
         anomalies = [(s, z) for s, z in zip(current.samples, zs, strict=True) if abs(z) >= THRESHOLD]
         shown = current.samples
         if len(shown) > MAX_POINTS:  # the flags of averaged points come from the averages
-            shown = downsample(shown, (end - start).total_seconds() / MAX_POINTS)
+            shown = downsample(shown, (end - start).total_seconds() / MAX_POINTS, origin=start)
         result.update(
             baseline_mean=round(mean, 6), baseline_stddev=round(stddev, 6),
             samples=[{"ts": isoformat(s.ts), "value": round(s.value, 6), "z_score": _z(s.value, mean, scale),
@@ -91,6 +94,6 @@ SPEC = ToolSpec(
     redact=("baseline_window", "baseline_start", "baseline_samples", "baseline_mean", "baseline_stddev", "unit",
             "threshold", "samples[].ts", "samples[].value", "samples[].z_score", "samples[].anomalous",
             "sample_count", "anomaly_count", "max_z_score", "first_anomaly_at", "note", "available_metrics",
-            "truncated"),
+            "series", "truncated"),
     list_field="samples",
 )

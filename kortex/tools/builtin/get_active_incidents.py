@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from kortex.telemetry.sources import ID_MAX, ID_PATTERN
 from kortex.timeparse import isoformat
 from kortex.tools.spec import ToolContext, ToolInput, ToolSpec
 
@@ -13,7 +14,7 @@ from kortex.tools.spec import ToolContext, ToolInput, ToolSpec
 class GetActiveIncidentsInput(ToolInput):
     target_type: Literal["deployment", "model", "backend", "product"] | None = Field(
         None, description="Only incidents about this kind of target")
-    target_id: str | None = Field(None, min_length=1, max_length=200,
+    target_id: str | None = Field(None, min_length=1, max_length=ID_MAX, pattern=ID_PATTERN,
                                   description="Only incidents about this target, e.g. 'aws' or 'gpt-4/aws'")
 
 

@@ -26,8 +26,9 @@ def run(args: GetMetricsInput, ctx: ToolContext) -> dict[str, Any]:
     start, end = window(args.time_range, ctx)
     span = (end - start).total_seconds()
     step_s = parse_duration(args.step).total_seconds() if args.step else None
+    finest = span / MAX_POINTS
     if step_s is not None:
-        step_s = max(step_s, span / MAX_POINTS)
+        step_s = max(step_s, finest)
     series = ctx.sources.metrics.query_metric(
         ctx.tenant_id,
         MetricQuery(product=args.product, metric=args.metric_name, start=start, end=end,
@@ -35,15 +36,22 @@ def run(args: GetMetricsInput, ctx: ToolContext) -> dict[str, Any]:
     )
     samples = series.samples
     if len(samples) > MAX_POINTS:  # never more than MAX_POINTS points, whatever the source holds
-        step_s = span / MAX_POINTS
-        samples = downsample(samples, step_s)
+        step_s = finest
+        samples = downsample(samples, step_s, origin=start)
     result: dict[str, Any] = {
         "samples": [{"ts": isoformat(s.ts), "value": round(s.value, 6)} for s in samples],
         "stats": stats([s.value for s in series.samples]),
         "unit": series.unit,
         "step_s": step_s,
-        "truncated": False,
+        "series": series.series,
+        "truncated": series.truncated,
     }
+    if series.series > 1:
+        result["note"] = (f"{series.series} series matched; every point is their average. Filter with labels "
+                          "to see one of them.")
+    if series.truncated:
+        result["note"] = (result.get("note", "") + " Only the most recent part of the window fits; narrow "
+                          "the time range or set a coarser step.").strip()
     if not samples:
         result["available_metrics"] = (ctx.sources.metrics.list_metrics(ctx.tenant_id, args.product))[:50]
     return result
@@ -53,11 +61,13 @@ SPEC = ToolSpec(
     name="get_metrics",
     description=(
         "Query a named metric of a product within a time range. Returns the time series (at most 500 "
-        "points) and min/max/mean/p50/p95/p99. When the metric has no data, lists the metrics that exist."
+        "points) and min/max/mean/p50/p95/p99. Several matching series (label sets) are averaged into one; "
+        "labels narrow them. When the metric has no data, lists the metrics that exist."
     ),
     input_model=GetMetricsInput,
     run=run,
     category="query",
-    redact=("samples[].ts", "samples[].value", "stats", "unit", "step_s", "truncated", "available_metrics"),
+    redact=("samples[].ts", "samples[].value", "stats", "unit", "step_s", "series", "note", "truncated",
+            "available_metrics"),
     list_field="samples",
 )

@@ -1,7 +1,15 @@
 """get_traces: a distributed trace by trace or correlation id, as a span tree (rfc-005 §6.2.3).
 
-At most 100 spans a page. The first page holds the root; a later page holds the next spans
-(in start order) as ``fragments``: subtrees whose parent was on an earlier page."""
+Spans are paged in start order: at most 100 a page, and no more than fit the output cap
+(``ToolContext.result_cap_bytes``, measured as the model will see them). The first page holds
+the root; a later page holds its spans as ``fragments``: subtrees whose parent was on an
+earlier page. The cursor continues after the last span actually returned, so every span is
+returned once, whatever their size.
+
+Broken traces are reported, never dropped: a span whose parent is not in the trace is a
+fragment marked ``missing_parent`` (counted in ``orphans``); parent links that form a cycle
+are cut at the cycle's earliest span, which becomes a fragment marked ``cycle`` (and the trace
+``cycles: true``)."""
 
 from __future__ import annotations
 
@@ -11,12 +19,16 @@ from typing import Any
 from pydantic import Field
 
 from kortex.errors import NotFound
+from kortex.redaction import scrub
 from kortex.telemetry.sources import LogQuery, Span
 from kortex.timeparse import isoformat
 from kortex.tools.builtin.common import Cursor, Identifier, cursors, decode_time
+from kortex.tools.capping import encoded_size
 from kortex.tools.spec import ToolContext, ToolInput, ToolSpec
 
 PAGE = 100
+_PER_SPAN = 96    # bytes a span costs beyond its own fields: nesting, commas, a fragment's parent id
+_RESERVE = 1024   # the rest of the result: ids, counts, flags, the cursor
 
 
 class GetTracesInput(ToolInput):
@@ -41,6 +53,79 @@ def _node(span: Span, t0_us: int) -> dict[str, Any]:
     return node
 
 
+def _error(span: Span) -> dict[str, Any]:
+    return {"span_id": span.span_id, "service": span.service, "operation": span.operation,
+            "message": span.error_message or "error"}
+
+
+def parents(spans: list[Span]) -> tuple[dict[str, str | None], set[str], set[str]]:
+    """Each span's parent within the trace, with cycles cut; and the spans whose link was cut
+    (one per cycle, its earliest) and those whose parent is missing from the trace."""
+    ids = {s.span_id for s in spans}
+    parent: dict[str, str | None] = {}
+    orphans: set[str] = set()
+    for s in spans:
+        if s.parent_span_id is None or s.parent_span_id == s.span_id:
+            parent[s.span_id] = None
+            if s.parent_span_id == s.span_id:
+                orphans.add(s.span_id)  # its own parent: nothing to hang it on
+        elif s.parent_span_id in ids:
+            parent[s.span_id] = s.parent_span_id
+        else:
+            parent[s.span_id] = None
+            orphans.add(s.span_id)
+    order = {s.span_id: (s.start, s.span_id) for s in spans}
+    cut: set[str] = set()
+    state: dict[str, int] = {}  # 1: on the current path, 2: known to reach a root
+    for s in spans:
+        path: list[str] = []
+        current: str | None = s.span_id
+        while current is not None and state.get(current) is None:
+            state[current] = 1
+            path.append(current)
+            current = parent[current]
+        if current is not None and state.get(current) == 1:  # walked into the path: a cycle
+            loop = path[path.index(current):]
+            first = min(loop, key=lambda i: order[i])
+            parent[first] = None
+            cut.add(first)
+        for i in path:
+            state[i] = 2
+    return parent, cut, orphans
+
+
+def _page(remaining: list[Span], budget: int, t0_us: int) -> list[Span]:
+    """The longest prefix of ``remaining`` (at most PAGE spans, at least one) within ``budget``."""
+    page: list[Span] = []
+    used = 0
+    for span in remaining[:PAGE]:
+        cost = encoded_size(scrub(_node(span, t0_us))) + _PER_SPAN
+        if span.status == "error":
+            cost += encoded_size(scrub(_error(span)))
+        if page and used + cost > budget:
+            break
+        page.append(span)
+        used += cost
+    return page
+
+
+def _logs(args: GetTracesInput, ctx: ToolContext, trace_id: str, t0: Any, span_us: int,
+          budget: int) -> tuple[list[dict[str, Any]], bool]:
+    found = ctx.sources.logs.query_logs(ctx.tenant_id, LogQuery(
+        product=None, trace_id=trace_id, start=t0 - timedelta(minutes=1),
+        end=t0 + timedelta(microseconds=span_us) + timedelta(minutes=1)))
+    lines: list[dict[str, Any]] = []
+    used = 0
+    for line in found.lines:
+        entry = {"ts": isoformat(line.ts), "level": line.level, "host": line.host, "service": line.product,
+                 "message": line.message}
+        used += encoded_size(scrub(entry)) + 1
+        if used > budget:
+            return lines, True
+        lines.append(entry)
+    return lines, found.has_more
+
+
 def run(args: GetTracesInput, ctx: ToolContext) -> dict[str, Any]:
     trace = ctx.sources.traces.get_trace(ctx.tenant_id, args.request_id)
     if trace is None or not trace.spans:
@@ -51,45 +136,96 @@ def run(args: GetTracesInput, ctx: ToolContext) -> dict[str, Any]:
         pos = cursors(ctx).decode(args.cursor, _bind(args, ctx))
         after = (decode_time(pos.get("s")), str(pos.get("id")))
     remaining = [s for s in spans if after is None or (s.start, s.span_id) > after]
-    page, has_more = remaining[:PAGE], len(remaining) > PAGE
     t0 = min(s.start for s in spans)
     t0_us = int(t0.timestamp() * 1_000_000)
     end_us = max(int(s.start.timestamp() * 1_000_000) + s.duration_us for s in spans)
+    parent, cut, orphans = parents(spans)
+    budget = ctx.result_cap_bytes - _RESERVE
+    logs: list[dict[str, Any]] = []
+    logs_cut = False
+    if args.include_logs and after is None:  # the logs may have half of the page, the spans the rest
+        logs, logs_cut = _logs(args, ctx, trace.trace_id, t0, end_us - t0_us, budget // 2)
+        budget -= encoded_size(scrub(logs))
+    page = _page(remaining, budget, t0_us)
+    has_more = len(remaining) > len(page)
+
     nodes = {s.span_id: _node(s, t0_us) for s in page}
     root: dict[str, Any] | None = None
-    fragments: list[dict[str, Any]] = []
+    tops: list[tuple[Span, dict[str, Any]]] = []
     for span in page:
         node = nodes[span.span_id]
-        parent = nodes.get(span.parent_span_id) if span.parent_span_id else None
-        if parent is not None and parent is not node:
-            parent["children"].append(node)
-        elif span.parent_span_id is None and root is None and after is None:
+        up = parent[span.span_id]
+        if up is not None and up in nodes:
+            nodes[up]["children"].append(node)
+        elif up is None and span.parent_span_id is None and root is None and after is None:
             root = node
+            tops.append((span, node))
         else:
-            fragments.append({"parent_span_id": span.parent_span_id, **node})
+            tops.append((span, node))
+    top_ids = {span.span_id for span, _ in tops}
+
+    def top_of(span_id: str) -> str:
+        while span_id not in top_ids:
+            span_id = parent[span_id]  # type: ignore[assignment]  # a non-top span's parent is on the page
+        return span_id
+
+    # Fragments in the order their first span comes: the first span of the page is then in the
+    # root tree or the first fragment, which the output cap always keeps.
+    first_at: dict[str, int] = {}
+    for i, span in enumerate(page):
+        first_at.setdefault(top_of(span.span_id), i)
+    fragments: list[dict[str, Any]] = []
+    group: dict[str, int] = {}  # top span id -> -1 (the root tree) or its fragment's index
+    for span, node in sorted(tops, key=lambda t: first_at[t[0].span_id]):
+        if node is root:
+            group[span.span_id] = -1
+            continue
+        marks: dict[str, Any] = {"parent_span_id": span.parent_span_id}
+        if span.span_id in cut:
+            marks["cycle"] = True
+        if span.span_id in orphans:
+            marks["missing_parent"] = True
+        group[span.span_id] = len(fragments)
+        fragments.append({**marks, **node})
+
     result: dict[str, Any] = {
         "trace_id": trace.trace_id,
         "span_count": len(spans),
         "duration_us": end_us - t0_us,
         "root": root,
         "fragments": fragments,
-        "errors": [{"span_id": s.span_id, "service": s.service, "operation": s.operation,
-                    "message": s.error_message or "error"} for s in page if s.status == "error"],
-        "logs": [],
+        "errors": [_error(s) for s in page if s.status == "error"],
+        "logs": logs,
         "truncated": False,
+        # emission order and the group of each span, for on_truncate
+        "_order": [(s.start.isoformat(), s.span_id, group[top_of(s.span_id)]) for s in page],
     }
+    if cut:
+        result["cycles"] = True
+    if orphans:
+        result["orphans"] = len(orphans)
+    if logs_cut:
+        result["logs_truncated"] = True
     if trace.truncated:
         result["trace_truncated"] = True  # the trace itself has more spans than we read
-    if args.include_logs and after is None:
-        logs = ctx.sources.logs.query_logs(ctx.tenant_id, LogQuery(
-            product=None, trace_id=trace.trace_id, start=t0 - timedelta(minutes=1),
-            end=t0 + timedelta(microseconds=end_us - t0_us) + timedelta(minutes=1)))
-        result["logs"] = [{"ts": isoformat(line.ts), "level": line.level, "host": line.host,
-                           "service": line.product, "message": line.message} for line in logs.lines]
     if has_more:
         last = page[-1]
-        result["next_cursor"] = cursors(ctx).encode({"s": last.start.isoformat(), "id": last.span_id},
-                                                    _bind(args, ctx))
+        result["next_cursor"] = _cursor(args, ctx, last.start.isoformat(), last.span_id)
+    return result
+
+
+def _cursor(args: GetTracesInput, ctx: ToolContext, start: str, span_id: str) -> str:
+    return cursors(ctx).encode({"s": start, "id": span_id}, _bind(args, ctx))
+
+
+def on_truncate(result: dict[str, Any], args: GetTracesInput, kept: int, ctx: ToolContext) -> dict[str, Any]:
+    """The output cap dropped fragments from ``kept`` on: continue before the first span they
+    held (a kept span after it comes again on the next page; none is lost)."""
+    order = result.get("_order") or []
+    first_dropped = next((i for i, (_, _, g) in enumerate(order) if g >= kept), None)
+    if first_dropped:
+        start, span_id, _ = order[first_dropped - 1]
+        result["next_cursor"] = _cursor(args, ctx, start, span_id)
     return result
 
 
@@ -97,13 +233,15 @@ SPEC = ToolSpec(
     name="get_traces",
     description=(
         "Look up a distributed trace by trace id or correlation (request) id. Returns the span tree with "
-        "timings (microseconds from the trace start), tags and errors, 100 spans a page; include_logs adds "
-        "the log lines of the trace. Request ids appear as trace_id in get_logs lines."
+        "timings (microseconds from the trace start), tags and errors, up to 100 spans a page; include_logs adds "
+        "the log lines of the trace. When next_cursor is present, call again with the same arguments plus cursor "
+        "for the next spans. Request ids appear as trace_id in get_logs lines."
     ),
     input_model=GetTracesInput,
     run=run,
     category="query",
     redact=("trace_id", "span_count", "duration_us", "root", "fragments", "errors", "logs", "truncated",
-            "trace_truncated", "next_cursor"),
+            "trace_truncated", "cycles", "orphans", "logs_truncated", "next_cursor"),
     list_field="fragments",
+    on_truncate=on_truncate,
 )

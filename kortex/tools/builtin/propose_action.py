@@ -2,11 +2,17 @@
 
 It never acts. The proposal is stored (idempotently per tool call), a ``proposal`` event is
 published with the result, and it expires after 10 minutes unless an operator of the tenant
-decides on it through ``POST /v1/proposals/{id}/confirm`` or ``/reject``."""
+decides on it through ``POST /v1/proposals/{id}/confirm`` or ``/reject``.
+
+Exactly one card per proposal: only the call that created the row announces it; the same call
+id run again (a model reusing an id, a retried task) gets the stored proposal back, silently.
+The write waits for locks at most half the time the call has left, so a busy database fails
+the call rather than storing a proposal after the model was told it timed out."""
 
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from pydantic import Field, field_validator
@@ -18,6 +24,7 @@ from kortex.tools.builtin.common import Product
 from kortex.tools.spec import Effect, ToolContext, ToolInput, ToolSpec
 
 MAX_PARAMS_BYTES = 4096
+DEFAULT_WRITE_BUDGET = 2.0  # seconds, when the call runs outside the pipeline (no deadline)
 
 
 class ProposeActionInput(ToolInput):
@@ -43,17 +50,20 @@ def run(args: ProposeActionInput, ctx: ToolContext) -> dict[str, Any]:
     service: ProposalService | None = ctx.services.get("proposals")
     if service is None:
         raise RuntimeError("no proposal service in the tool context")
-    proposal = service.propose(
+    left = ctx.deadline - time.monotonic() if ctx.deadline is not None else DEFAULT_WRITE_BUDGET * 2
+    proposal, created = service.propose_once(
         ctx.tenant_id,
         NewProposal(action=args.action, product=args.product, params=args.params, rationale=args.rationale,
                     blast_radius=args.blast_radius, reversible=args.reversible),
         session_id=ctx.session_id, turn_id=ctx.turn_id, call_id=ctx.call_id, now=ctx.now,
+        write_timeout=max(0.05, left / 2),
     )
-    ctx.events.append(ProposalEvent(
-        proposal_id=proposal.id, call_id=ctx.call_id, action=proposal.action, product=proposal.product,
-        params=proposal.params, rationale=proposal.rationale, blast_radius=proposal.blast_radius,
-        reversible=proposal.reversible, expires_at=isoformat(proposal.expires_at),
-    ))
+    if created:
+        ctx.events.append(ProposalEvent(
+            proposal_id=proposal.id, call_id=ctx.call_id, action=proposal.action, product=proposal.product,
+            params=proposal.params, rationale=proposal.rationale, blast_radius=proposal.blast_radius,
+            reversible=proposal.reversible, expires_at=isoformat(proposal.expires_at),
+        ))
     return {
         "proposal_id": proposal.id,
         "status": proposal.status,

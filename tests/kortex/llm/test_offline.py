@@ -8,6 +8,8 @@ from datetime import timedelta
 
 import pytest
 
+from kortex.errors import UpstreamError
+from kortex.llm.offline.evidence import classify
 from kortex.telemetry import ingest
 from kortex.timeparse import utcnow
 from kortex.turns import toolrun
@@ -141,3 +143,91 @@ def test_a_healthy_llm_platform_gets_no_invented_cause(harness: Harness) -> None
     names = [d["name"] for d in data if d["type"] == "tool_call"]
     assert "get_deployment_status" in names and "propose_action" not in names
     assert "All 2 deployments of the LLM platform report healthy" in text and "Most likely cause" not in text
+
+
+# ---- failed calls are not evidence --------------------------------------------------------
+
+
+class Failing:
+    """A source whose named methods fail the way a remote backend does; the rest delegate."""
+
+    def __init__(self, inner: object, *names: str) -> None:
+        self._inner = inner
+        self._names = names
+
+    def __getattr__(self, name: str):
+        if name in self._names:
+            def fail(*args: object, **kwargs: object) -> None:
+                raise UpstreamError(f"upstream: 503 {name} is unavailable")
+            return fail
+        return getattr(self._inner, name)
+
+
+def _ask_with_failing(h: Harness, tenant: str, question: str, source: str, *names: str) -> str:
+    sources = h.k.sources
+    original = getattr(sources, source)
+    setattr(sources, source, Failing(original, *names))
+    try:
+        text, _ = _answer(h, h.ask(tenant, question))
+    finally:
+        setattr(sources, source, original)
+    return text
+
+
+def test_a_failed_deploy_lookup_is_not_read_as_no_deploy(harness: Harness) -> None:
+    tenant = harness.tenant("acme")
+    harness.seed(tenant)
+    text = _ask_with_failing(harness, tenant, "Why is checkout slow?", "deploys", "list_deploys")
+    assert "landed near that change" not in text.replace("could not check whether a deploy of checkout landed near "
+                                                         "that change", "")
+    assert "get_recent_deploys failed" in text and "deploy v2.14.0" not in text
+    inventory = harness.tenant("inventory")
+    harness.seed(inventory, "connection-pool-exhaustion")
+    text = _ask_with_failing(harness, inventory, "Why is inventory timing out?", "deploys", "list_deploys")
+    assert "no deploy is involved" not in text and "get_recent_deploys failed" in text
+
+
+def test_failed_metric_queries_are_not_read_as_a_steady_metric(harness: Harness) -> None:
+    tenant = harness.tenant("acme")
+    harness.seed(tenant)
+    text = _ask_with_failing(harness, tenant, "Why is payments slow?", "metrics", "query_metric")
+    assert "no step change" not in text and "could not read payments's metrics" in text
+    assert "compare_to_baseline failed" in text
+
+
+def test_failed_log_and_history_lookups_make_no_claims(harness: Harness) -> None:
+    tenant = harness.tenant("acme")
+    harness.seed(tenant)
+    text = _ask_with_failing(harness, tenant, "Why is checkout slow?", "logs", "query_logs")
+    assert "no matching lines" not in text and "get_logs failed" in text
+    assert "connection-pool exhaustion" not in text  # the cause came from the logs: no logs, no cause
+
+
+def test_a_failed_deployment_status_is_not_read_as_all_healthy(harness: Harness) -> None:
+    tenant = harness.tenant("acme")
+    harness.seed(tenant, "llm-backend-degraded")
+    text = _ask_with_failing(harness, tenant, "Are the LLM backends healthy?", "llmops", "deployments")
+    assert "report healthy" not in text and "get_deployment_status failed" in text
+
+
+def test_a_failed_incident_lookup_is_not_read_as_no_incident(harness: Harness) -> None:
+    tenant = harness.tenant("acme")
+    harness.seed(tenant, "llm-backend-degraded")
+    text = _ask_with_failing(harness, tenant, "Why are LLM requests to gpt-4 slow and failing?", "incidents",
+                             "incidents_at")
+    assert "No open incident concerns" not in text and "neither an open incident" not in text
+    assert "get_active_incidents failed" in text and "gpt-4/aws" in text
+
+
+@pytest.mark.parametrize("line,cause", [
+    ("OOMKilled: container exceeded its memory limit", "memory exhaustion"),
+    ("java.lang.OutOfMemoryError: Java heap space", "memory exhaustion"),
+    ("upstream answered 429 Too Many Requests", "upstream rate limiting"),
+    ("request timed out after 5000ms", "upstream timeouts"),
+    ("booked room 14290 via zoom", None),
+    ("broom closet inventory synced", None),
+    ("order 4290 shipped", None),
+])
+def test_causes_match_whole_words(line: str, cause: str | None) -> None:
+    found = classify(line)
+    assert (found.name if found else None) == cause

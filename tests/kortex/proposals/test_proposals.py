@@ -3,6 +3,9 @@ after 10 minutes, every decision audited, confirmed ones handed to the executor.
 
 from __future__ import annotations
 
+import sqlite3
+import threading
+import time
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -11,9 +14,11 @@ import pytest
 from sqlalchemy import select
 
 from kortex.errors import Conflict, NotFound
-from kortex.proposals import ExecutionOutcome, NewProposal, ProposalRecord
+from kortex.messages import ToolCall
+from kortex.proposals import ExecutionOutcome, NewProposal, ProposalRecord, ProposalService, store
 from kortex.storage.schema import decisions
 from kortex.timeparse import utcnow
+from kortex.tools.spec import ToolContext
 from kortex.turns.watchdog import sweep
 from tests.conftest import Harness
 
@@ -148,3 +153,101 @@ def test_another_tenant_cannot_see_or_decide(harness: Harness) -> None:
             attempt()
     assert harness.k.proposals.list(other) == []
     assert harness.k.proposals.get(tenant, pid).status == "pending" and audit_rows(harness, other) == []
+
+
+# ---- executions cut off, slow executors, busy databases, one card per proposal -------------
+
+
+def _confirm_then_die(h: Harness, tenant: str, pid: str, at: Any) -> None:
+    """The confirmation commits, then the process dies before the executor answers."""
+    with h.k.db.begin() as conn:
+        assert store.decide(conn, tenant, pid, "confirmed", by="op", note=None, now=at) is not None
+
+
+def test_an_execution_cut_off_by_a_dying_process_is_retried_once(harness: Harness) -> None:
+    executor = CountingExecutor()
+    harness.k.proposals.executor = executor
+    tenant = harness.tenant("acme")
+    pid = propose(harness, tenant)
+    now = utcnow()
+    _confirm_then_die(harness, tenant, pid, now)
+    assert harness.k.proposals.get(tenant, pid).execution_status == "pending"
+    service = harness.k.proposals
+    assert service.recover_executions(now + timedelta(seconds=5)) == 0  # within the grace: it may be running
+    later = now + service.recovery_grace + timedelta(seconds=1)
+    assert service.recover_executions(later) == 1 and service.recover_executions(later) == 0
+    recovered = harness.k.proposals.get(tenant, pid)
+    assert (recovered.execution_status, recovered.execution_attempts) == ("done", 2) and executor.seen == [pid]
+    executed = [r for r in audit_rows(harness, tenant) if r["subject"].startswith("executed")]
+    assert [(r["payload"]["by"], r["payload"]["attempt"]) for r in executed] == [("system:recovery", 2)]
+
+
+def test_a_second_interruption_is_recorded_as_failed_not_retried(harness: Harness) -> None:
+    executor = CountingExecutor()
+    harness.k.proposals.executor = executor
+    tenant = harness.tenant("acme")
+    pid = propose(harness, tenant)
+    now = utcnow()
+    _confirm_then_die(harness, tenant, pid, now)
+    with harness.k.db.begin() as conn:  # the retry started, and its process died too
+        assert store.claim_retry(conn, tenant, pid, 1, now) is not None
+    report = sweep(harness.k)  # within the grace period
+    assert report.recovered_executions == 0
+    harness.k.proposals.recovery_grace = timedelta(0)
+    assert sweep(harness.k).recovered_executions == 1
+    closed = harness.k.proposals.get(tenant, pid)
+    assert closed.execution_status == "failed" and closed.execution["error"] == "interrupted" and executor.seen == []
+
+
+def test_a_hanging_executor_is_bounded(harness: Harness) -> None:
+    class Hanging:
+        name = "hanging"
+
+        def __init__(self) -> None:
+            self.release = threading.Event()
+
+        def execute(self, proposal: ProposalRecord) -> ExecutionOutcome:
+            self.release.wait(30)
+            return ExecutionOutcome(status="done")
+
+    hanging = Hanging()
+    service = ProposalService(harness.k.db, hanging, execute_timeout=0.2)
+    tenant = harness.tenant("acme")
+    pid = propose(harness, tenant)
+    try:
+        confirmed = service.confirm(tenant, pid, by="op").proposal
+    finally:
+        hanging.release.set()
+    assert confirmed.status == "confirmed" and confirmed.execution_status == "failed"
+    assert confirmed.execution["error"] == "timeout"
+
+
+def test_a_locked_database_fails_the_proposal_before_the_tool_times_out(harness_factory, tmp_path) -> None:
+    h = harness_factory(llm={"tools": {"propose_action": {"timeout": "1s"}}})
+    tenant = h.tenant("acme")
+    database = h.k.db.engine.url.database
+    blocker = sqlite3.connect(database, timeout=0)
+    blocker.execute("BEGIN IMMEDIATE")  # another writer holds the write lock
+    try:
+        result = h.call(tenant, "propose_action", ARGS, turn_id=str(uuid.uuid4()))
+    finally:
+        blocker.rollback()
+        blocker.close()
+    assert result.is_error and result.error_code == "upstream", result.content  # not "timeout"
+    assert result.content["code"] == "DATABASE_ERROR"
+    time.sleep(0.3)  # nothing is left waiting to store it later
+    assert h.k.proposals.list(tenant) == []
+
+
+def test_the_same_call_run_again_gets_its_proposal_back_without_a_second_card(harness: Harness) -> None:
+    tenant = harness.tenant("acme")
+    turn = str(uuid.uuid4())
+    cards = []
+    for _ in range(2):
+        ctx = ToolContext(tenant_id=tenant, session_id=None, turn_id=turn, call_id="call_7", step=0, now=utcnow(),
+                          sources=harness.k.sources, services=dict(harness.k.services))
+        result = harness.k.pipeline.run(ToolCall(id="call_7", name="propose_action", arguments=ARGS), ctx)
+        assert not result.is_error
+        cards.append([e.proposal_id for e in ctx.events])
+    assert len(cards[0]) == 1 and cards[1] == []
+    assert [p.id for p in harness.k.proposals.list(tenant)] == cards[0]

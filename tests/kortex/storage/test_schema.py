@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, select
 
-from kortex.storage.schema import TENANT_TABLES, metadata
+from kortex.storage.migrate import upgrade
+from kortex.storage.schema import TENANT_TABLES, metadata, telemetry_metrics
+from kortex.telemetry.embedded_metrics import labels_key
 
 
 def test_migrated_database_matches_the_declared_metadata(sqlite_template: Path) -> None:
@@ -24,3 +27,37 @@ def test_migrated_database_matches_the_declared_metadata(sqlite_template: Path) 
 
 def test_every_table_but_tenants_is_tenant_scoped() -> None:
     assert {t.name for t in metadata.sorted_tables} - {t.name for t in TENANT_TABLES} == {"tenants"}
+
+
+def test_0004_backfills_the_series_key_of_existing_metrics(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    upgrade(url, "0003")
+    engine = create_engine(url)
+    labels = [{}, {"route": "/pay", "instance": "a,b"}]
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql("INSERT INTO tenants (id, name, disabled, settings, created_at) "
+                                 "VALUES ('t', 't', 0, '{}', '2026-01-01 00:00:00')")
+            for i, lab in enumerate(labels):
+                conn.exec_driver_sql("INSERT INTO telemetry_metrics (tenant_id, product, metric, labels, ts, value) "
+                                     "VALUES ('t', 'p', 'm', ?, '2026-01-01 00:00:00', ?)", (json.dumps(lab), float(i)))
+        upgrade(url)
+        with engine.connect() as conn:
+            keys = conn.execute(select(telemetry_metrics.c.labels_key).order_by(telemetry_metrics.c.value)).scalars()
+            assert list(keys) == [labels_key(lab) for lab in labels] == [",", ",instance=a%2Cb,route=%2Fpay,"]
+    finally:
+        engine.dispose()
+
+
+def test_the_logs_of_one_trace_are_found_through_an_index(sqlite_template: Path) -> None:
+    """get_traces(include_logs) asks for one trace's lines without a product: without an index
+    on (tenant_id, trace_id) that scans every line of the tenant."""
+    engine = create_engine(f"sqlite:///{sqlite_template}")
+    try:
+        with engine.connect() as conn:
+            plan = " ".join(str(row[-1]) for row in conn.exec_driver_sql(
+                "EXPLAIN QUERY PLAN SELECT id FROM telemetry_logs WHERE tenant_id = 't' AND trace_id = 'x' "
+                "AND ts >= '2026-01-01' AND ts < '2026-01-02' ORDER BY ts DESC, id DESC LIMIT 101"))
+    finally:
+        engine.dispose()
+    assert "ix_telemetry_logs_tenant_id_trace_id" in plan, plan

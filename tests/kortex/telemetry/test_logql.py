@@ -24,7 +24,8 @@ def test_selectors_and_line_filters() -> None:
 
 
 @pytest.mark.parametrize("query", ['{service="x"}', '{host="a"', '{host="a"} | json', '|= unquoted', '{host=a}',
-                                   '|~ "(a*)*"', '|~ "("', '|= "x" ' * 12, "x" * 501])
+                                   '|~ "(a)\\\\1"', '|~ "(?=x)y"', '{host=~"(?<!a)b"}', '|~ "("', '|= "x" ' * 12,
+                                   "x" * 501, '|~ "' + "a" * 201 + '"'])
 def test_unsupported_or_broken_queries_are_rejected(query: str) -> None:
     with pytest.raises(InvalidInput):
         parse(query)
@@ -35,3 +36,11 @@ def test_to_logql_escapes_values_and_keeps_plain_text_case_insensitive() -> None
     assert to_logql({"product": 'ch"eck'}, flt, (Matcher("level", "=~", "error|fatal"),)) == \
         '{product="ch\\"eck",host="a\\"b",level=~"error|fatal"} |= "x"'
     assert to_logql({"product": "p"}, parse("a.b")) == '{product="p"} |~ "(?i)a\\\\.b"'
+
+
+@pytest.mark.parametrize("pattern", ["((a+))+$", "(a{1,})+$", "(a|a)*$", "(\\w|a)*$", ".*.*.*.*.*x", "(a+)+$"])
+def test_patterns_that_backtrack_in_python_are_accepted(pattern: str) -> None:
+    """RE2 matches them in linear time, so there is nothing to refuse (the old guard missed
+    most of them anyway)."""
+    assert parse(f"|~ `{pattern}`").lines == (LineFilter("|~", pattern),)
+    assert parse(f"{{host=~`{pattern}`}}").matchers == (Matcher("host", "=~", pattern),)

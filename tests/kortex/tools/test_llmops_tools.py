@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import func, select
 
 from kortex.storage.schema import llm_requests
-from kortex.telemetry import ingest
+from kortex.telemetry import embedded_llmops, ingest
 from kortex.timeparse import isoformat, utcnow
 from tests.conftest import Harness, make_settings
 
@@ -78,6 +78,25 @@ def test_active_incidents_are_the_open_ones(platform) -> None:
     assert h.call(tenant, "get_active_incidents", {"target_type": "model"}).content == {"incidents": [], "count": 0}
     assert h.call(tenant, "get_active_incidents", {"target_type": "planet"}).error_code == "validation"
     assert h.call(h.tenant("other"), "get_active_incidents", {}).content["count"] == 0
+
+
+def test_incidents_filed_against_a_product_filter_as_they_are_shown(platform) -> None:
+    h, tenant = platform
+    with h.k.db.begin() as conn:
+        ingest.write(conn, tenant, "incidents", [{
+            "ref": "INC-3001", "product": "checkout", "title": "checkout errors", "severity": "error",
+            "opened_at": utcnow() - timedelta(minutes=5), "closed_at": None, "findings": "", "resolution": "",
+            "target_type": None, "target_id": None}])
+    shown = next(i for i in h.call(tenant, "get_active_incidents", {}).content["incidents"] if i["id"] == "INC-3001")
+    assert (shown["target_type"], shown["target_id"]) == ("product", "checkout")
+    for args in ({"target_type": "product"}, {"target_id": "checkout"},
+                 {"target_type": "product", "target_id": "checkout"}):
+        found = h.call(tenant, "get_active_incidents", args).content
+        assert [i["id"] for i in found["incidents"]] == ["INC-3001"], args
+    assert h.call(tenant, "get_active_incidents", {"target_type": "backend", "target_id": "checkout"}) \
+        .content["count"] == 0
+    assert [i["id"] for i in h.call(tenant, "get_active_incidents", {"target_type": "backend"})
+            .content["incidents"]] == ["INC-2207"]
 
 
 def test_recent_requests_filter_and_page_through_a_pinned_window(platform) -> None:
@@ -174,7 +193,11 @@ def test_latency_trends_show_the_degradation(platform) -> None:
     aws = h.call(tenant, "get_latency_trends", {"deployment_id": "gpt-4/aws", "since": "last 6h"}).content
     rows = aws["data"]
     assert {r["deployment_id"] for r in rows} == {"gpt-4/aws"} and 6 <= len(rows) <= 7
-    assert rows[-1]["latency_p95_ms"] > 5 * rows[1]["latency_p95_ms"] and rows[-1]["error_rate"] > 0.05
+    # The degradation began 40 minutes ago: it fills the current hour (which may have only just
+    # begun, with a handful of requests) or the one before.
+    recent = rows[-2:]
+    assert max(r["latency_p95_ms"] for r in recent) > 5 * rows[1]["latency_p95_ms"]
+    assert max(r["error_rate"] for r in recent) > 0.05
     assert aws["summary"]["total_requests"] == sum(r["request_count"] for r in rows)
     gpt4 = h.call(tenant, "get_latency_trends", {"model_id": "gpt-4", "granularity": "day", "since": "2 days ago"})
     assert {r["deployment_id"] for r in gpt4.content["data"]} == {"gpt-4/aws", "gpt-4/azure"}
@@ -211,6 +234,23 @@ def test_request_volume_groups_and_totals(platform) -> None:
                                                    "granularity": "hour"}).content
     assert all(r["period"].endswith(":00:00.000Z") for r in hourly["data"])
     assert h.call(tenant, "get_request_volume", {"group_by": "colour"}).error_code == "validation"
+    too_fine = h.call(tenant, "get_request_volume", {"since": "40 days ago", "granularity": "hour"})
+    assert too_fine.error_code == "validation" and "granularity" in too_fine.content["message"]
+
+
+def test_request_volume_cut_keeps_the_newest_periods_whole_and_says_so(platform, monkeypatch) -> None:
+    h, tenant = platform
+    now = utcnow()
+    args = {"group_by": "deployment", "since": "last 6h", "granularity": "hour"}
+    full = h.call(tenant, "get_request_volume", args, now=now).content
+    assert full["truncated"] is False and len(full["data"]) > 20
+    monkeypatch.setattr(embedded_llmops, "MAX_VOLUME_ROWS", 12)
+    cut = h.call(tenant, "get_request_volume", args, now=now).content
+    assert cut["truncated"] is True and "totals cover only them" in cut["note"]
+    newest = max(r["period"] for r in full["data"])
+    assert max(r["period"] for r in cut["data"]) == newest  # the newest hour is never the part dropped
+    for period in {r["period"] for r in cut["data"]}:  # and every hour shown is whole
+        assert [r for r in cut["data"] if r["period"] == period] == [r for r in full["data"] if r["period"] == period]
 
 
 def test_the_output_cap_never_skips_requests_between_pages(seeded: tuple[Path, str], tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from typing import Any
 
@@ -104,9 +105,33 @@ def test_output_is_capped_and_flagged_truncated() -> None:
     result = run(p, "debug_echo", {"text": "x" * 100, "repeat": 200})
     assert not result.is_error and result.truncated and result.content["truncated"] is True
     assert 0 < len(result.content["items"]) < 200
-    import json
-
     assert len(json.dumps(result.content).encode()) <= 2048
+
+
+def test_the_cap_measures_the_redacted_result() -> None:
+    """Scrubbing lengthens ``pwd=a`` to ``pwd=[REDACTED]``: a result under the cap before
+    redaction can be far over it after; the cap applies to what the model receives."""
+    p = _pipeline()  # 64 KiB
+    result = run(p, "debug_echo", {"text": "pwd=a " * 2000, "repeat": 5})  # 60 KB raw, 150 KB scrubbed
+    assert not result.is_error and result.truncated and 0 < len(result.content["items"]) < 5
+    assert len(json.dumps(result.content, separators=(",", ":")).encode()) <= 64 * 1024
+    assert "pwd=a" not in json.dumps(result.content)
+
+
+def _wide(args: _Args, ctx: ToolContext) -> dict[str, Any]:
+    return {"blob": {f"key{i}": i for i in range(20_000)}}  # nothing to drop, no string to shorten
+
+
+WIDE = ToolSpec(name="wide", description="too big to trim", input_model=_Args, run=_wide, redact=("blob", "truncated"))
+
+
+def test_a_result_that_cannot_be_trimmed_is_an_error_the_model_can_act_on() -> None:
+    registry = ToolRegistry([WIDE])
+    p = ToolPipeline(registry, ToolPolicy.build(["wide"], registry), result_cap_bytes=4096)
+    result = run(p, "wide", {"n": 1})
+    assert result.is_error and result.error_code == "result_too_large"
+    assert result.content["code"] == "RESULT_TOO_LARGE" and "4096 bytes" in result.content["message"]
+    assert "shorter time range" in result.content["message"]
 
 
 def test_redaction_keeps_only_allowlisted_fields() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
 from sqlalchemy import select
 
 from kortex.storage.schema import telemetry_spans
@@ -45,11 +46,45 @@ def test_logql_that_we_cannot_run_is_a_validation_error(harness: Harness) -> Non
     tenant = harness.tenant("acme")
     base = {"product": "checkout", "time_range": "last 3h"}
     for query, hint in (('{product="x"}', "not supported"), ('{host="a"} | json', "json"),
-                        ('|= "unterminated', "unterminated"), ('|~ "(a+)+"', "nests"), ('|~ "(["', "invalid regex"),
+                        ('|= "unterminated', "unterminated"), ('|~ "(?=a)b"', "lookarounds"), ('|~ "(["', "invalid regex"),
                         ('{host~"a"}', "expected")):
         result = harness.call(tenant, "get_logs", {**base, "query": query})
         assert result.is_error and result.error_code == "validation", query
         assert hint in result.content["message"] and result.content["code"] == "INVALID_PARAMETER"
+
+
+# Each of these takes Python's backtracking engine seconds to hours on one 28-character line;
+# inside a SQLite step that held the GIL and froze the process (the timeout could not fire).
+BACKTRACKERS = {"((a+))+$": 1, "(a{1,})+$": 1, "(a|a)*$": 7, "(\\w|a)*$": 7, ".*.*.*.*.*x": 1, "(a+)+$": 1}
+
+
+def write_backtrack_bait(h: Harness, tenant: str) -> None:
+    now = utcnow()
+    bait = "a" * 27 + "!"
+    rows = [{"product": "p", "ts": now - timedelta(minutes=i + 1), "level": "info", "severity": 20, "host": bait,
+             "message": bait, "trace_id": None, "attrs": None} for i in range(5)]
+    rows.append({**rows[0], "ts": now - timedelta(minutes=7), "host": "a" * 27, "message": "a" * 27})
+    rows.append({**rows[0], "ts": now - timedelta(minutes=8), "host": "xylophone", "message": "xylophone"})
+    _write(h, tenant, "logs", rows)
+
+
+@pytest.mark.timeout(60)
+def test_regexes_that_backtrack_run_in_linear_time(harness: Harness) -> None:
+    tenant = harness.tenant("acme")
+    write_backtrack_bait(harness, tenant)
+    for pattern, expected in BACKTRACKERS.items():
+        lines = harness.call(tenant, "get_logs", {"product": "p", "time_range": "last 1h",
+                                                  "query": f"|~ `{pattern}`"})
+        assert not lines.is_error and lines.content["total_matches"] == expected, (pattern, lines.content)
+        negated = harness.call(tenant, "get_logs", {"product": "p", "time_range": "last 1h",
+                                                    "query": f"!~ `{pattern}`"}).content
+        assert negated["total_matches"] == 7 - expected, pattern
+    hosts = harness.call(tenant, "get_logs", {"product": "p", "time_range": "last 1h",
+                                              "query": '{host=~`(a|a)*`}'}).content  # anchored: whole value
+    assert [line["host"] for line in hosts["lines"]] == ["a" * 27]
+    folded = harness.call(tenant, "get_logs", {"product": "p", "time_range": "last 1h",
+                                               "query": '{host=~`(?i)XYLO.*`}'}).content
+    assert [line["host"] for line in folded["lines"]] == ["xylophone"]
 
 
 def test_log_pages_do_not_lose_lines_within_one_millisecond(harness: Harness) -> None:
@@ -256,3 +291,25 @@ def test_get_admin_info_reports_the_envelope_and_scrubs_secrets(harness: Harness
     missing = harness.call(tenant, "get_admin_info", {"product": "nope"})
     assert missing.error_code == "not_found" and missing.content["code"] == "NOT_FOUND"
     assert harness.call(harness.tenant("other"), "get_admin_info", {"product": "checkout"}).error_code == "not_found"
+
+
+# ---- times that overflow ------------------------------------------------------------------
+
+
+def test_times_past_the_calendar_are_validation_errors_in_every_tool(harness: Harness) -> None:
+    tenant = harness.tenant("acme")
+    calls = [("get_logs", {"product": "checkout", "time_range": "last 99999999999 days"}),
+             ("get_logs", {"product": "checkout", "time_range": "99999999999 days ago"}),
+             ("get_metrics", {"product": "checkout", "metric_name": P99, "time_range": "now-99999999999d"}),
+             ("get_metrics", {"product": "checkout", "metric_name": P99, "time_range": "9999-12-31T23:00:00Z/PT2H"}),
+             ("get_metrics", {"product": "checkout", "metric_name": P99, "time_range": "last 1h",
+                              "step": "99999999999999d"}),
+             ("get_recent_deploys", {"product": "checkout", "time_range": "PT1H/0001-01-01T00:30:00Z"}),
+             ("compare_to_baseline", {"product": "checkout", "metric_name": P99,
+                                      "time_range": "0001-01-01T10:00:00Z/PT1H"}),
+             ("get_latency_trends", {"since": "99999999999 days ago"}),
+             ("get_request_volume", {"since": "0001-01-01T00:00:00Z", "until": "0001-01-02T00:00:00Z"})]
+    for name, args in calls:
+        result = harness.call(tenant, name, args)
+        assert result.is_error and result.error_code == "validation", (name, args, result.content)
+        assert any(w in result.content["message"] for w in ("range", "longer than", "since")), result.content
