@@ -83,6 +83,10 @@ class ProposalService:
             return store.create_once(conn, tenant_id, new, session_id=session_id, turn_id=turn_id,
                                      call_id=call_id, now=now or utcnow(), ttl=self.ttl)
 
+    def for_call(self, tenant_id: str, turn_id: str, call_id: str) -> ProposalRecord | None:
+        with self.db.connect() as conn:
+            return store.for_call(conn, tenant_id, turn_id, call_id)
+
     def get(self, tenant_id: str, proposal_id: str, *, now: datetime | None = None) -> ProposalRecord:
         with self.db.connect() as conn:
             proposal = store.get(conn, tenant_id, proposal_id)

@@ -85,6 +85,13 @@ def create_once(conn: Connection, tenant_id: str, new: NewProposal, *, session_i
     return ProposalRecord.from_row(found), inserted == 1
 
 
+def for_call(conn: Connection, tenant_id: str, turn_id: str, call_id: str) -> ProposalRecord | None:
+    """The proposal a tool call made, if it made one."""
+    row = conn.execute(select(proposals).where(_p.tenant_id == tenant_id, _p.turn_id == turn_id,
+                                               _p.call_id == call_id)).first()
+    return ProposalRecord.from_row(row) if row else None
+
+
 def get(conn: Connection, tenant_id: str, proposal_id: str) -> ProposalRecord:
     row = conn.execute(select(proposals).where(_p.tenant_id == tenant_id, _p.id == proposal_id)).first()
     if row is None:

@@ -23,7 +23,7 @@ from kortex.storage.schema import (
 )
 from kortex.telemetry.embedded_llmops import EmbeddedLLMOps
 from kortex.telemetry.embedded_metrics import EmbeddedMetrics
-from kortex.telemetry.logql import LogFilter
+from kortex.telemetry.logql import LogFilter, postgres_pattern
 from kortex.telemetry.sources import (
     LEVELS,
     MAX_LOG_PAGE,
@@ -93,7 +93,7 @@ class EmbeddedTelemetry:
         # statement_timeout; patterns it rejects become validation errors (query_logs).
         if self.db.is_sqlite:
             return getattr(func, SQLITE_FUNCTION)(pattern, column) == 1
-        return column.regexp_match(pattern)
+        return column.regexp_match(postgres_pattern(pattern))
 
     def _log_filter(self, flt: LogFilter) -> list[ColumnElement[bool]]:
         t = telemetry_logs

@@ -184,6 +184,23 @@ def parse(text: str | None) -> LogFilter | None:
     return LogFilter(matchers=tuple(matchers), lines=tuple(lines))
 
 
+def postgres_pattern(pattern: str) -> str:
+    """RE2 syntax to PostgreSQL's: the only common escape that differs is the word boundary,
+    ``\\b``/``\\B`` in RE2 and ``\\y``/``\\Y`` in PostgreSQL (where ``\\b`` is a backspace)."""
+    out: list[str] = []
+    i = 0
+    while i < len(pattern):
+        char = pattern[i]
+        if char == "\\" and i + 1 < len(pattern):
+            nxt = pattern[i + 1]
+            out.append({"b": "\\y", "B": "\\Y"}.get(nxt, char + nxt))
+            i += 2
+            continue
+        out.append(char)
+        i += 1
+    return "".join(out)
+
+
 def _quote(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 

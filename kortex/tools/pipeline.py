@@ -149,16 +149,7 @@ class ToolPipeline:
             ctx.result_cap_bytes = self.result_cap_bytes
             ctx.deadline = time.monotonic() + timeout
             raw = self._run_with_timeout(spec, args, ctx, timeout, call, on_progress)
-            if not isinstance(raw, dict):
-                raise TypeError(f"tool {spec.name} returned {type(raw).__name__}, not a dict")
-            # Redact first, cap what is left; private paging keys ride along for on_truncate.
-            redacted = spec.allowlist.apply(raw)
-            private = {k: v for k, v in raw.items() if isinstance(k, str) and k.startswith("_")}
-            capped, truncated = cap_result({**redacted, **private}, spec, self.result_cap_bytes, args, ctx)
-            content = {k: v for k, v in capped.items() if not (isinstance(k, str) and k.startswith("_"))}
-            if truncated:
-                content["truncated"] = True
-            return self._finish(call, ctx, spec, started, audit, content=content, truncated=truncated)
+            return self._shape(call, ctx, spec, started, audit, raw, args)
         except ToolTimeout:
             elapsed = time.monotonic() - started
             return self._finish(call, ctx, spec, started, audit, error=("timeout", "tool timed out"),
@@ -179,6 +170,35 @@ class ToolPipeline:
         except Exception:  # a bug in a tool must not end the turn
             log.exception("tool %s failed (call %s)", call.name, call.id)
             return self._finish(call, ctx, spec, started, audit, error=("internal", "internal error"))
+
+    def _shape(self, call: ToolCall, ctx: ToolContext, spec: ToolSpec, started: float,
+               audit: list[AuditEntry] | None, raw: Any, args: Any) -> ToolResult:
+        if not isinstance(raw, dict):
+            raise TypeError(f"tool {spec.name} returned {type(raw).__name__}, not a dict")
+        # Redact first, cap what is left; private paging keys ride along for on_truncate.
+        redacted = spec.allowlist.apply(raw)
+        private = {k: v for k, v in raw.items() if isinstance(k, str) and k.startswith("_")}
+        capped, truncated = cap_result({**redacted, **private}, spec, self.result_cap_bytes, args, ctx)
+        content = {k: v for k, v in capped.items() if not (isinstance(k, str) and k.startswith("_"))}
+        if truncated:
+            content["truncated"] = True
+        return self._finish(call, ctx, spec, started, audit, content=content, truncated=truncated)
+
+    def recover(self, call: ToolCall, ctx: ToolContext, *, audit: list[AuditEntry] | None = None) -> ToolResult | None:
+        """The result of a call whose worker died after its effect was stored (a proposal
+        written, its result lost): the tool's ``recover`` hook finds it, and it goes through the
+        same redaction, cap and audit as a live result. None when the tool has no hook or
+        nothing was stored; the caller then answers with a timeout."""
+        spec = self.registry.get(call.name)
+        if spec is None or spec.recover is None:
+            return None
+        started = time.monotonic()
+        try:
+            raw = spec.recover(ctx)
+            return None if raw is None else self._shape(call, ctx, spec, started, audit, raw, None)
+        except Exception:  # recovery is best effort: the timeout answer still stands
+            log.exception("recovering %s (call %s) failed", call.name, call.id)
+            return None
 
     def _run_with_timeout(
         self, spec: ToolSpec, args: Any, ctx: ToolContext, timeout: float, call: ToolCall,

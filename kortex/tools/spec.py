@@ -75,6 +75,7 @@ class ToolContext:
 
 
 RunFn = Callable[[Any, ToolContext], dict[str, Any]]
+RecoverFn = Callable[["ToolContext"], dict[str, Any] | None]
 TruncateFn = Callable[[dict[str, Any], Any, int, "ToolContext"], dict[str, Any]]
 
 
@@ -91,6 +92,9 @@ class ToolSpec:
     list_field: str | None = None
     #: fixes paging fields (next_cursor) after the cap kept only the first ``kept`` items
     on_truncate: TruncateFn | None = None
+    #: for tools with an effect: the stored outcome of a call whose worker died before its
+    #: result was kept (the watchdog answers with it instead of a timeout)
+    recover: RecoverFn | None = None
 
     def __post_init__(self) -> None:
         if self.category not in CATEGORIES:

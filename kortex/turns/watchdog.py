@@ -15,8 +15,10 @@ from kortex.events import DoneEvent, ErrorEvent
 from kortex.messages import ToolResult, Usage
 from kortex.storage import turns
 from kortex.storage.audit import AuditEntry
-from kortex.storage.records import TurnRecord
+from kortex.storage.records import InvocationRecord, TurnRecord
+from kortex.storage.turns import tool_call_from_record
 from kortex.timeparse import utcnow
+from kortex.tools.spec import ToolContext
 from kortex.turns.handoff import Handoff, StepDispatch
 from kortex.turns.step import tool_dispatch
 from kortex.turns.toolrun import settle
@@ -50,16 +52,8 @@ def sweep(k: Kortex) -> SweepReport:
     with k.db.connect() as conn:
         overdue = turns.overdue_invocations(conn, now)
     for inv in overdue:
-        # The worker died or hung past the hard limit: the model hears it as a timeout.
-        result = ToolResult(call_id=inv.call_id, name=inv.name, is_error=True, error_code="timeout",
-                            content={"error": "tool_timeout", "tool": inv.name,
-                                     "message": "the tool did not finish within its hard time limit"})
-        entry = AuditEntry(tenant_id=inv.tenant_id, kind="tool_call", subject=inv.name, ok=False,
-                           session_id=inv.session_id, turn_id=inv.turn_id,
-                           payload={"call_id": inv.call_id, "step": inv.step, "error_code": "timeout",
-                                    "settled_by": "watchdog"})
         try:
-            handoff += settle(k, inv, result, [entry])
+            handoff += _settle_overdue(k, inv)
         except KortexError:
             log.exception("watchdog could not settle tool call %s", inv.id)
 
@@ -84,6 +78,25 @@ def sweep(k: Kortex) -> SweepReport:
                  len(stale_turns), len(lapsed), len(stale_tools), expired_proposals, recovered)
     return SweepReport(failed, len(overdue), len(stale_turns), len(stale_tools), handoff, expired_proposals,
                        recovered)
+
+
+def _settle_overdue(k: Kortex, inv: InvocationRecord) -> Handoff:
+    """The worker died or hung past the hard limit. If the call's effect was stored before its
+    result was lost (a proposal), that is its result; otherwise the model hears a timeout."""
+    ctx = ToolContext(tenant_id=inv.tenant_id, session_id=inv.session_id, turn_id=inv.turn_id,
+                      call_id=inv.call_id, step=inv.step, now=utcnow(), sources=k.sources, services=dict(k.services))
+    entries: list[AuditEntry] = []
+    recovered = k.pipeline.recover(tool_call_from_record(inv), ctx, audit=entries)
+    if recovered is not None:
+        return settle(k, inv, recovered, entries, events=ctx.events)
+    result = ToolResult(call_id=inv.call_id, name=inv.name, is_error=True, error_code="timeout",
+                        content={"error": "tool_timeout", "tool": inv.name,
+                                 "message": "the tool did not finish within its hard time limit"})
+    entry = AuditEntry(tenant_id=inv.tenant_id, kind="tool_call", subject=inv.name, ok=False,
+                       session_id=inv.session_id, turn_id=inv.turn_id,
+                       payload={"call_id": inv.call_id, "step": inv.step, "error_code": "timeout",
+                                "settled_by": "watchdog"})
+    return settle(k, inv, result, [entry])
 
 
 def _expire(k: Kortex, turn: TurnRecord) -> int:

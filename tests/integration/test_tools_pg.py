@@ -108,6 +108,10 @@ def test_regexes_on_postgres_backtracking_and_patterns_it_rejects(pg: Harness) -
         assert not result.is_error and result.content["total_matches"] == expected, (pattern, result.content)
     hosts = pg.call(tenant, "get_logs", {**base, "query": '{host=~`(?i)XYLO.*`}'}).content
     assert [line["host"] for line in hosts["lines"]] == ["xylophone"]
+    # \b is a word boundary in RE2 (and on SQLite, Loki), a backspace to PostgreSQL unless translated
+    bounded = pg.call(tenant, "get_logs", {**base, "query": "|~ `\\bxylo`"}).content
+    sqlite_like = pg.call(tenant, "get_logs", {**base, "query": "|= `xylo`"}).content
+    assert bounded["total_matches"] == sqlite_like["total_matches"] > 0
     for query in ('|~ "(?P<n>x)"', '{host=~"(?P<h>x)"}'):  # valid RE2, refused by PostgreSQL's engine
         refused = pg.call(tenant, "get_logs", {**base, "query": query})
         assert refused.is_error and refused.error_code == "validation", refused.content

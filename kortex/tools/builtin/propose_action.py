@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from kortex.events import ProposalEvent
-from kortex.proposals import NewProposal, ProposalService
+from kortex.proposals import NewProposal, ProposalRecord, ProposalService
 from kortex.timeparse import isoformat
 from kortex.tools.builtin.common import Product
 from kortex.tools.spec import Effect, ToolContext, ToolInput, ToolSpec
@@ -59,11 +59,19 @@ def run(args: ProposeActionInput, ctx: ToolContext) -> dict[str, Any]:
         write_timeout=max(0.05, left / 2),
     )
     if created:
-        ctx.events.append(ProposalEvent(
-            proposal_id=proposal.id, call_id=ctx.call_id, action=proposal.action, product=proposal.product,
-            params=proposal.params, rationale=proposal.rationale, blast_radius=proposal.blast_radius,
-            reversible=proposal.reversible, expires_at=isoformat(proposal.expires_at),
-        ))
+        ctx.events.append(_card(proposal, ctx.call_id))
+    return _result(proposal)
+
+
+def _card(proposal: ProposalRecord, call_id: str) -> ProposalEvent:
+    return ProposalEvent(
+        proposal_id=proposal.id, call_id=call_id, action=proposal.action, product=proposal.product,
+        params=proposal.params, rationale=proposal.rationale, blast_radius=proposal.blast_radius,
+        reversible=proposal.reversible, expires_at=isoformat(proposal.expires_at),
+    )
+
+
+def _result(proposal: ProposalRecord) -> dict[str, Any]:
     return {
         "proposal_id": proposal.id,
         "status": proposal.status,
@@ -71,6 +79,19 @@ def run(args: ProposeActionInput, ctx: ToolContext) -> dict[str, Any]:
         "awaits_confirmation": proposal.status == "pending",
         "expires_at": isoformat(proposal.expires_at),
     }
+
+
+def recover(ctx: ToolContext) -> dict[str, Any] | None:
+    """A proposal stored by a call whose result was lost is that call's result, and its card
+    goes out again (clients key cards by proposal id, so a repeat is harmless)."""
+    service: ProposalService | None = ctx.services.get("proposals")
+    if service is None or ctx.turn_id is None:
+        return None
+    proposal = service.for_call(ctx.tenant_id, ctx.turn_id, ctx.call_id)
+    if proposal is None:
+        return None
+    ctx.events.append(_card(proposal, ctx.call_id))
+    return _result(proposal)
 
 
 SPEC = ToolSpec(
@@ -84,4 +105,5 @@ SPEC = ToolSpec(
     effect=Effect.STATE_CHANGE,
     category="action",
     redact=("proposal_id", "status", "posted_to_chat", "awaits_confirmation", "expires_at", "truncated"),
+    recover=recover,
 )

@@ -274,3 +274,31 @@ def test_tool_calls_past_the_per_step_cap_get_an_error_result(harness_factory) -
                                                                                                "policy_denied"}
     tool_messages = [m for m in h.messages(tenant, turn.session_id) if m.role == "tool"]
     assert len(tool_messages) == 3  # every call has its result in the history
+
+
+def test_a_proposal_whose_result_was_lost_is_the_answer_not_a_timeout(harness: Harness) -> None:
+    from kortex.storage import turns as turn_store
+    from kortex.timeparse import utcnow
+    from kortex.tools.spec import ToolContext
+    from kortex.turns.step import run_step
+
+    tenant = harness.tenant("acme")
+    k = harness.k
+    session = chat.create_session(k, tenant, "t", "scripted:propose")
+    posted = chat.post_message(k, tenant, session.id, "fix it")
+    (dispatch,) = run_step(k, tenant, posted.turn.id, 0).tools
+    with k.db.connect() as conn:  # a worker takes the call, stores the proposal, and dies
+        inv = turn_store.claim_invocation(conn, tenant, dispatch.invocation_id, hard_limit=-10)
+    ctx = ToolContext(tenant_id=tenant, session_id=inv.session_id, turn_id=inv.turn_id, call_id=inv.call_id,
+                      step=0, now=utcnow(), sources=k.sources, services=dict(k.services))
+    k.tools.get("propose_action").run(k.tools.get("propose_action").input_model.model_validate(inv.arguments), ctx)
+    report = watchdog.sweep(k)
+    assert report.timed_out_tools == 1 and [s.step for s in report.handoff.steps] == [1]
+    drive(k, report.handoff)
+    events = [json.loads(e.data) for e in harness.events(posted.turn.id)]
+    result = next(e for e in events if e["type"] == "tool_result")
+    assert not result["is_error"] and result["content"]["awaits_confirmation"] is True
+    cards = [e for e in events if e["type"] == "proposal"]
+    assert len(cards) == 1 and cards[0]["proposal_id"] == result["content"]["proposal_id"]
+    assert len(k.proposals.list(tenant)) == 1  # the one the dead worker stored, nothing new
+    assert chat.get_turn(k, tenant, posted.turn.id).status == "done"
