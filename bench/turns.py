@@ -155,7 +155,7 @@ class Bench:
         })
         settings = Settings(database_url=pg_url, redis_url=REDIS_URL, redis_prefix=prefix,
                             testing={"enable_test_providers": True},
-                            llm={"budget": {"max_concurrent_turns_per_tenant": 1_000_000}})
+                            llm={"budget": {"max_concurrent_turns_per_tenant": 1_000_000, "turns_per_minute": 1_000_000}})
         self.k = Kortex.create(settings)
         self.celery = make_celery(settings)
         os.environ.update(BENCH_REDIS_URL=REDIS_URL, BENCH_PREFIX=prefix)  # read when bare_app loads

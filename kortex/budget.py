@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from redis import Redis
@@ -22,7 +21,7 @@ from sqlalchemy.engine import Connection
 
 from kortex.config import BudgetSettings
 from kortex.errors import BudgetExceeded, RateLimited
-from kortex.storage.schema import decisions, tenants, turns
+from kortex.storage.schema import tenant_spend, tenants, turns
 from kortex.stream.keys import rate_window
 from kortex.timeparse import utcnow
 
@@ -55,12 +54,11 @@ class Spend:
     tenant_settings: dict[str, Any] | None
 
 
-# One round trip: today's LLM spend of the tenant, the session's tokens and the tenant's own
-# limits (the daily sum rides the (tenant_id, created_at) index of the audit table).
+# One round trip: today's LLM spend of the tenant (one row, kept with the audit rows), the
+# session's tokens and the tenant's own limits.
 _SPEND = select(
-    select(func.coalesce(func.sum(decisions.c.cost_usd), 0.0))
-    .where(decisions.c.tenant_id == bindparam("p_tenant"), decisions.c.kind == "llm_call",
-           decisions.c.created_at >= bindparam("p_since"))
+    select(tenant_spend.c.cost_usd)
+    .where(tenant_spend.c.tenant_id == bindparam("p_tenant"), tenant_spend.c.day == bindparam("p_day"))
     .scalar_subquery().label("usd"),
     select(func.coalesce(func.sum(turns.c.input_tokens + turns.c.output_tokens), 0))
     .where(turns.c.tenant_id == bindparam("p_tenant"), turns.c.session_id == bindparam("p_session"))
@@ -69,13 +67,8 @@ _SPEND = select(
 )
 
 
-def start_of_day(now: datetime) -> datetime:
-    return now.replace(hour=0, minute=0, second=0, microsecond=0)
-
-
 def spend(conn: Connection, tenant_id: str, session_id: str) -> Spend:
-    row = conn.execute(_SPEND, {"p_tenant": tenant_id, "p_session": session_id,
-                                "p_since": start_of_day(utcnow())}).one()
+    row = conn.execute(_SPEND, {"p_tenant": tenant_id, "p_session": session_id, "p_day": utcnow().date()}).one()
     return Spend(usd_today=float(row.usd or 0.0), session_tokens=int(row.tokens or 0),
                  tenant_settings=row.settings)
 

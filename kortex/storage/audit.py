@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import date, datetime
 from typing import Any
 
 from sqlalchemy import select
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from kortex.ids import uuid7
-from kortex.storage.schema import decisions
+from kortex.storage.schema import decisions, tenant_spend
 from kortex.timeparse import utcnow
 
 
@@ -33,11 +34,16 @@ class AuditEntry:
     created_at: datetime = field(default_factory=utcnow)
 
 
+_INSERT = decisions.insert()
+
+
 def write_entries(conn: Connection, entries: Sequence[AuditEntry]) -> None:
+    """Append audit rows; LLM calls that cost money also add to their tenant's day of spend, in
+    the same transaction, so the budget check and the audit trail never disagree."""
     if not entries:
         return
     conn.execute(
-        decisions.insert(),
+        _INSERT,
         [
             {
                 "id": uuid7(), "tenant_id": e.tenant_id, "kind": e.kind, "subject": e.subject[:200],
@@ -48,6 +54,24 @@ def write_entries(conn: Connection, entries: Sequence[AuditEntry]) -> None:
             for e in entries
         ],
     )
+    spent: dict[tuple[str, date], tuple[float, int]] = {}
+    for e in entries:
+        if e.kind == "llm_call" and e.cost_usd > 0:
+            key = (e.tenant_id, e.created_at.date())
+            cost, calls = spent.get(key, (0.0, 0))
+            spent[key] = (cost + e.cost_usd, calls + 1)
+    for (tenant_id, day), (cost, calls) in spent.items():
+        add_spend(conn, tenant_id, day, cost, calls)
+
+
+def add_spend(conn: Connection, tenant_id: str, day: date, cost: float, calls: int) -> None:
+    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    stmt = dialect.insert(tenant_spend).values(tenant_id=tenant_id, day=day, cost_usd=cost, llm_calls=calls)
+    conn.execute(stmt.on_conflict_do_update(
+        index_elements=["tenant_id", "day"],
+        set_={"cost_usd": tenant_spend.c.cost_usd + stmt.excluded.cost_usd,
+              "llm_calls": tenant_spend.c.llm_calls + stmt.excluded.llm_calls},
+    ))
 
 
 def list_for_turn(conn: Connection, tenant_id: str, turn_id: str) -> list[dict[str, Any]]:

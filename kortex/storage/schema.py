@@ -6,6 +6,7 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     Column,
+    Date,
     Float,
     ForeignKey,
     Index,
@@ -179,6 +180,17 @@ decisions = Table(
     Column("created_at", UTCDateTime(), nullable=False),
     Index(None, "tenant_id", "created_at"),
     Index(None, "turn_id"),
+)
+
+# What each tenant's LLM calls cost per UTC day, kept beside the audit rows (in the same
+# transaction) so the budget check before every LLM call reads one row, not a day of audit.
+tenant_spend = Table(
+    "tenant_spend",
+    metadata,
+    Column("tenant_id", UUIDStr(), ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True),
+    Column("day", Date(), primary_key=True),
+    Column("cost_usd", Float, nullable=False, default=0.0),
+    Column("llm_calls", Integer, nullable=False, default=0),
 )
 
 # ---- embedded telemetry store -------------------------------------------------------------

@@ -62,3 +62,20 @@ def test_turns_per_minute_are_limited_per_tenant(harness_factory) -> None:
         h.ask(tenant, "q3", model="scripted:text_only")
     assert not isinstance(limited.value, BudgetExceeded)
     assert h.ask(h.tenant("other"), "q", model="scripted:text_only").status == "done"
+
+
+def test_the_day_of_spend_matches_the_audit_trail(harness_factory) -> None:
+    from sqlalchemy import func, select
+
+    from kortex.storage.schema import decisions, tenant_spend
+
+    h = harness_factory(llm={**PRICED, "budget": {"daily_usd_limit": 10**9}})
+    tenant = h.tenant("acme")
+    for i in range(2):
+        h.ask(tenant, f"go {i}", model="scripted:costly")
+    with h.k.db.connect() as conn:
+        audited = conn.scalar(select(func.sum(decisions.c.cost_usd))
+                              .where(decisions.c.tenant_id == tenant, decisions.c.kind == "llm_call"))
+        day = conn.execute(select(tenant_spend).where(tenant_spend.c.tenant_id == tenant)).one()
+    assert day.cost_usd == pytest.approx(audited) == pytest.approx(2 * (1200 + 1050))
+    assert day.llm_calls == 4
