@@ -198,16 +198,22 @@ class StreamHub:
                     await self._changed.wait()
                     continue
                 self._reader_gen = self._gen
-                streams = {key: min(subs, key=lambda s: s.cursor).cursor_id
-                           for key, subs in self._subs.items() if subs}
+                starts = {key: min(subs, key=lambda s: s.cursor) for key, subs in self._subs.items() if subs}
+                streams = {key: sub.cursor_id for key, sub in starts.items()}
+                since = {key: sub.cursor for key, sub in starts.items()}
                 block = self._block_ms if self._can_unblock else min(self._block_ms, 100)
                 reply: Any = await self._reader.xread(streams, count=self._count, block=block)  # type: ignore[union-attr]
                 backoff = 0.05
                 batches = reply.items() if isinstance(reply, dict) else (reply or [])
-                for key, raw in batches:
+                for raw_key, raw in batches:
+                    key = raw_key.decode() if isinstance(raw_key, bytes) else raw_key
                     entries = entries_from_redis(raw)
                     for sub in list(self._subs.get(key, ())):
-                        sub._feed(entries)
+                        # A reader that joined while this read was in flight, from further back
+                        # than it started, would jump over the entries in between: it waits for
+                        # the next read, which starts from its own cursor.
+                        if sub.cursor >= since.get(key, sub.cursor):
+                            sub._feed(entries)
             except asyncio.CancelledError:
                 raise
             except ResponseError as exc:
