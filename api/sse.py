@@ -39,7 +39,10 @@ def nothing_left(k: Kortex, turn: TurnRecord, after: str) -> bool:
         return False
     if after.startswith("0-"):  # an id from a database replay
         return parse_id(after)[1] >= len(replay_events(k, turn))
-    return k.events.exists(turn.id) and not k.events.read(turn.id, after, count=1)
+    if k.events.exists(turn.id):
+        return not k.events.read(turn.id, after, count=1)
+    # The live stream has expired: the client had it all if it reached the recorded done.
+    return turn.done_event_id is not None and parse_id(after) >= parse_id(turn.done_event_id)
 
 
 def _closing_done(turn: TurnRecord, cursor: str) -> Entry:
@@ -60,6 +63,9 @@ async def turn_events(
         turn = await run_in_threadpool(get_turn, k, turn.tenant_id, turn.id)
         if turn.finished:
             # The live stream has expired: rebuild it from the database (ids 0-1, 0-2, ...).
+            # A client that stopped part-way through the live stream cannot be placed in the
+            # rebuilt one (its text is whole per step), so it gets the turn again from the
+            # start; the restart shows in the ids, which fall back to 0-1.
             skip = parse_id(after)[1] if after.startswith("0-") else 0
             for entry in await run_in_threadpool(replay_events, k, turn):
                 if parse_id(entry.id)[1] > skip:

@@ -60,6 +60,7 @@ class TurnRecord(_Record):
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None
+    done_event_id: str | None = None
 
     @property
     def finished(self) -> bool:

@@ -98,6 +98,9 @@ turns = Table(
     Column("created_at", UTCDateTime(), nullable=False),
     Column("updated_at", UTCDateTime(), nullable=False),
     Column("finished_at", UTCDateTime(), nullable=True),
+    # The stream id of the published ``done``: once the Redis stream has expired, a client that
+    # reconnects with an id at or past it is told it has everything (204), not sent it all again.
+    Column("done_event_id", String(48), nullable=True),
     UniqueConstraint("session_id", "turn_no"),
     UniqueConstraint("tenant_id", "idempotency_key"),
     Index(None, "status", "updated_at"),

@@ -26,7 +26,7 @@ from kortex.errors import Conflict, NotFound, RateLimited
 from kortex.ids import uuid7
 from kortex.messages import AssistantMessage, ToolCall, ToolMessage, ToolResult, Usage, UserMessage
 from kortex.storage.chats import INSERT_MESSAGE, message_row
-from kortex.storage.records import InvocationRecord, TurnRecord
+from kortex.storage.records import TERMINAL, InvocationRecord, TurnRecord
 from kortex.storage.schema import chat_sessions, tool_invocations, turns
 from kortex.timeparse import utcnow
 
@@ -262,6 +262,12 @@ def finish_turn(
                                                  turn_id=turn.id, turn_no=turn.turn_no, step=step, ord=0,
                                                  message=message))
     return True
+
+
+def record_done_event(conn: Connection, tenant_id: str, turn_id: str, entry_id: str) -> None:
+    """Remember the stream id of a finished turn's ``done`` (see ``turns.done_event_id``)."""
+    conn.execute(update(turns).where(_t.id == turn_id, _t.tenant_id == tenant_id, _t.status.in_(TERMINAL))
+                 .values(done_event_id=entry_id))
 
 
 _CLAIM_INVOCATION = (

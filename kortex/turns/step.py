@@ -23,6 +23,7 @@ from kortex.storage.audit import AuditEntry
 from kortex.storage.records import TurnRecord
 from kortex.stream.store import StepPublisher
 from kortex.timeparse import utcnow
+from kortex.turns.closing import publish_done
 from kortex.turns.handoff import NOTHING, Handoff, ToolDispatch
 
 log = logging.getLogger(__name__)
@@ -138,7 +139,7 @@ def _run_claimed(k: Kortex, turn: TurnRecord, step: int, candidates: list[Candid
         if finished:
             audit.write_entries(conn, entries)
     if finished:
-        k.events.append(turn.id, [DoneEvent(status="done", usage=_total(turn, usage))], final=True)
+        publish_done(k, turn, [DoneEvent(status="done", usage=_total(turn, usage))])
     else:
         _audit_alone(k, entries)
     return NOTHING
@@ -298,11 +299,11 @@ def _depth_exceeded(
         if finished:
             audit.write_entries(conn, entries)
     if finished:
-        k.events.append(turn.id, [
+        publish_done(k, turn, [
             TextEvent(step=step, delta=("\n\n" if text else "") + note),
             ErrorEvent(code="tool_depth_exceeded", message=note),
             DoneEvent(status="done", usage=_total(turn, usage), error="tool_depth_exceeded"),
-        ], final=True)
+        ])
     else:
         _audit_alone(k, entries)
     return NOTHING
@@ -319,7 +320,7 @@ def _fail(
         if finished and llm_entries:
             audit.write_entries(conn, llm_entries)
     if finished:
-        k.events.append(turn.id, [ErrorEvent(code=code, message=message, retryable=retryable),
-                                  DoneEvent(status="failed", usage=_total(turn, usage), error=code)], final=True)
+        publish_done(k, turn, [ErrorEvent(code=code, message=message, retryable=retryable),
+                               DoneEvent(status="failed", usage=_total(turn, usage), error=code)])
     elif llm_entries:
         _audit_alone(k, llm_entries)

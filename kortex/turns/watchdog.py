@@ -19,6 +19,7 @@ from kortex.storage.records import InvocationRecord, TurnRecord
 from kortex.storage.turns import tool_call_from_record
 from kortex.timeparse import utcnow
 from kortex.tools.spec import ToolContext
+from kortex.turns.closing import publish_done
 from kortex.turns.handoff import Handoff, StepDispatch
 from kortex.turns.step import tool_dispatch
 from kortex.turns.toolrun import settle
@@ -106,8 +107,8 @@ def _expire(k: Kortex, turn: TurnRecord) -> int:
     if not moved:
         return 0
     usage = Usage(input_tokens=turn.input_tokens, output_tokens=turn.output_tokens, cost_usd=turn.cost_usd)
-    k.events.append(turn.id, [ErrorEvent(code="deadline_exceeded", message=error["message"]),
-                              DoneEvent(status="failed", usage=usage, error="deadline_exceeded")], final=True)
+    publish_done(k, turn, [ErrorEvent(code="deadline_exceeded", message=error["message"]),
+                           DoneEvent(status="failed", usage=usage, error="deadline_exceeded")])
     return 1
 
 

@@ -98,6 +98,20 @@ def test_reconnect_with_last_event_id_gets_exactly_the_rest(api_url, pg, tenant)
     assert [e.event for e in head + rest] == [e.event for e in full]
 
 
+def test_a_reconnect_while_the_turn_is_still_running_gets_exactly_the_rest(api_url, pg, tenant) -> None:
+    _, key = tenant
+    started = start_turn(api_url, key, "why?", model="scripted:slow_tool")
+    url = api_url + started["events_url"]
+    head = read_events(url, key, stop_after=3)  # turn, text, tool_call: the tool still sleeps
+    assert [e.event for e in head] == ["turn", "text", "tool_call"]
+    turn = httpx.get(f"{api_url}/v1/turns/{started['turn_id']}", headers=auth(key)).json()
+    assert turn["status"] not in ("done", "failed")
+    rest = read_events(url, key, last_event_id=head[-1].id)
+    assert [e.event for e in rest] == ["tool_result", "turn", "text", "done"]
+    full = read_events(url, key)
+    assert [e.id for e in head + rest] == [e.id for e in full]
+
+
 def test_a_client_arriving_after_done_gets_the_full_replay(api_url, pg, tenant) -> None:
     _, key = tenant
     started = start_turn(api_url, key, "why?", model="scripted:two_tools")
@@ -116,6 +130,12 @@ def test_a_client_arriving_after_done_gets_the_full_replay(api_url, pg, tenant) 
         {e.data["call_id"]: e.data["content"] for e in live if e.event == "tool_result"}
     resumed = read_events(url, key, last_event_id=replay[3].id)
     assert [e.id for e in resumed] == [e.id for e in replay[4:]]
+    # A client that had read the live stream to its done has everything: 204, no replay.
+    headers = {**auth(key), "Last-Event-ID": live[-1].id}
+    assert httpx.get(url, headers=headers).status_code == 204
+    # One that stopped part-way cannot be placed in the rebuilt stream: it gets it all again.
+    again = read_events(url, key, last_event_id=live[4].id)
+    assert [e.id for e in again] == [e.id for e in replay]
 
 
 def test_duplicate_deliveries_produce_one_message_and_one_run_per_call(api_url, pg, tenant) -> None:
