@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from kortex.container import Kortex
 from kortex.errors import StorageError, StreamError
@@ -50,19 +50,22 @@ def run_tool(k: Kortex, tenant_id: str, invocation_id: str, tool: str, hard_limi
 
 def settle(k: Kortex, inv: InvocationRecord, result: ToolResult, entries: list[AuditEntry],
            from_status: tuple[str, ...] = ("running",), events: Sequence[Event] = ()) -> Handoff:
-    """Publish a result (with ``events`` a tool raised), store it with its audit rows, and
+    """Store a result with its audit rows, publish it (with ``events`` a tool raised), and
     advance the turn if it was the last of its step.
 
-    The result is published before the commit: once the last sibling commits, the next step
-    may start streaming, and a result published after that would reach clients after the
-    next step's text, or after ``done``. A result that then fails to store is settled again
-    later by the watchdog, under the same call id.
+    The result is published once its compare-and-set has won but before the commit: once the
+    last sibling commits, the next step may start streaming, and a result published after that
+    would reach clients after the next step's text, or after ``done``. A result that lost the
+    race (the watchdog answered the call first) is never published, so clients see one
+    ``tool_result`` per call: the one the model sees.
     """
-    try:
-        k.events.append(inv.turn_id, [result_event(inv, result), *events])
-    except StreamError:  # stored results are also served from the database
-        log.warning("could not publish the result of %s (%s)", inv.call_id, inv.turn_id, exc_info=True)
-    completion = _store(k, inv, result, entries, from_status)
+    def publish() -> None:
+        try:
+            k.events.append(inv.turn_id, [result_event(inv, result), *events])
+        except StreamError:  # stored results are also served from the database
+            log.warning("could not publish the result of %s (%s)", inv.call_id, inv.turn_id, exc_info=True)
+
+    completion = _store(k, inv, result, entries, from_status, publish)
     if completion is None:
         log.info("tool call %s was settled before its result arrived", inv.call_id)
         return NOTHING
@@ -72,14 +75,18 @@ def settle(k: Kortex, inv: InvocationRecord, result: ToolResult, entries: list[A
 
 
 def _store(k: Kortex, inv: InvocationRecord, result: ToolResult, entries: list[AuditEntry],
-           from_status: tuple[str, ...]) -> turns.Completion | None:
+           from_status: tuple[str, ...], publish: Callable[[], None]) -> turns.Completion | None:
     """A result is worth a few retries: once lost, only the watchdog's timeout answers the call."""
+    published = False  # a retry after a failed commit must not announce the result twice
     for delay in (0.2, 0.5, 1.0, None):
         try:
             with k.db.begin() as conn:
                 completion = turns.complete_invocation(conn, inv.tenant_id, inv.id, result, from_status=from_status)
                 if completion is not None:
                     audit.write_entries(conn, entries)
+                    if not published:
+                        publish()
+                        published = True
             return completion
         except StorageError:
             if delay is None:

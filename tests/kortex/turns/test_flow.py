@@ -137,6 +137,35 @@ def test_watchdog_settles_a_tool_that_outlived_its_worker_and_resumes_the_turn(h
     assert turn.status == "done"
 
 
+def test_a_late_result_of_a_call_the_watchdog_answered_is_neither_stored_nor_published(harness: Harness) -> None:
+    from kortex.messages import ToolResult
+    from kortex.storage.records import InvocationRecord
+    from kortex.turns.step import run_step
+    from kortex.turns.toolrun import settle
+
+    k = harness.k
+    tenant = harness.tenant("acme")
+    session = chat.create_session(k, tenant, "t", "scripted:two_tools")
+    posted = chat.post_message(k, tenant, session.id, "go")
+    handoff = run_step(k, tenant, posted.turn.id, 0)
+    dead = handoff.tools[0]
+    with k.db.begin() as conn:
+        row = conn.execute(update(tool_invocations).where(tool_invocations.c.id == dead.invocation_id)
+                           .values(status="running", deadline_at=posted.turn.created_at)
+                           .returning(*tool_invocations.c)).one()
+    stale = InvocationRecord.from_row(row)
+    assert watchdog.sweep(k).timed_out_tools == 1
+    # The worker was only slow: its result arrives after the watchdog's timeout answered it.
+    late = ToolResult(call_id=stale.call_id, name=stale.name, content={"deploys": []})
+    assert not settle(k, stale, late, [])
+    results = [json.loads(e.data) for e in k.events.read(posted.turn.id) if e.type == "tool_result"]
+    mine = [r for r in results if r["call_id"] == stale.call_id]
+    assert len(mine) == 1 and mine[0]["is_error"] and mine[0]["error_code"] == "timeout"
+    with k.db.connect() as conn:
+        stored = conn.execute(select(tool_invocations).where(tool_invocations.c.id == dead.invocation_id)).one()
+    assert stored.error_code == "timeout"
+
+
 def test_watchdog_fails_turns_past_their_deadline_and_requeues_lost_handoffs(harness_factory) -> None:
     h = harness_factory(turn={"deadline": 600, "requeue_after": 0})
     tenant = h.tenant("acme")
