@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from kortex.messages import Usage
+from kortex.redaction import scrub
 from kortex.storage.records import MessageRecord, SessionRecord, TurnRecord
 
 
@@ -66,7 +67,10 @@ class MessageOut(BaseModel):
 
     @classmethod
     def of(cls, m: MessageRecord) -> MessageOut:
-        return cls(id=m.id, turn_id=m.turn_id, role=m.role, content=m.content, tool_calls=m.tool_calls,
+        # Arguments are scrubbed as on the live stream: a model may have copied a secret into one.
+        tool_calls = [{**c, "arguments": scrub(c.get("arguments") or {})} for c in m.tool_calls] \
+            if m.tool_calls else m.tool_calls
+        return cls(id=m.id, turn_id=m.turn_id, role=m.role, content=m.content, tool_calls=tool_calls,
                    tool_call_id=m.tool_call_id, tool_name=m.tool_name, result=m.result, is_error=m.is_error,
                    error_code=m.error_code, truncated=m.truncated, position=f"{m.turn_no}.{m.step}.{m.ord}",
                    created_at=m.created_at)

@@ -14,6 +14,7 @@ from kortex.events import (
     _Event,
 )
 from kortex.messages import Usage
+from kortex.redaction import scrub
 from kortex.storage import chats
 from kortex.storage.records import TurnRecord
 from kortex.stream.entries import Entry
@@ -35,7 +36,7 @@ def replay_events(k: Kortex, turn: TurnRecord) -> list[Entry]:
                 events.append(TextEvent(step=rec.step, delta=rec.content))
             for call in rec.tool_calls or []:
                 events.append(ToolCallEvent(step=rec.step, call_id=call["id"], name=call["name"],
-                                            arguments=call.get("arguments") or {}))
+                                            arguments=scrub(call.get("arguments") or {})))
         elif rec.role == "tool":
             events.append(ToolResultEvent(step=rec.step, call_id=rec.tool_call_id or "", name=rec.tool_name or "",
                                           is_error=rec.is_error, error_code=rec.error_code,

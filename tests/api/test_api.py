@@ -81,6 +81,18 @@ def test_session_lifecycle_and_turn_through_the_api(env) -> None:
     assert events.count("proposal") == 1 and events.index("proposal") > events.index("tool_result")
 
 
+def test_a_session_can_be_created_without_a_body(env) -> None:
+    client, h, _ = env
+    key = _tenant_key(h, "acme")
+    created = client.post("/v1/sessions", headers=auth(key))
+    assert created.status_code == 201, created.text
+    assert created.json()["name"]  # a default name
+    # A form-encoded body (curl -d without a content type) is a clear 422, not a silent default.
+    form = client.post("/v1/sessions", content=b"name=x",
+                       headers={**auth(key), "Content-Type": "application/x-www-form-urlencoded"})
+    assert form.status_code == 422 and form.json()["error"]["code"] == "validation"
+
+
 def test_idempotency_key_makes_a_retry_return_the_same_turn(env) -> None:
     client, h, recorder = env
     key = _tenant_key(h, "acme")
@@ -199,3 +211,21 @@ def test_a_stream_that_lost_its_done_is_closed_from_the_database(harness_factory
     kinds = [line.split(": ", 1)[1] for line in response.text.splitlines() if line.startswith("event: ")]
     assert kinds == ["turn", "text", "text", "text", "done"]
     assert '"status":"done"' in response.text.split("event: done")[1]
+
+
+def test_stored_tool_call_arguments_are_scrubbed_as_on_the_live_stream() -> None:
+    from datetime import UTC, datetime
+
+    from api.schemas import MessageOut
+    from kortex.redaction import REDACTED
+    from kortex.storage.records import MessageRecord
+
+    record = MessageRecord(
+        id="m", session_id="s", turn_id="t", turn_no=0, step=0, ord=0, role="assistant", content="",
+        tool_calls=[{"id": "call_1", "name": "get_logs",
+                     "arguments": {"product": "checkout", "api_key": "sk-live-abcdef0123456789"}}],
+        tool_call_id=None, tool_name=None, result=None, is_error=False, error_code=None, truncated=False,
+        created_at=datetime.now(UTC))
+    out = MessageOut.of(record)
+    assert out.tool_calls == [{"id": "call_1", "name": "get_logs",
+                               "arguments": {"product": "checkout", "api_key": REDACTED}}]
