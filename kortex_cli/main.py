@@ -41,9 +41,10 @@ def demo(
     from kortex_cli.runner import run_demo
 
     try:
-        run_demo(console, question=question, scenario=scenario, model=model)
+        ok = run_demo(console, question=question, scenario=scenario, model=model)
     except KortexError as exc:
         _fail(str(exc))
+    raise typer.Exit(0 if ok else 1)  # a demo whose turn failed must not look like a success
 
 
 @app.command()

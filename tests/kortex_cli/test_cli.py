@@ -88,3 +88,10 @@ def test_models_lists_catalogue_prices_and_why_a_provider_is_unavailable(fake_an
     assert result.exit_code == 0, result.output
     assert "anthropic:claude-opus-4-6" in result.output and "1,000,000" in result.output
     assert "openai: unavailable" in result.output and "test-key" not in result.output
+
+
+def test_demo_exits_non_zero_when_its_turn_fails(fake_anthropic) -> None:
+    fake_anthropic.add("claude-sonnet-4-6", {"steps": [{"faults": [{"status": 400}], "text": ["never sent"]}]})
+    result = CliRunner().invoke(app, ["demo", "--model", "anthropic:claude-sonnet-4-6"], catch_exceptions=False)
+    assert result.exit_code == 1, result.output
+    assert "never sent" not in result.output
