@@ -156,12 +156,18 @@ def _park(k: Kortex, turn: TurnRecord, step: int, text: str, calls: tuple[ToolCa
                                   "message": f"at most {cap} tool calls run per answer; ask for this one again"})
         for c in calls[cap:]
     }
+    # A refused call is still a tool call the model made: it gets its audit row like any other.
+    refusals = [AuditEntry(tenant_id=turn.tenant_id, kind="tool_call", subject=c.name, ok=False,
+                           session_id=turn.session_id, turn_id=turn.id,
+                           payload={"call_id": c.id, "step": step, "arguments": scrub(c.arguments),
+                                    "error_code": "too_many_calls"})
+                for c in calls[cap:]]
     message = AssistantMessage(content=text, tool_calls=calls)
     try:
         with k.db.begin() as conn:
             invocations = turns.park_for_tools(conn, turn, step=step, message=message, usage=usage,
                                                model_used=model_used, refused=refused)
-            audit.write_entries(conn, entries)
+            audit.write_entries(conn, entries + refusals)
     except Conflict as exc:
         if exc.code != "stale_step":
             raise

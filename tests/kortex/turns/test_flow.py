@@ -303,6 +303,9 @@ def test_tool_calls_past_the_per_step_cap_get_an_error_result(harness_factory) -
                                                                                                "policy_denied"}
     tool_messages = [m for m in h.messages(tenant, turn.session_id) if m.role == "tool"]
     assert len(tool_messages) == 3  # every call has its result in the history
+    rows = {r["payload"]["call_id"]: r for r in _audit(h, tenant, turn.id) if r["kind"] == "tool_call"}
+    assert set(rows) == set(results)  # and its audit row, refused or not
+    assert rows["call_badjson"]["ok"] is False and rows["call_badjson"]["payload"]["error_code"] == "too_many_calls"
 
 
 def test_a_proposal_whose_result_was_lost_is_the_answer_not_a_timeout(harness: Harness) -> None:
