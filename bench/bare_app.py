@@ -19,7 +19,7 @@ PREFIX = os.environ.get("BENCH_PREFIX", "kxbench")
 app = Celery("bare", broker=BROKER)
 app.conf.update(
     task_serializer="json", accept_content=["json"], result_backend=None, task_ignore_result=True,
-    task_acks_late=True, task_reject_on_worker_lost=True, worker_prefetch_multiplier=4,
+    task_acks_late=True, task_reject_on_worker_lost=True, worker_prefetch_multiplier=1,
     task_queues=[Queue("bare")], task_default_queue="bare", worker_hijack_root_logger=False,
     broker_transport_options={"global_keyprefix": f"{PREFIX}:celery:", "visibility_timeout": 3600},
 )
