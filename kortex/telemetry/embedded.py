@@ -152,14 +152,15 @@ class EmbeddedTelemetry:
 
     # ---- deploys ---------------------------------------------------------------------------
 
-    def list_deploys(self, tenant_id: str, product: str, start: datetime, end: datetime) -> list[Deploy]:
+    def list_deploys(self, tenant_id: str, product: str, start: datetime, end: datetime,
+                     limit: int = 200) -> list[Deploy]:
         t = telemetry_deploys
         with self.db.connect() as conn:
             rows = conn.execute(
                 select(t)
                 .where(t.c.tenant_id == tenant_id, t.c.product == product, t.c.ts >= start, t.c.ts < end)
-                .order_by(t.c.ts.desc())
-                .limit(200)
+                .order_by(t.c.ts.desc(), t.c.id.desc())
+                .limit(max(1, min(limit, 1000)))
             ).all()
         return [
             Deploy(ts=r.ts, version=r.version, actor=r.actor, host=r.host, duration_s=r.duration_s,

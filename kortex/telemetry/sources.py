@@ -172,7 +172,9 @@ class MetricSource(Protocol):
 
 
 class DeploySource(Protocol):
-    def list_deploys(self, tenant_id: str, product: str, start: datetime, end: datetime) -> list[Deploy]: ...
+    def list_deploys(self, tenant_id: str, product: str, start: datetime, end: datetime,
+                     limit: int = 200) -> list[Deploy]:
+        """Newest first, at most ``limit``."""
 
 
 class TraceSource(Protocol):

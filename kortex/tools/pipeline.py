@@ -88,26 +88,25 @@ class ToolPipeline:
         result_cap_bytes: int = 64 * 1024,
         timeouts: dict[str, float] | None = None,
         progress_after: float = 30.0,
-        max_threads: int = 32,
+        max_stuck: int = 32,
     ) -> None:
         self.registry = registry
         self.policy = policy
         self.result_cap_bytes = result_cap_bytes
         self.timeouts = dict(timeouts or {})
         self.progress_after = progress_after
-        self.max_threads = max_threads
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self.max_stuck = max_stuck
         self._lock = threading.Lock()
+        self._stuck = 0
 
-    def _pool(self) -> concurrent.futures.ThreadPoolExecutor:
+    @property
+    def stuck_calls(self) -> int:
+        """Calls answered with a timeout whose threads are still running."""
         with self._lock:
-            if self._executor is None:
-                self._executor = concurrent.futures.ThreadPoolExecutor(self.max_threads, "kortex-tool")
-            return self._executor
+            return self._stuck
 
     def close(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
+        """Nothing to release: call threads are daemons that end with their sources' deadlines."""
 
     def timeout_for(self, spec: ToolSpec) -> float:
         return spec.timeout(self.timeouts.get(spec.name))
@@ -182,6 +181,7 @@ class ToolPipeline:
         content = {k: v for k, v in capped.items() if not (isinstance(k, str) and k.startswith("_"))}
         if truncated:
             content["truncated"] = True
+        truncated = truncated or content.get("truncated") is True  # the tool's own cap counts too
         return self._finish(call, ctx, spec, started, audit, content=content, truncated=truncated)
 
     def recover(self, call: ToolCall, ctx: ToolContext, *, audit: list[AuditEntry] | None = None) -> ToolResult | None:
@@ -204,8 +204,31 @@ class ToolPipeline:
         self, spec: ToolSpec, args: Any, ctx: ToolContext, timeout: float, call: ToolCall,
         on_progress: ProgressHook | None,
     ) -> Any:
-        future = self._pool().submit(spec.run, args, ctx)
+        # One fresh thread per call rather than a shared pool: a pool's queue wait would count
+        # against the timeout, and threads stuck past their timeout (a thread cannot be killed)
+        # would starve every later call. Stuck threads are counted instead, and past
+        # ``max_stuck`` new calls fail fast rather than pile up behind a hung upstream.
+        with self._lock:
+            if self._stuck >= self.max_stuck:
+                raise UpstreamError(
+                    f"{self._stuck} earlier tool calls are still stuck past their timeouts; "
+                    "the telemetry sources look hung, try again later")
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        state = {"abandoned": False}
+
+        def target() -> None:
+            try:
+                future.set_result(spec.run(args, ctx))
+            except BaseException as exc:  # handed to the caller, which sorts errors out
+                future.set_exception(exc)
+            finally:
+                with self._lock:
+                    if state["abandoned"]:
+                        self._stuck -= 1
+                    state["abandoned"] = False  # a late finish is no longer stuck
+
         deadline = time.monotonic() + timeout
+        threading.Thread(target=target, name=f"kortex-tool-{spec.name}", daemon=True).start()
         try:
             if on_progress is not None and self.progress_after < timeout:
                 try:
@@ -217,8 +240,11 @@ class ToolPipeline:
                         log.warning("progress note for %s failed", call.id, exc_info=True)
             return future.result(max(0.0, deadline - time.monotonic()))
         except concurrent.futures.TimeoutError:
-            # The thread cannot be stopped; the source's own deadline ends it soon after.
-            future.cancel()
+            with self._lock:
+                if not future.done():
+                    # The source's own deadline (ctx.deadline) should end it soon after.
+                    state["abandoned"] = True
+                    self._stuck += 1
             raise ToolTimeout(f"{spec.name} exceeded {timeout:.1f}s") from None
 
     def _finish(

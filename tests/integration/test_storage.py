@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import concurrent.futures
+import threading
+
 import pytest
 from sqlalchemy import text
 
-from kortex.errors import StorageError
+from kortex.errors import Conflict, StorageError
+from kortex.storage.audit import AuditEntry, write_entries
 from kortex.storage.db import Database
+from kortex.storage.schema import decisions
+from kortex.turns import chat
+from kortex.turns.handoff import Handoff, ToolDispatch
+from kortex.turns.step import run_step
+from kortex.turns.toolrun import run_tool
+from tests.conftest import Harness
 
 pytestmark = pytest.mark.integration
 
@@ -20,3 +30,40 @@ def test_tool_queries_are_stopped_by_the_database_at_their_timeout(pg_url: str) 
             assert conn.execute(text("SELECT 1")).scalar() == 1
     finally:
         db.dispose()
+
+
+def test_simultaneous_last_results_advance_the_turn_exactly_once(pg: Harness) -> None:
+    """Twelve tool results of one step committed at the same moment on PostgreSQL: the
+    countdown lets exactly one of them hand the turn to its next step, every round."""
+    tenant_id = pg.tenant("fan-out")
+    for _ in range(5):
+        sid = chat.create_session(pg.k, tenant_id, "fan", "scripted:fan_out").id
+        posted = chat.post_message(pg.k, tenant_id, sid, "go")
+        (first,) = posted.handoff.steps
+        fanned = run_step(pg.k, first.tenant_id, first.turn_id, first.step)
+        assert len(fanned.tools) == 12 and not fanned.steps
+        gate = threading.Barrier(len(fanned.tools))
+
+        def settle_together(t: ToolDispatch, gate: threading.Barrier = gate) -> Handoff:
+            gate.wait(10)
+            return run_tool(pg.k, t.tenant_id, t.invocation_id, t.tool, t.hard_limit)
+
+        with concurrent.futures.ThreadPoolExecutor(len(fanned.tools)) as pool:
+            handoffs = list(pool.map(settle_together, fanned.tools))
+        steps = [s for h in handoffs for s in h.steps]
+        assert len(steps) == 1 and steps[0].step == first.step + 1
+        turn = chat.get_turn(pg.k, tenant_id, posted.turn.id)
+        assert turn.status == "queued" and turn.step == first.step + 1
+
+
+def test_audit_rows_cannot_be_changed_or_deleted_on_postgresql(pg: Harness) -> None:
+    tenant_id = pg.tenant("audit-pg")
+    with pg.k.db.begin() as conn:
+        write_entries(conn, [AuditEntry(tenant_id=tenant_id, kind="tool_call", subject="x", ok=True, payload={})])
+    mine = decisions.c.tenant_id == tenant_id
+    for stmt in (decisions.update().where(mine).values(ok=False), decisions.delete().where(mine)):
+        with pytest.raises((StorageError, Conflict)) as caught, pg.k.db.begin() as conn:
+            conn.execute(stmt)
+        assert "append-only" in str(caught.value.__cause__ or caught.value)
+    with pg.k.db.connect() as conn:
+        assert [(r.subject, r.ok) for r in conn.execute(decisions.select().where(mine))] == [("x", True)]

@@ -14,16 +14,23 @@ class GetRecentDeploysInput(ToolInput):
     time_range: TimeRange
 
 
+#: newest deploys one call returns; a busier window says ``truncated`` so the model narrows it
+MAX_DEPLOYS = 200
+
+
 def run(args: GetRecentDeploysInput, ctx: ToolContext) -> dict[str, Any]:
     start, end = window(args.time_range, ctx)
-    deploys = ctx.sources.deploys.list_deploys(ctx.tenant_id, args.product, start, end)
-    return {
+    deploys = ctx.sources.deploys.list_deploys(ctx.tenant_id, args.product, start, end, limit=MAX_DEPLOYS + 1)
+    result: dict[str, Any] = {
         "deploys": [
             {"ts": isoformat(d.ts), "version": d.version, "actor": d.actor, "host": d.host,
              "duration_s": d.duration_s, "status": d.status, "commit": d.commit, "rolled_back": d.rolled_back}
-            for d in deploys
+            for d in deploys[:MAX_DEPLOYS]
         ]
     }
+    if len(deploys) > MAX_DEPLOYS:
+        result["truncated"] = True
+    return result
 
 
 SPEC = ToolSpec(

@@ -136,6 +136,23 @@ def test_get_recent_deploys_lists_the_window_newest_first(harness: Harness) -> N
     assert bad.is_error and bad.error_code == "validation" and "time" in bad.content["message"]
 
 
+def test_get_recent_deploys_says_truncated_past_its_cap(harness: Harness) -> None:
+    from kortex.telemetry import ingest
+    from kortex.tools.builtin.get_recent_deploys import MAX_DEPLOYS
+
+    tenant = harness.tenant("busy")
+    now = utcnow()
+    items = [{"product": "api", "ts": (now - timedelta(minutes=i)).isoformat(), "version": f"v{i}"}
+             for i in range(MAX_DEPLOYS + 5)]
+    with harness.k.db.begin() as conn:
+        ingest.write(conn, tenant, "deploys", ingest.validate_batch("deploys", items, now=now))
+    busy = call(harness, tenant, "get_recent_deploys", {"product": "api", "time_range": "last 6h"})
+    assert not busy.is_error and busy.truncated and busy.content["truncated"] is True
+    assert [d["version"] for d in busy.content["deploys"]] == [f"v{i}" for i in range(MAX_DEPLOYS)]
+    quiet = call(harness, tenant, "get_recent_deploys", {"product": "api", "time_range": "last 30m"})
+    assert len(quiet.content["deploys"]) == 30 and "truncated" not in quiet.content and not quiet.truncated
+
+
 def test_the_database_stops_tool_queries_at_their_timeout(tmp_path) -> None:
     import pytest
     from sqlalchemy import text

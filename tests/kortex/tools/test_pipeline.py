@@ -218,3 +218,59 @@ def test_error_messages_are_scrubbed_too() -> None:
     p = ToolPipeline(registry, ToolPolicy.build(None, registry))
     result = p.run(ToolCall(id="c", name="leaky", arguments={"n": 1}), _ctx())
     assert result.error_code == "upstream" and "abcdefghijklmnop" not in result.content["message"]
+
+
+class _Gate(ToolInput):
+    pass
+
+
+def _gated_pipeline(run_fn, **kwargs: Any) -> ToolPipeline:
+    spec = ToolSpec(name="gated", description="waits on a test gate", input_model=_Gate, run=run_fn,
+                    redact=("ok",))
+    registry = ToolRegistry([spec])
+    return ToolPipeline(registry, ToolPolicy.build(None, registry), **kwargs)
+
+
+def test_many_concurrent_calls_all_run_at_once_no_queue_eats_their_timeout() -> None:
+    # 40 calls that can only finish together: a shared pool smaller than 40 would leave some
+    # queued behind the barrier until their timeouts, so every one succeeding shows none waited.
+    import threading
+    n = 40
+    barrier = threading.Barrier(n, timeout=20)
+
+    def gated(args: _Gate, ctx: ToolContext) -> dict[str, Any]:
+        barrier.wait()
+        return {"ok": True}
+
+    p = _gated_pipeline(gated, timeouts={"gated": 25})
+    results: list[Any] = []
+    threads = [threading.Thread(target=lambda: results.append(run(p, "gated", {}))) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(results) == n and all(not r.is_error and r.content == {"ok": True} for r in results)
+
+
+def test_calls_stuck_past_their_timeout_are_bounded_and_released_when_they_end() -> None:
+    import threading
+    release = threading.Event()
+
+    def hangs(args: _Gate, ctx: ToolContext) -> dict[str, Any]:
+        release.wait(30)
+        return {"ok": True}
+
+    p = _gated_pipeline(hangs, timeouts={"gated": 0.05}, max_stuck=2)
+    assert [run(p, "gated", {}).error_code for _ in range(2)] == ["timeout", "timeout"]
+    assert p.stuck_calls == 2
+    refused = run(p, "gated", {})  # fails fast instead of stacking a third hung thread
+    assert refused.is_error and refused.error_code == "upstream" and "stuck" in refused.content["message"]
+    assert p.stuck_calls == 2
+    release.set()
+    for _ in range(200):
+        if p.stuck_calls == 0:
+            break
+        threading.Event().wait(0.01)
+    assert p.stuck_calls == 0
+    ok = run(p, "gated", {})
+    assert not ok.is_error and ok.content == {"ok": True}
