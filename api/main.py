@@ -13,6 +13,7 @@ from starlette.concurrency import run_in_threadpool
 from api import errors
 from api.deps import AuthCache
 from api.routes import health, ingest, llm, proposals, sessions, tools, turns
+from api.sse import StreamSlots
 from kortex.config import Settings, load_settings
 from kortex.container import Kortex, redis_factory
 from kortex.stream.hub import StreamHub
@@ -94,6 +95,7 @@ def create_app(settings: Settings | None = None, *, dispatch: Callable[[Handoff]
         app.state.hub = hub
         app.state.auth_cache = AuthCache()
         app.state.heartbeat = settings.turn.heartbeat
+        app.state.stream_slots = StreamSlots(settings.turn.max_streams_per_tenant)
         try:
             yield
         finally:

@@ -9,8 +9,11 @@ from collections.abc import AsyncIterator
 from datetime import timedelta
 
 from starlette.concurrency import run_in_threadpool
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from kortex.container import Kortex
+from kortex.errors import RateLimited
 from kortex.events import DoneEvent
 from kortex.messages import Usage
 from kortex.storage.records import TurnRecord
@@ -22,6 +25,51 @@ from kortex.turns.replay import replay_events
 
 log = logging.getLogger(__name__)
 DONE_GRACE = timedelta(seconds=10)
+
+
+class StreamSlots:
+    """Open event streams per tenant in this API process: one tenant's runaway client cannot
+    hold every connection the process has. The event loop is single-threaded, so plain
+    counters suffice."""
+
+    def __init__(self, per_tenant: int) -> None:
+        self.per_tenant = per_tenant
+        self._open: dict[str, int] = {}
+
+    def open(self, tenant_id: str) -> int:
+        return self._open.get(tenant_id, 0)
+
+    def take(self, tenant_id: str) -> None:
+        count = self._open.get(tenant_id, 0)
+        if count >= self.per_tenant:
+            raise RateLimited(f"this tenant already has {count} open event streams; close some and retry")
+        self._open[tenant_id] = count + 1
+
+    def give_back(self, tenant_id: str) -> None:
+        count = self._open.get(tenant_id, 0) - 1
+        if count > 0:
+            self._open[tenant_id] = count
+        else:
+            self._open.pop(tenant_id, None)
+
+
+class HeldStream(StreamingResponse):
+    """An event stream that holds one of its tenant's slots until the response ends, however
+    it ends: the client leaves, the turn finishes, or the server shuts down. (A release inside
+    the body generator would leak when the client leaves before the first chunk, as a
+    generator that never started runs no ``finally``.)"""
+
+    def __init__(self, body: AsyncIterator[str], *, slots: StreamSlots, tenant_id: str,
+                 headers: dict[str, str]) -> None:
+        slots.take(tenant_id)  # RateLimited (429) past the tenant's cap, before any byte is sent
+        super().__init__(body, media_type="text/event-stream", headers=headers)
+        self._release = lambda: slots.give_back(tenant_id)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._release()
 
 
 def format_entry(entry: Entry) -> str:

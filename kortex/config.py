@@ -246,6 +246,7 @@ class TurnSettings(_Section):
     stream_ttl: Seconds = 3600.0            # how long a finished turn's stream stays in Redis
     stream_maxlen: int = Field(20_000, ge=100)
     heartbeat: Seconds = 15.0
+    max_streams_per_tenant: int = Field(500, ge=1)  # open event streams per tenant, per API process
     text_flush_ms: int = Field(25, ge=0, le=1000)  # coalescing window for text deltas
     requeue_after: Seconds = 30.0           # a queued turn or tool untouched this long is re-enqueued
     watchdog_every: Seconds = 10.0          # how often beat runs the watchdog sweep

@@ -10,7 +10,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.deps import HubDep, KortexDep, TenantDep, object_id
 from api.schemas import TurnOut
-from api.sse import nothing_left, resume_point, turn_events
+from api.sse import HeldStream, nothing_left, resume_point, turn_events
 from kortex.turns.chat import get_turn
 
 router = APIRouter(prefix="/v1/turns", tags=["turns"])
@@ -38,5 +38,5 @@ async def stream_events(
     if await run_in_threadpool(nothing_left, k, turn, resume_point(last_event_id)):
         return Response(status_code=204)  # the client has every event: EventSource stops here
     heartbeat = request.app.state.heartbeat
-    return StreamingResponse(turn_events(k, hub, turn, last_event_id, heartbeat),
-                             media_type="text/event-stream", headers=SSE_HEADERS)
+    return HeldStream(turn_events(k, hub, turn, last_event_id, heartbeat), slots=request.app.state.stream_slots,
+                      tenant_id=tenant.id, headers=SSE_HEADERS)
