@@ -14,6 +14,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from kortex import logsafe
 from kortex.config import load_settings
 from kortex.errors import KortexError
 
@@ -207,6 +208,7 @@ def create_key(name: Annotated[str, typer.Argument(help="Tenant name")]) -> None
 def main(argv: list[str] | None = None) -> Any:
     logging.basicConfig(level=os.environ.get("KORTEX_LOG_LEVEL", "WARNING").upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logsafe.install()
     return app(argv)
 
 

@@ -8,8 +8,9 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from celery.signals import worker_process_shutdown
+from celery.signals import after_setup_logger, after_setup_task_logger, worker_process_shutdown
 
+from kortex import logsafe
 from kortex.config import Settings
 from kortex.container import Kortex
 
@@ -51,3 +52,11 @@ def close() -> None:
 @worker_process_shutdown.connect
 def _close(**_: Any) -> None:
     close()
+
+
+@after_setup_logger.connect
+@after_setup_task_logger.connect
+def _scrub_logs(logger: Any = None, **_: Any) -> None:
+    logsafe.install()  # the root logger's handlers: where kortex.* records end up
+    if logger is not None:
+        logsafe.install(logger)
