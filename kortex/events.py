@@ -77,10 +77,14 @@ class ProposalEvent(_Event):
 
 
 class ErrorEvent(_Event):
+    """A failure that ends the turn (``fatal``, followed by a failed ``done``), or a notice the
+    client should show while the turn goes on: failover, escalation, a cut-off answer."""
+
     type: Literal["error"] = "error"
     code: str
     message: str
     retryable: bool = False
+    fatal: bool = True
 
 
 class DoneEvent(_Event):

@@ -106,7 +106,7 @@ def _run_claimed(k: Kortex, turn: TurnRecord, step: int, candidates: list[Candid
     routed = RoutedStream(candidates, request, settings.llm)
     publisher = StepPublisher(k.events, turn.id, step, settings.turn.text_flush_ms)
     try:
-        text, calls, _done = k.loop.run(
+        text, calls, done = k.loop.run(
             asyncio.wait_for(_consume(k, turn, routed, publisher, _call_ids(history)), limit), timeout=limit + 5)
     except LeaseLost:
         log.warning("step %s of turn %s lost its lease; another attempt runs it", step, turn.id)
@@ -139,7 +139,12 @@ def _run_claimed(k: Kortex, turn: TurnRecord, step: int, candidates: list[Candid
         if finished:
             audit.write_entries(conn, entries)
     if finished:
-        publish_done(k, turn, [DoneEvent(status="done", usage=_total(turn, usage))])
+        closing: list[Event] = []
+        if done.stop_reason == "max_tokens":  # the answer stands, but the client should know it is cut
+            closing.append(ErrorEvent(code="max_tokens", fatal=False, message=(
+                f"the answer reached {answered.spec}'s output limit and may be cut short; "
+                "ask a narrower question or raise max_tokens")))
+        publish_done(k, turn, [*closing, DoneEvent(status="done", usage=_total(turn, usage))])
     else:
         _audit_alone(k, entries)
     return NOTHING
@@ -228,7 +233,7 @@ async def _consume(
                 elif isinstance(chunk, ToolCallChunk):
                     calls.append(chunk.call)
                 elif isinstance(chunk, WarningChunk):
-                    publisher.emit(ErrorEvent(code=chunk.code, message=chunk.message))
+                    publisher.emit(ErrorEvent(code=chunk.code, message=chunk.message, fatal=False))
                 elif isinstance(chunk, DoneChunk):
                     done = chunk
     finally:

@@ -116,6 +116,28 @@ def test_a_failure_after_text_ends_the_turn_once_without_repeating_text(harness_
     assert not row["ok"] and row["payload"]["error_code"] == "stream_interrupted"
 
 
+def test_an_answer_cut_at_max_tokens_is_kept_and_flagged(harness_factory, fake: FakeLLM) -> None:
+    fake.add("gpt-5", {"steps": [{"text": ["The deploy ", "at 14:31 ", "changed"], "stop_reason": "max_tokens"}]})
+    h = harness_for(harness_factory, fake, default_provider="openai")
+    tenant = h.tenant("acme")
+    turn = h.ask(tenant, "why?")
+    assert turn.status == "done"
+    events = _events(h, turn.id)
+    assert [e["type"] for e in events] == ["turn", "text", "text", "text", "error", "done"]
+    notice = events[-2]
+    assert notice["code"] == "max_tokens" and not notice["fatal"] and "openai:gpt-5" in notice["message"]
+    assert events[-1]["status"] == "done"
+
+
+def test_warnings_are_not_fatal_but_failures_are(harness_factory, fake: FakeLLM) -> None:
+    fake.add("claude-opus-4-6", {"steps": [{"faults": [{"status": 529, "message": "Overloaded"}], "text": ["x"]}]})
+    fake.add("gpt-5", {"steps": [{"text": ["The deploy ", "changed"], "disconnect_after": 1}]})
+    h = harness_for(harness_factory, fake, default_provider="anthropic", fallback_providers=["openai"])
+    turn = h.ask(h.tenant("acme"), "why?")
+    errors = [e for e in _events(h, turn.id) if e["type"] == "error"]
+    assert [(e["code"], e["fatal"]) for e in errors] == [("provider_failover", False), ("stream_interrupted", True)]
+
+
 def test_invalid_tool_json_is_answered_with_a_tool_error_the_model_sees(harness_factory, fake: FakeLLM) -> None:
     fake.add("claude-opus-4-6", {"steps": [
         {"tool_calls": [{"id": "toolu_bad", "name": "get_logs", "arguments_raw": '{"product": "check'}]},
