@@ -58,7 +58,7 @@ class EventPrinter:
         elif event == "proposal":
             c.print(f"[magenta]⚑ proposal {data['proposal_id']}[/magenta]: {data['action']} {data['product']} — "
                     f"{escape(data.get('rationale', ''))} (awaits a human)")
-        elif event == "error" and data.get("code") in WARNING_CODES:
+        elif event == "error" and (data.get("fatal") is False or data.get("code") in WARNING_CODES):
             c.print(f"[yellow]! {data.get('code')}[/yellow]: {escape(data.get('message', ''))}")
         elif event == "error":
             c.print(f"[red]! {data.get('code')}[/red]: {escape(data.get('message', ''))}")
