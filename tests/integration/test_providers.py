@@ -56,3 +56,30 @@ def test_providers_endpoint_on_the_running_api(api_url: str, tenant) -> None:
     assert by_name["anthropic"]["available"] and by_name["openai"]["available"]
     assert by_name["ollama"]["reachable"] is True
     assert "test-key" not in str(body)
+
+
+def test_kortex_ask_against_the_running_api_streams_a_vendor_answer(api_url: str, tenant, fake_llm: FakeLLM) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from kortex_cli.main import app
+
+    _, key = tenant
+    fake_llm.add("claude-haiku-4-6", {"steps": [
+        {"text": ["Looking."], "usage": {"input_tokens": 1000, "output_tokens": 10},
+         "tool_calls": [{"id": "toolu_cli", "name": "get_recent_deploys", "arguments": DEPLOYS, "fragments": 3}]},
+        {"text": ["Deploy v2.14.0 ", "did it [toolu_cli]."], "usage": {"input_tokens": 2000, "output_tokens": 20}}]})
+    result = CliRunner().invoke(app, ["ask", "why is checkout slow?", "--url", api_url, "--api-key", key,
+                                      "--model", "anthropic:claude-haiku-4-6", "--json"])
+    assert result.exit_code == 0, result.output
+    events = [json.loads(line) for line in result.output.splitlines() if line.startswith("{")]
+    kinds = [e["event"] for e in events]
+    assert kinds == ["turn", "text", "tool_call", "tool_result", "turn", "text", "text", "done"]
+    assert "".join(e["data"]["delta"] for e in events if e["event"] == "text") == \
+        "Looking.Deploy v2.14.0 did it [toolu_cli]."
+    assert events[3]["data"]["content"]["deploys"][0]["version"] == "v2.14.0"
+    assert events[-1]["data"]["status"] == "done" and events[-1]["data"]["usage"]["input_tokens"] == 3000
+
+    refused = CliRunner().invoke(app, ["ask", "why?", "--url", api_url, "--api-key", "kx_wrong"])
+    assert refused.exit_code != 0
