@@ -5,8 +5,9 @@ scrubbed string can be longer than the original). Top-level fields whose name st
 ``_`` are private to the tool (paging keys its ``on_truncate`` needs); they never reach the
 model, so they do not count against the budget.
 
-Order of measures: drop items from the end of the tool's list (never all of them, so a page
-always makes progress and its cursor moves), then shorten long strings. A result that still
+Order of measures: drop items from the end of the tool's list (the start, for a series kept by
+its tail; never all of them, so a page always makes progress and its cursor moves), then
+shorten long strings. A result that still
 does not fit raises ``ResultTooLarge``: the model gets an error it can act on (narrow the
 query), never an empty-looking success."""
 
@@ -40,18 +41,23 @@ def cap_result(
     field = spec.list_field or _largest_list(out)
     if field and isinstance(out.get(field), list) and len(out[field]) > 1:
         items = out[field]
+        tail = spec.keep == "tail"
+
+        def first(n: int) -> list[Any]:
+            return items[len(items) - n:] if tail else items[:n]
+
         lo, hi = 1, len(items)
         while lo < hi:  # the most items that still fit (at least one: the page must move on)
             mid = (lo + hi + 1) // 2
-            trial = {**out, field: items[:mid], "truncated": True}
+            trial = {**out, field: first(mid), "truncated": True}
             if _public_size(trial) <= limit:
                 lo = mid
             else:
                 hi = mid - 1
         if lo < len(items):
-            out[field] = items[:lo]
+            out[field] = first(lo)
             out["truncated"] = True
-            if spec.on_truncate is not None:
+            if spec.on_truncate is not None and not tail:  # paging continues after a kept head
                 out = spec.on_truncate(out, args, lo, ctx)
                 # The fix-up may add a field (a next_cursor the last page did not have): make room.
                 while lo > 1 and _public_size(out) > limit:

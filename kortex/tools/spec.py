@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -90,6 +90,9 @@ class ToolSpec:
     redact: tuple[str, ...] = ()
     #: the list the output cap trims first when a result is too large
     list_field: str | None = None
+    #: which end of that list the cap keeps: "head" for newest-first pages, "tail" for series
+    #: sorted oldest-first, whose latest points matter most to an investigation
+    keep: Literal["head", "tail"] = "head"
     #: fixes paging fields (next_cursor) after the cap kept only the first ``kept`` items
     on_truncate: TruncateFn | None = None
     #: for tools with an effect: the stored outcome of a call whose worker died before its

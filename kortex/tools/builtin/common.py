@@ -75,11 +75,10 @@ def _point(name: str, text: str, ctx: ToolContext) -> tuple[datetime, datetime |
 
 
 def since_until(since: str | None, until: str | None, ctx: ToolContext, default_since: str) -> tuple[datetime, datetime]:
-    """The ``[since, until)`` window of an LLM-ops tool. An interval given as ``since`` also sets
-    the end when ``until`` is absent ('yesterday' alone means all of yesterday)."""
+    """The ``[since, until)`` window of an LLM-ops tool. ``until`` defaults to now, as
+    llm-ops-agent-tools.md says ('yesterday' alone is yesterday 00:00 until now); an interval
+    given as ``since`` ('2026-11-20/2026-11-21', 'last 30m') brings its own end."""
     start, implied_end = _point("since", since or default_since, ctx)
-    if since is not None and since.strip().lower() == "yesterday":
-        implied_end = start + timedelta(days=1)
     if until is not None:
         end, _ = _point("until", until, ctx)
     else:

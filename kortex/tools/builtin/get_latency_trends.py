@@ -64,4 +64,5 @@ SPEC = ToolSpec(
     category="analysis",
     redact=("data", "summary", "since", "until", "note", "truncated"),
     list_field="data",
+    keep="tail",  # oldest first: the cap keeps the latest periods
 )

@@ -57,4 +57,5 @@ SPEC = ToolSpec(
     category="analysis",
     redact=("data", "totals", "group_by", "since", "until", "note", "truncated"),
     list_field="data",
+    keep="tail",  # oldest first: the cap keeps the latest periods
 )

@@ -153,8 +153,11 @@ def test_recent_requests_reject_bad_parameters_and_answer_empty_lists(platform) 
         assert result.content["code"] == "INVALID_PARAMETER"
     empty = h.call(tenant, "get_recent_requests", {"user_id": "nobody"}).content
     assert empty["requests"] == [] and empty["count"] == 0 and empty["has_more"] is False
-    yesterday = h.call(tenant, "get_recent_requests", {"since": "yesterday", "limit": 5}).content
-    assert _ts(yesterday["until"]) - _ts(yesterday["since"]) == timedelta(days=1)
+    now = utcnow()
+    yesterday = h.call(tenant, "get_recent_requests", {"since": "yesterday", "limit": 5}, now=now).content
+    midnight = now.replace(hour=0, minute=0, second=0, microsecond=0)
+    assert _ts(yesterday["since"]) == midnight - timedelta(days=1)  # until defaults to now
+    assert abs((_ts(yesterday["until"]) - now).total_seconds()) < 0.01
 
 
 def test_request_detail_shows_the_routing_decision_and_the_incident(platform) -> None:
@@ -223,7 +226,10 @@ def test_request_volume_groups_and_totals(platform) -> None:
     now = utcnow()
     daily = h.call(tenant, "get_request_volume", {"group_by": "deployment", "since": "yesterday"}, now=now).content
     yesterday = (now - timedelta(days=1)).date().isoformat()
-    assert {r["period"] for r in daily["data"]} == {yesterday}
+    assert {r["period"] for r in daily["data"]} == {yesterday, now.date().isoformat()}  # until defaults to now
+    only = h.call(tenant, "get_request_volume", {"group_by": "deployment", "since": "yesterday", "until": "today"},
+                  now=now).content
+    assert {r["period"] for r in only["data"]} == {yesterday}
     assert set(daily["totals"]) == {"gpt-4/aws", "gpt-4/azure", "claude-3/anthropic", "llama-70b/k8s",
                                     "mistral-large/neocloud"}
     assert sum(t["requests"] for t in daily["totals"].values()) == sum(r["request_count"] for r in daily["data"])
@@ -268,3 +274,23 @@ def test_the_output_cap_never_skips_requests_between_pages(seeded: tuple[Path, s
         assert len(ids) == len(set(ids)) == expected and pages > expected // 100 + 1
     finally:
         h.close()
+
+
+def test_the_output_cap_keeps_the_latest_periods_of_a_series(seeded: tuple[Path, str], tmp_path: Path) -> None:
+    path, tenant = seeded
+    shutil.copy(path, tmp_path / "kortex.db")
+    now = utcnow()
+    args = {"since": "last 24h", "granularity": "hour"}
+    roomy = Harness(make_settings(tmp_path, f"sqlite:///{tmp_path / 'kortex.db'}"))
+    tight = Harness(make_settings(tmp_path, f"sqlite:///{tmp_path / 'kortex.db'}", tools={"result_cap_bytes": 4096}))
+    try:
+        for tool in ("get_latency_trends", "get_request_volume"):
+            full = roomy.call(tenant, tool, args, now=now)
+            cut = tight.call(tenant, tool, args, now=now)
+            assert not full.truncated and cut.truncated and cut.content["truncated"] is True
+            kept = cut.content["data"]
+            assert 0 < len(kept) < len(full.content["data"])
+            assert kept == full.content["data"][-len(kept):]  # the newest rows, oldest dropped
+    finally:
+        roomy.close()
+        tight.close()
