@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,57 @@ from kortex.errors import ConfigError, Conflict, StorageError
 
 log = logging.getLogger(__name__)
 SQLITE_BUSY_MS = 10_000  # how long a SQLite writer waits for the write lock by default
+
+#: the monotonic deadline of the tool call running in this thread: a database with a statement
+#: timeout stops its statements there, so a call the pipeline abandoned frees its connection at
+#: its own timeout rather than at the longest tool's
+_call_deadline: ContextVar[float | None] = ContextVar("kortex_call_deadline", default=None)
+
+
+@contextmanager
+def statements_until(deadline: float | None) -> Iterator[None]:
+    token = _call_deadline.set(deadline)
+    try:
+        yield
+    finally:
+        _call_deadline.reset(token)
+
+
+def _remaining_ms(default_s: float) -> int:
+    """Milliseconds a statement may run now: the default, or less when a call's deadline is nearer."""
+    seconds = default_s
+    deadline = _call_deadline.get()
+    if deadline is not None:
+        seconds = min(seconds, deadline - time.monotonic())
+    return max(1, int(seconds * 1000))
+
+
+def _pg_statement_timeout(engine: Engine, seconds: float) -> None:
+    """The connection's statement timeout is the default; a statement run for a tool call with a
+    nearer deadline lowers it first (one SET, only when the value changes), and the connection
+    gets its default back when it returns to the pool."""
+    default_ms = int(seconds * 1000)
+
+    def before(conn: Connection, cursor: Any, statement: str, params: Any, context: Any, many: bool) -> None:
+        info = conn.connection._connection_record.info  # type: ignore[union-attr]
+        wanted = _remaining_ms(seconds)
+        # Within 50 ms of the current value is close enough: no round trip for every statement.
+        if abs(wanted - info.get("statement_ms", default_ms)) > 50 or wanted < 50:
+            cursor.execute(f"SET statement_timeout = {wanted}")
+            info["statement_ms"] = wanted
+
+    def checkin(dbapi_connection: Any, record: Any) -> None:
+        if record.info.pop("statement_ms", default_ms) != default_ms:
+            try:
+                with dbapi_connection.cursor() as cur:
+                    cur.execute(f"SET statement_timeout = {default_ms}")
+                if not dbapi_connection.autocommit:
+                    dbapi_connection.commit()
+            except Exception:  # a broken connection: the pool discards it anyway
+                record.invalidate()
+
+    event.listen(engine, "before_cursor_execute", before)
+    event.listen(engine, "checkin", checkin)
 
 
 def _normalise(url: str | URL) -> URL:
@@ -68,7 +120,8 @@ def _sqlite_statement_timeout(engine: Engine, seconds: float) -> None:
         dbapi_connection.set_progress_handler(check, 10_000)
 
     def before(conn: Connection, cursor: Any, statement: str, params: Any, context: Any, many: bool) -> None:
-        conn.connection._connection_record.info["deadline"] = time.monotonic() + seconds  # type: ignore[union-attr]
+        info = conn.connection._connection_record.info  # type: ignore[union-attr]
+        info["deadline"] = time.monotonic() + _remaining_ms(seconds) / 1000
 
     event.listen(engine, "connect", on_connect)
     event.listen(engine, "before_cursor_execute", before)
@@ -136,6 +189,8 @@ class Database:
             event.listen(self.engine, "connect", _sqlite_pragmas)
             if statement_timeout:
                 _sqlite_statement_timeout(self.engine, statement_timeout)
+        elif statement_timeout:
+            _pg_statement_timeout(self.engine, statement_timeout)
 
     @property
     def is_sqlite(self) -> bool:

@@ -43,6 +43,7 @@ from kortex.errors import InvalidInput, NotFound, StorageError, ToolError, ToolT
 from kortex.messages import ToolCall, ToolResult
 from kortex.redaction import scrub, scrub_text
 from kortex.storage.audit import AuditEntry
+from kortex.storage.db import statements_until
 from kortex.tools.capping import cap_result, encoded_size
 from kortex.tools.policy import ToolPolicy
 from kortex.tools.registry import ToolRegistry
@@ -218,7 +219,8 @@ class ToolPipeline:
 
         def target() -> None:
             try:
-                future.set_result(spec.run(args, ctx))
+                with statements_until(deadline):  # the telemetry database stops its queries there
+                    future.set_result(spec.run(args, ctx))
             except BaseException as exc:  # handed to the caller, which sorts errors out
                 future.set_exception(exc)
             finally:

@@ -4,14 +4,22 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
+import time
+from typing import Any
 
 import pytest
 from sqlalchemy import text
 
 from kortex.errors import Conflict, StorageError
+from kortex.messages import ToolCall
 from kortex.storage.audit import AuditEntry, write_entries
 from kortex.storage.db import Database
 from kortex.storage.schema import decisions
+from kortex.timeparse import utcnow
+from kortex.tools.pipeline import ToolPipeline
+from kortex.tools.policy import ToolPolicy
+from kortex.tools.registry import ToolRegistry
+from kortex.tools.spec import ToolContext, ToolInput, ToolSpec
 from kortex.turns import chat
 from kortex.turns.handoff import Handoff, ToolDispatch
 from kortex.turns.step import run_step
@@ -67,3 +75,36 @@ def test_audit_rows_cannot_be_changed_or_deleted_on_postgresql(pg: Harness) -> N
         assert "append-only" in str(caught.value.__cause__ or caught.value)
     with pg.k.db.connect() as conn:
         assert [(r.subject, r.ok) for r in conn.execute(decisions.select().where(mine))] == [("x", True)]
+
+
+def test_a_tool_call_the_pipeline_gave_up_on_frees_its_connection_at_its_own_deadline(pg_url: str) -> None:
+    """The telemetry database's default statement timeout is the longest tool's; a query of a
+    call with a nearer deadline is stopped at that deadline, so an abandoned call does not keep
+    its connection (or its thread) for the longest tool's timeout."""
+    db = Database(pg_url, pool_size=1, statement_timeout=20)
+
+    class _Args(ToolInput):
+        pass
+
+    def slow_query(args: _Args, ctx: ToolContext) -> dict[str, Any]:
+        with db.connect() as conn:
+            conn.execute(text("SELECT pg_sleep(10)"))
+        return {"ok": True}
+
+    spec = ToolSpec(name="slow_query", description="sleeps in the database", input_model=_Args, run=slow_query,
+                    redact=("ok",))
+    registry = ToolRegistry([spec])
+    pipeline = ToolPipeline(registry, ToolPolicy.build(None, registry), timeouts={"slow_query": 0.5})
+    ctx = ToolContext(tenant_id="t", session_id=None, turn_id=None, call_id="c", step=0, now=utcnow(), sources=None)
+    try:
+        started = time.monotonic()
+        result = pipeline.run(ToolCall(id="c", name="slow_query", arguments={}), ctx)
+        assert result.error_code == "timeout"
+        while pipeline.stuck_calls and time.monotonic() - started < 8:
+            time.sleep(0.02)
+        assert pipeline.stuck_calls == 0 and time.monotonic() - started < 3  # not the 10 s the query asked for
+        with db.connect() as conn:  # the pooled connection is back at the default
+            assert conn.execute(text("SHOW statement_timeout")).scalar() == "20s"
+            assert conn.execute(text("SELECT 1")).scalar() == 1
+    finally:
+        db.dispose()
