@@ -373,7 +373,8 @@ def fail_turn(conn: Connection, turn: TurnRecord, error: dict[str, Any]) -> bool
     )
     for inv in cancelled:
         result = ToolResult(call_id=inv.call_id, name=inv.name, is_error=True, error_code="cancelled",
-                            content={"error": "cancelled", "message": "the turn ended before this tool finished"})
+                            content={"error": True, "message": "the turn ended before this tool finished",
+                                     "code": "CANCELLED", "error_code": "cancelled"})
         conn.execute(INSERT_MESSAGE, message_row(tenant_id=turn.tenant_id, session_id=inv.session_id,
                                                  turn_id=inv.turn_id, turn_no=inv.turn_no, step=inv.step,
                                                  ord=inv.idx + 1, message=ToolMessage(result=result)))

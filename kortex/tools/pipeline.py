@@ -9,10 +9,15 @@ The cap measures what the model receives: redaction can lengthen strings (``pwd=
 
 Nothing raises out of ``ToolPipeline.run``: every failure is an ``is_error`` result with a
 code (``policy_denied``, ``invalid_json``, ``validation``, ``not_found``, ``timeout``,
-``upstream``, ``result_too_large``, ``internal``) and a message the model can act on. The
-content also carries the code of llm-ops-agent-tools.md, so every tool fails in one shape:
+``upstream``, ``result_too_large``, ``internal``) and a message the model can act on. Every
+tool fails in the shape of llm-ops-agent-tools.md, with the pipeline's code beside it:
 
-    {"error": "<error_code>", "message": "...", "code": "NOT_FOUND" | "INVALID_PARAMETER" | ...}
+    {"error": true, "message": "...", "code": "NOT_FOUND" | "INVALID_PARAMETER" | ...,
+     "error_code": "<error_code>"}
+
+except a timeout, which keeps rfc-005 §6.1's shape (plus the same message and code):
+
+    {"error": "tool_timeout", "elapsed": "5m1s", "tool": "get_logs", "message": "...", "code": "TIMEOUT"}
 
     error_code        code                  raised as
     validation        INVALID_PARAMETER     pydantic ValidationError, InvalidInput
@@ -154,7 +159,9 @@ class ToolPipeline:
             elapsed = time.monotonic() - started
             return self._finish(call, ctx, spec, started, audit, error=("timeout", "tool timed out"),
                                 content={"error": "tool_timeout", "elapsed": _format_elapsed(elapsed),
-                                         "tool": call.name, "code": "TIMEOUT"})
+                                         "tool": call.name, "code": "TIMEOUT",
+                                         "message": f"{call.name} did not finish within "
+                                                    f"{_format_elapsed(elapsed)}; narrow the query or try later"})
         except InvalidInput as exc:
             return self._finish(call, ctx, spec, started, audit, error=("validation", exc.message))
         except NotFound as exc:
@@ -265,8 +272,8 @@ class ToolPipeline:
         elapsed_ms = int((time.monotonic() - started) * 1000)
         if error is not None and content is None:
             # Messages can quote upstream responses or arguments: scrub them like any output.
-            content = {"error": error[0], "message": scrub_text(error[1]),
-                       "code": spec_code or SPEC_CODES.get(error[0], "INTERNAL_ERROR")}
+            content = {"error": True, "message": scrub_text(error[1]),
+                       "code": spec_code or SPEC_CODES.get(error[0], "INTERNAL_ERROR"), "error_code": error[0]}
         result = ToolResult(
             call_id=call.id, name=call.name, content=content, is_error=error is not None,
             error_code=error[0] if error else None, truncated=truncated, elapsed_ms=elapsed_ms,

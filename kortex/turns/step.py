@@ -157,7 +157,7 @@ def _park(k: Kortex, turn: TurnRecord, step: int, text: str, calls: tuple[ToolCa
     cap = k.settings.llm.max_tool_calls_per_step
     refused = {
         c.id: ToolResult(call_id=c.id, name=c.name, is_error=True, error_code="too_many_calls",
-                         content={"error": "too_many_calls",
+                         content={"error": True, "code": "TOO_MANY_CALLS", "error_code": "too_many_calls",
                                   "message": f"at most {cap} tool calls run per answer; ask for this one again"})
         for c in calls[cap:]
     }

@@ -174,7 +174,7 @@ def test_request_detail_shows_the_routing_decision_and_the_incident(platform) ->
     assert h.call(tenant, "get_request_detail", {"request_id": old["id"]}).content["related_incident"] is None
     missing = h.call(tenant, "get_request_detail", {"request_id": "req_missing"})
     assert missing.error_code == "not_found" and missing.content == {
-        "error": "not_found", "message": "Request not found: req_missing", "code": "NOT_FOUND"}
+        "error": True, "message": "Request not found: req_missing", "code": "NOT_FOUND", "error_code": "not_found"}
     assert h.call(h.tenant("other"), "get_request_detail", {"request_id": failed["id"]}).error_code == "not_found"
 
 

@@ -198,8 +198,8 @@ def test_domain_errors_map_to_pipeline_codes_and_spec_codes() -> None:
              ToolSpec(name="broken", description="", input_model=_Args, run=broken, redact=("x",))]
     registry = ToolRegistry([*TEST_TOOLS, *specs])
     p = ToolPipeline(registry, ToolPolicy.build(None, registry))
-    assert run(p, "missing", {"n": 1}).content == {"error": "not_found", "message": "Request not found: req_1",
-                                                   "code": "NOT_FOUND"}
+    assert run(p, "missing", {"n": 1}).content == {"error": True, "message": "Request not found: req_1",
+                                                   "code": "NOT_FOUND", "error_code": "not_found"}
     db = run(p, "broken", {"n": 1})
     assert db.error_code == "upstream" and db.content["code"] == "DATABASE_ERROR"
     assert "10.0.0.5" not in db.content["message"]  # storage details stay in the server log
