@@ -61,7 +61,7 @@ class EmbeddedLLMOps:
         moment = datetime.fromisoformat(value) if isinstance(value, str) else value
         return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
 
-    def deployments(self, tenant_id: str, where: DeploymentFilter) -> list[DeploymentStatus]:
+    def deployments(self, tenant_id: str, where: DeploymentFilter, limit: int = 500) -> list[DeploymentStatus]:
         t = llm_deployments
         cond: list[Any] = [t.c.tenant_id == tenant_id]
         for name in ("model_id", "backend_id", "status"):
@@ -69,7 +69,7 @@ class EmbeddedLLMOps:
             if value is not None:
                 cond.append(t.c[name] == value)
         with self.db.connect() as conn:
-            rows = conn.execute(select(t).where(*cond).order_by(t.c.deployment_id).limit(500)).all()
+            rows = conn.execute(select(t).where(*cond).order_by(t.c.deployment_id).limit(max(1, min(limit, 1001)))).all()
         return [DeploymentStatus(
             deployment_id=r.deployment_id, model_id=r.model_id, backend_id=r.backend_id, status=r.status,
             latency_p50_ms=r.latency_p50_ms, latency_p95_ms=r.latency_p95_ms, error_rate=r.error_rate,
@@ -154,7 +154,7 @@ class EmbeddedLLMOps:
         return out, cut
 
     def quality_summary(self, tenant_id: str, model_id: str | None, task_type: str | None,
-                        start: datetime, end: datetime) -> list[QualityRow]:
+                        start: datetime, end: datetime, limit: int = 500) -> list[QualityRow]:
         t = llm_requests
         cond: list[Any] = [t.c.tenant_id == tenant_id, t.c.created_at >= start, t.c.created_at < end,
                            t.c.quality_score.is_not(None)]
@@ -166,7 +166,8 @@ class EmbeddedLLMOps:
             rows = conn.execute(
                 select(t.c.model_id, t.c.task_type, func.avg(t.c.quality_score), func.min(t.c.quality_score),
                        func.max(t.c.quality_score), func.count())
-                .where(*cond).group_by(t.c.model_id, t.c.task_type).order_by(t.c.model_id, t.c.task_type).limit(500)
+                .where(*cond).group_by(t.c.model_id, t.c.task_type).order_by(t.c.model_id, t.c.task_type)
+                .limit(max(1, min(limit, 1001)))
             ).all()
         return [QualityRow(model_id=r[0], task_type=r[1], avg_score=round(float(r[2]), 4),
                            min_score=round(float(r[3]), 4), max_score=round(float(r[4]), 4), sample_count=int(r[5]))

@@ -130,7 +130,9 @@ class VolumeRow:
 
 
 class LLMOpsSource(Protocol):
-    def deployments(self, tenant_id: str, where: DeploymentFilter) -> list[DeploymentStatus]: ...
+    def deployments(self, tenant_id: str, where: DeploymentFilter, limit: int = 500) -> list[DeploymentStatus]:
+        """Ordered by deployment id, at most ``limit``."""
+        ...
 
     def requests(self, tenant_id: str, query: RequestQuery) -> RequestPage: ...
 
@@ -146,7 +148,7 @@ class LLMOpsSource(Protocol):
         ...
 
     def quality_summary(self, tenant_id: str, model_id: str | None, task_type: str | None,
-                        start: datetime, end: datetime) -> list[QualityRow]: ...
+                        start: datetime, end: datetime, limit: int = 500) -> list[QualityRow]: ...
 
     def request_volume(self, tenant_id: str, group_by: GroupBy, start: datetime, end: datetime,
                        granularity: Granularity) -> tuple[list[VolumeRow], bool]:

@@ -18,9 +18,16 @@ class GetActiveIncidentsInput(ToolInput):
                                   description="Only incidents about this target, e.g. 'aws' or 'gpt-4/aws'")
 
 
+#: open incidents one call lists, most recent first; more say ``truncated`` (narrow by target)
+MAX_INCIDENTS = 100
+
+
 def run(args: GetActiveIncidentsInput, ctx: ToolContext) -> dict[str, Any]:
     found = ctx.sources.incidents.incidents_at(
-        ctx.tenant_id, None, target_type=args.target_type, target_ids=(args.target_id,) if args.target_id else ())
+        ctx.tenant_id, None, target_type=args.target_type, target_ids=(args.target_id,) if args.target_id else (),
+        limit=MAX_INCIDENTS + 1)
+    cut = len(found) > MAX_INCIDENTS
+    found = found[:MAX_INCIDENTS]
     incidents = [
         {"id": i.ref, "target_type": i.target_type or ("product" if i.product else None),
          "target_id": i.target_id or i.product, "title": i.title, "severity": i.severity,
@@ -29,7 +36,10 @@ def run(args: GetActiveIncidentsInput, ctx: ToolContext) -> dict[str, Any]:
          "findings": i.findings}
         for i in found
     ]
-    return {"incidents": incidents, "count": len(incidents)}
+    result: dict[str, Any] = {"incidents": incidents, "count": len(incidents)}
+    if cut:
+        result["truncated"] = True
+    return result
 
 
 SPEC = ToolSpec(

@@ -21,9 +21,16 @@ class GetDeploymentStatusInput(ToolInput):
     status: Literal["healthy", "degraded", "down"] | None = Field(None, description="Filter by status")
 
 
+#: deployments one call lists; more say ``truncated`` (filter by model, backend or status)
+MAX_DEPLOYMENTS = 500
+
+
 def run(args: GetDeploymentStatusInput, ctx: ToolContext) -> dict[str, Any]:
     found = ctx.sources.llmops.deployments(
-        ctx.tenant_id, DeploymentFilter(model_id=args.model_id, backend_id=args.backend_id, status=args.status))
+        ctx.tenant_id, DeploymentFilter(model_id=args.model_id, backend_id=args.backend_id, status=args.status),
+        limit=MAX_DEPLOYMENTS + 1)
+    cut = len(found) > MAX_DEPLOYMENTS
+    found = found[:MAX_DEPLOYMENTS]
     deployments = [
         {"id": d.deployment_id, "model_id": d.model_id, "backend_id": d.backend_id, "status": d.status,
          "latency_p50_ms": d.latency_p50_ms, "latency_p95_ms": d.latency_p95_ms, "error_rate": d.error_rate,
@@ -35,6 +42,10 @@ def run(args: GetDeploymentStatusInput, ctx: ToolContext) -> dict[str, Any]:
     summary = {"total": len(deployments)}
     for status in ("healthy", "degraded", "down"):
         summary[status] = sum(1 for d in deployments if d["status"] == status)
+    if cut:  # the summary counts what is listed; say so rather than pass it off as the whole fleet
+        return {"deployments": deployments, "summary": summary, "truncated": True,
+                "note": f"only the first {MAX_DEPLOYMENTS} deployments by id are listed and counted; filter by "
+                        "model_id, backend_id or status"}
     return {"deployments": deployments, "summary": summary}
 
 
@@ -48,6 +59,6 @@ SPEC = ToolSpec(
     input_model=GetDeploymentStatusInput,
     run=run,
     category="lookup",
-    redact=("deployments", "summary", "truncated"),
+    redact=("deployments", "summary", "truncated", "note"),
     list_field="deployments",
 )

@@ -18,13 +18,22 @@ class GetQualitySummaryInput(ToolInput):
     until: Until | None = Field(None, description="End time, default now")
 
 
+#: (model, task type) rows one call returns; more say ``truncated`` (filter by model or task type)
+MAX_ROWS = 500
+
+
 def run(args: GetQualitySummaryInput, ctx: ToolContext) -> dict[str, Any]:
     start, end = since_until(args.since, args.until, ctx, "7 days ago")
-    rows = ctx.sources.llmops.quality_summary(ctx.tenant_id, args.model_id, args.task_type, start, end)
-    return {"data": [{"model_id": r.model_id, "task_type": r.task_type, "avg_score": r.avg_score,
-                      "min_score": r.min_score, "max_score": r.max_score, "sample_count": r.sample_count}
-                     for r in rows],
-            "since": isoformat(start), "until": isoformat(end)}
+    rows = ctx.sources.llmops.quality_summary(ctx.tenant_id, args.model_id, args.task_type, start, end,
+                                              limit=MAX_ROWS + 1)
+    result: dict[str, Any] = {
+        "data": [{"model_id": r.model_id, "task_type": r.task_type, "avg_score": r.avg_score,
+                  "min_score": r.min_score, "max_score": r.max_score, "sample_count": r.sample_count}
+                 for r in rows[:MAX_ROWS]],
+        "since": isoformat(start), "until": isoformat(end)}
+    if len(rows) > MAX_ROWS:
+        result["truncated"] = True
+    return result
 
 
 SPEC = ToolSpec(

@@ -294,3 +294,34 @@ def test_the_output_cap_keeps_the_latest_periods_of_a_series(seeded: tuple[Path,
     finally:
         roomy.close()
         tight.close()
+
+
+def test_lists_past_their_cap_say_truncated_instead_of_ending_silently(platform, monkeypatch) -> None:
+    from kortex.tools.builtin import get_active_incidents, get_deployment_status, get_quality_summary
+
+    h, tenant = platform
+    whole = {
+        "get_deployment_status": h.call(tenant, "get_deployment_status", {}).content["deployments"],
+        "get_quality_summary": h.call(tenant, "get_quality_summary", {}).content["data"],
+        "get_active_incidents": h.call(tenant, "get_active_incidents", {}).content["incidents"],
+    }
+    assert len(whole["get_deployment_status"]) == 5 and len(whole["get_quality_summary"]) > 2
+    assert len(whole["get_active_incidents"]) == 1
+    for tool in whole:
+        result = h.call(tenant, tool, {})
+        assert not result.truncated and "truncated" not in result.content, tool
+    monkeypatch.setattr(get_deployment_status, "MAX_DEPLOYMENTS", 2)
+    monkeypatch.setattr(get_quality_summary, "MAX_ROWS", 2)
+    deployments = h.call(tenant, "get_deployment_status", {})
+    assert deployments.truncated and deployments.content["deployments"] == whole["get_deployment_status"][:2]
+    assert deployments.content["summary"]["total"] == 2 and "first 2" in deployments.content["note"]
+    quality = h.call(tenant, "get_quality_summary", {})
+    assert quality.truncated and quality.content["data"] == whole["get_quality_summary"][:2]
+    with h.k.db.begin() as conn:  # a second open incident
+        ingest.write(conn, tenant, "incidents", ingest.validate_batch("incidents", [
+            {"ref": "INC-9000", "title": "queue backlog", "opened_at": isoformat(utcnow() - timedelta(minutes=5)),
+             "target_type": "backend", "target_id": "k8s"}], now=utcnow()))
+    monkeypatch.setattr(get_active_incidents, "MAX_INCIDENTS", 1)
+    incidents = h.call(tenant, "get_active_incidents", {})
+    assert incidents.truncated and incidents.content["count"] == 1
+    assert incidents.content["incidents"][0]["id"] == "INC-9000"  # the most recent is kept
