@@ -4,7 +4,8 @@ Spans are paged in start order: at most 100 a page, and no more than fit the out
 (``ToolContext.result_cap_bytes``, measured as the model will see them). The first page holds
 the root; a later page holds its spans as ``fragments``: subtrees whose parent was on an
 earlier page. The cursor continues after the last span actually returned, so every span is
-returned once, whatever their size.
+returned once, whatever their size (if the output cap still trims a page, the trees it keeps
+lose their spans past the first one it dropped, so the next page holds them all).
 
 Broken traces are reported, never dropped: a span whose parent is not in the trace is a
 fragment marked ``missing_parent`` (counted in ``orphans``); parent links that form a cycle
@@ -218,15 +219,50 @@ def _cursor(args: GetTracesInput, ctx: ToolContext, start: str, span_id: str) ->
     return cursors(ctx).encode({"s": start, "id": span_id}, _bind(args, ctx))
 
 
+def _without(node: dict[str, Any], late: set[str]) -> dict[str, Any]:
+    """``node`` (copied, never changed in place) without the subtrees of ``late`` spans."""
+    children = [_without(c, late) for c in node["children"] if c["span_id"] not in late]
+    return {**node, "children": children}
+
+
+def _ids(node: dict[str, Any], into: set[str]) -> set[str]:
+    into.add(node["span_id"])
+    for child in node["children"]:
+        _ids(child, into)
+    return into
+
+
 def on_truncate(result: dict[str, Any], args: GetTracesInput, kept: int, ctx: ToolContext) -> dict[str, Any]:
-    """The output cap dropped fragments from ``kept`` on: continue before the first span they
-    held (a kept span after it comes again on the next page; none is lost)."""
+    """The output cap dropped fragments from ``kept`` on. The page then ends just before the
+    first span they held: kept trees lose their spans that come after it (those come on the
+    next page, from the cursor), so every span is returned once."""
     order = result.get("_order") or []
     first_dropped = next((i for i, (_, _, g) in enumerate(order) if g >= kept), None)
-    if first_dropped:
-        start, span_id, _ = order[first_dropped - 1]
-        result["next_cursor"] = _cursor(args, ctx, start, span_id)
+    if not first_dropped:
+        return result
+    late = {span_id for _, span_id, g in order[first_dropped:] if g < kept}
+    trees = ([result["root"]] if result.get("root") else []) + list(result["fragments"][:kept])
+    early = {span_id for _, span_id, _ in order[:first_dropped]}
+    # A span that starts before its parent (clock skew) would go with the parent's subtree
+    # and be lost behind the cursor: then the page keeps its trees whole and those spans repeat.
+    if not any(_subtrees(t, late) & early for t in trees):
+        if result.get("root"):
+            result["root"] = _without(result["root"], late)
+        result["fragments"] = [_without(f, late) for f in result["fragments"][:kept] if f["span_id"] not in late]
+        result["errors"] = [e for e in result.get("errors", []) if e["span_id"] in early]
+    start, span_id, _ = order[first_dropped - 1]
+    result["next_cursor"] = _cursor(args, ctx, start, span_id)
     return result
+
+
+def _subtrees(node: dict[str, Any], late: set[str]) -> set[str]:
+    """Every span under (and including) a ``late`` span of ``node``'s tree."""
+    if node["span_id"] in late:
+        return _ids(node, set())
+    found: set[str] = set()
+    for child in node["children"]:
+        found |= _subtrees(child, late)
+    return found
 
 
 SPEC = ToolSpec(

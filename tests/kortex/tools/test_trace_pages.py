@@ -78,7 +78,7 @@ def test_a_first_page_too_big_for_one_result_keeps_its_root(harness_factory) -> 
     assert sorted(seen) == sorted(s["span_id"] for s in spans) and pages > 5
 
 
-def test_when_the_cap_still_trims_fragments_the_cursor_goes_back_to_the_first_lost_span(harness: Harness) -> None:
+def test_when_the_cap_still_trims_fragments_the_page_ends_before_the_first_lost_span(harness: Harness) -> None:
     tenant = harness.tenant("acme")
     start = utcnow() - timedelta(minutes=10)
     spans = [_span(0, None, start)] + [_span(i, "s000" if i <= 10 else f"s{i - 10:03d}", start, {"k": "v" * 100})
@@ -110,7 +110,10 @@ def test_when_the_cap_still_trims_fragments_the_cursor_goes_back_to_the_first_lo
     page_order = [s for _, s, _ in raw["_order"]]
     lost = [s for s in page_order if s not in shown]
     assert lost and set(lost) <= set(rest)  # what the cap dropped comes on the next pages
+    assert page_order[:len(shown)] == sorted(shown, key=page_order.index)  # the page ends at one point
+    assert len(before) + len(shown) + len(rest) == len(spans)  # and nothing comes twice
     assert set(before) | set(shown) | set(rest) == {s["span_id"] for s in spans}
+    assert {e["span_id"] for e in capped["errors"]} <= set(shown)
 
 
 def test_cycles_and_missing_parents_are_reported_not_lost(harness: Harness) -> None:
