@@ -118,6 +118,13 @@ class ToolOverride(_Section):
 
     timeout: Seconds | None = None
 
+    @field_validator("timeout")
+    @classmethod
+    def _positive(cls, value: float | None) -> float | None:
+        if value is not None and value <= 0:
+            raise ValueError("timeout must be longer than zero, e.g. \"30s\"")
+        return value
+
 
 class BudgetSettings(_Section):
     """``[llm.budget]``, enforced before each turn and each LLM call (kortex/budget.py); a

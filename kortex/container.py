@@ -136,6 +136,13 @@ class Kortex:
         for setting in settings.llm.unenforced():
             log.warning("%s is accepted but not enforced yet", setting)
         timeouts = {name: o.timeout for name, o in settings.llm.tools.items() if o.timeout is not None}
+        for name, seconds in sorted(timeouts.items()):
+            spec = registry.get(name)
+            if spec is None:
+                log.warning("[llm.tools.%s] configures a tool that does not exist; ignored", name)
+            elif seconds > spec.limits.max_timeout:
+                log.warning("[llm.tools.%s] timeout %.0fs is above its category's ceiling; %.0fs applies",
+                            name, seconds, spec.limits.max_timeout)
         pipeline = ToolPipeline(registry, policy, result_cap_bytes=settings.tools.result_cap_bytes,
                                 timeouts=timeouts, progress_after=settings.tools.progress_after_s)
         cursors = CursorCodec(cursor_key(settings))

@@ -68,3 +68,26 @@ def test_the_shipped_example_configuration_loads(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("KORTEX_CONFIG", str(example))
     s = load_settings()
     assert s.llm.default_provider == "offline" and s.tools.allowed and s.turn.step_lease == 60
+
+
+def test_tool_timeouts_must_be_positive_and_doubtful_ones_are_reported(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sqlite_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from kortex.container import Kortex
+
+    (tmp_path / "kortex.toml").write_text('[llm.tools.get_logs]\ntimeout = 0\n')
+    with pytest.raises(ConfigError, match="longer than zero"):
+        load_settings()
+    (tmp_path / "kortex.toml").write_text('[llm.tools.get_logz]\ntimeout = "10s"\n'
+                                          '[llm.tools.get_recent_deploys]\ntimeout = "10m"\n')
+    monkeypatch.setenv("KORTEX_DATABASE_URL", sqlite_url)
+    with caplog.at_level(logging.WARNING, logger="kortex.container"):
+        k = Kortex.create(load_settings())
+    try:
+        assert k.pipeline.limits_for("get_recent_deploys") == (60.0, 60.0)  # clamped to the analysis ceiling
+    finally:
+        k.close()
+    warnings = " ".join(r.getMessage() for r in caplog.records)
+    assert "get_logz] configures a tool that does not exist" in warnings
+    assert "get_recent_deploys] timeout 600s is above its category's ceiling; 60s applies" in warnings
