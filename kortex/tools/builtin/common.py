@@ -6,7 +6,7 @@ import math
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import BeforeValidator, Field
 
 from kortex.errors import InvalidInput
 from kortex.telemetry.sources import DEPLOYMENT_PATTERN, ID_MAX, ID_PATTERN, METRIC_PATTERN, PRODUCT_PATTERN
@@ -51,6 +51,22 @@ DeploymentId = Annotated[
     str,
     Field(min_length=3, max_length=200, pattern=DEPLOYMENT_PATTERN,
           description="Deployment id, '<model>/<backend>', e.g. 'gpt-4/aws'"),
+]
+
+
+def _label_values_as_text(value: Any) -> Any:
+    """Models often send ``{"code": 500}``: label values are text, so plain numbers and booleans
+    are taken as their text; anything else is left for validation to reject."""
+    if isinstance(value, dict):
+        return {k: (str(v).lower() if isinstance(v, bool) else str(v)) if isinstance(v, int | float) else v
+                for k, v in value.items()}
+    return value
+
+
+Labels = Annotated[
+    dict[str, Annotated[str, Field(max_length=500)]] | None,
+    BeforeValidator(_label_values_as_text),
+    Field(None, max_length=20, description="Label filters, e.g. {\"route\": \"/pay\", \"code\": \"500\"}"),
 ]
 Cursor = Annotated[
     str | None,

@@ -10,11 +10,9 @@ import math
 from datetime import timedelta
 from typing import Any
 
-from pydantic import Field
-
 from kortex.telemetry.sources import MetricQuery, downsample
 from kortex.timeparse import isoformat
-from kortex.tools.builtin.common import MetricName, Product, TimeRange, window
+from kortex.tools.builtin.common import Labels, MetricName, Product, TimeRange, window
 from kortex.tools.spec import ToolContext, ToolInput, ToolSpec
 
 BASELINE = timedelta(hours=24)
@@ -26,7 +24,7 @@ class CompareToBaselineInput(ToolInput):
     product: Product
     metric_name: MetricName
     time_range: TimeRange
-    labels: dict[str, str] | None = Field(None, description="Label filters, e.g. {\"route\": \"/pay\"}")
+    labels: Labels
 
 
 def _z(value: float, mean: float, scale: float) -> float:

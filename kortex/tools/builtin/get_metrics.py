@@ -8,7 +8,7 @@ from pydantic import Field
 
 from kortex.telemetry.sources import MetricQuery, downsample
 from kortex.timeparse import isoformat, parse_duration
-from kortex.tools.builtin.common import MetricName, Product, TimeRange, stats, window
+from kortex.tools.builtin.common import Labels, MetricName, Product, TimeRange, stats, window
 from kortex.tools.spec import ToolContext, ToolInput, ToolSpec
 
 MAX_POINTS = 500
@@ -18,7 +18,7 @@ class GetMetricsInput(ToolInput):
     product: Product
     metric_name: MetricName
     time_range: TimeRange
-    labels: dict[str, str] | None = Field(None, description="Label filters, e.g. {\"route\": \"/pay\"}")
+    labels: Labels
     step: str | None = Field(None, max_length=20, description="Resolution, e.g. '1m', '5m', '1h'")
 
 

@@ -125,6 +125,26 @@ def test_get_metrics_returns_series_and_statistics(harness: Harness) -> None:
     assert "http_request_duration_seconds_p99" in missing.content["available_metrics"]
 
 
+def test_metric_label_values_sent_as_numbers_are_taken_as_text(harness: Harness) -> None:
+    from kortex.telemetry import ingest
+
+    tenant = harness.tenant("labels")
+    now = utcnow()
+    items = [{"product": "api", "metric": "http_requests_total", "ts": (now - timedelta(minutes=i)).isoformat(),
+              "value": float(code), "labels": {"code": str(code)}}
+             for i in range(1, 30) for code in (200, 500)]
+    with harness.k.db.begin() as conn:
+        ingest.write(conn, tenant, "metrics", ingest.validate_batch("metrics", items, now=now))
+    base = {"product": "api", "metric_name": "http_requests_total", "time_range": "last 1h"}
+    as_number = call(harness, tenant, "get_metrics", {**base, "labels": {"code": 500}})
+    as_text = call(harness, tenant, "get_metrics", {**base, "labels": {"code": "500"}})
+    assert not as_number.is_error and as_number.content["stats"] == as_text.content["stats"]
+    assert [p["value"] for p in as_number.content["samples"]] == [p["value"] for p in as_text.content["samples"]]
+    assert as_number.content["stats"]["min"] == as_number.content["stats"]["max"] == 500.0
+    nested = call(harness, tenant, "get_metrics", {**base, "labels": {"code": [500]}})
+    assert nested.is_error and nested.error_code == "validation"
+
+
 def test_get_recent_deploys_lists_the_window_newest_first(harness: Harness) -> None:
     tenant = harness.tenant("acme")
     harness.seed(tenant)
