@@ -48,3 +48,29 @@ def test_fans_out_many_streams_over_one_reader_and_replays_from_an_id() -> None:
         await hub.stop()
 
     asyncio.run(go())
+
+
+def test_stop_ends_the_reader_even_when_its_client_swallows_the_cancellation() -> None:
+    """A shutdown that lands while the reader connects must not hang: some clients (fakeredis,
+    in client_id) swallow the cancellation of the command in flight."""
+
+    class Stubborn:
+        async def client_id(self) -> int:
+            try:
+                await asyncio.sleep(0.05)
+            except asyncio.CancelledError:
+                pass  # swallowed, as the library does
+            return 7
+
+        async def aclose(self) -> None:
+            return None
+
+    async def go() -> float:
+        hub = StreamHub(lambda: Stubborn())  # type: ignore[arg-type,return-value]
+        await hub.start()
+        await asyncio.sleep(0.01)  # the reader is inside client_id
+        started = time.monotonic()
+        await asyncio.wait_for(hub.stop(), timeout=3)
+        return time.monotonic() - started
+
+    assert asyncio.run(go()) < 1
