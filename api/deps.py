@@ -7,14 +7,17 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Annotated
 
 from fastapi import Depends, Header, Request
 
+from kortex.access import Permission, require
 from kortex.container import Kortex
 from kortex.errors import AuthError, NotFound
 from kortex.storage import tenants
 from kortex.storage.records import TenantRecord
+from kortex.storage.tenants import Caller
 from kortex.stream.hub import StreamHub
 
 
@@ -25,10 +28,10 @@ class AuthCache:
     def __init__(self, ttl: float = 30.0, size: int = 10_000) -> None:
         self.ttl = ttl
         self.size = size
-        self._items: OrderedDict[str, tuple[float, TenantRecord]] = OrderedDict()
+        self._items: OrderedDict[str, tuple[float, Caller]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, digest: str) -> TenantRecord | None:
+    def get(self, digest: str) -> Caller | None:
         with self._lock:
             item = self._items.get(digest)
             if item is None or item[0] < time.monotonic():
@@ -37,9 +40,9 @@ class AuthCache:
             self._items.move_to_end(digest)
             return item[1]
 
-    def put(self, digest: str, tenant: TenantRecord) -> None:
+    def put(self, digest: str, caller: Caller) -> None:
         with self._lock:
-            self._items[digest] = (time.monotonic() + self.ttl, tenant)
+            self._items[digest] = (time.monotonic() + self.ttl, caller)
             self._items.move_to_end(digest)
             while len(self._items) > self.size:
                 self._items.popitem(last=False)
@@ -53,22 +56,41 @@ def hub(request: Request) -> StreamHub:
     return request.app.state.hub  # type: ignore[no-any-return]
 
 
-def current_tenant(
+def current_caller(
     request: Request,
     authorization: Annotated[str | None, Header(include_in_schema=False)] = None,
-) -> TenantRecord:
+) -> Caller:
     scheme, _, key = (authorization or "").partition(" ")
     if scheme.lower() != "bearer" or not key.strip():
         raise AuthError("send 'Authorization: Bearer <api key>'")
     key = key.strip()
     cache: AuthCache = request.app.state.auth_cache
     digest = hashlib.sha256(key.encode()).hexdigest()
-    tenant = cache.get(digest)
-    if tenant is None:
+    caller = cache.get(digest)
+    if caller is None:
         with kortex(request).db.connect() as conn:
-            tenant = tenants.authenticate(conn, key)
-        cache.put(digest, tenant)
-    return tenant
+            caller = tenants.authenticate(conn, key)
+        cache.put(digest, caller)
+    request.state.caller = caller
+    return caller
+
+
+def allowed(permission: Permission) -> Callable[..., None]:
+    """A router dependency: the caller's key must carry ``permission`` (403 otherwise)."""
+
+    def check(caller: Annotated[Caller, Depends(current_caller)]) -> None:
+        require(caller.role, permission)
+
+    return check
+
+
+def current_tenant(request: Request) -> TenantRecord:
+    """The tenant of the caller a router's ``allowed`` dependency authenticated. A route
+    outside such a router has no caller, and gets a 401 rather than an open door."""
+    caller: Caller | None = getattr(request.state, "caller", None)
+    if caller is None:
+        raise AuthError("send 'Authorization: Bearer <api key>'")
+    return caller.tenant
 
 
 def object_id(value: str, what: str) -> str:

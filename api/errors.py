@@ -12,6 +12,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from kortex.errors import (
     AuthError,
     Conflict,
+    Forbidden,
     InvalidInput,
     KortexError,
     NotFound,
@@ -26,6 +27,7 @@ log = logging.getLogger(__name__)
 STATUS: tuple[tuple[type[KortexError], int], ...] = (
     (NotFound, 404),
     (AuthError, 401),
+    (Forbidden, 403),
     (RateLimited, 429),
     (Conflict, 409),
     (InvalidInput, 422),

@@ -6,6 +6,7 @@
     ├── Conflict                the request clashes with current state (turn already running, ...)
     ├── InvalidInput            a caller sent something we reject (HTTP 4xx, CLI usage)
     ├── AuthError               missing, malformed, unknown or revoked credentials
+    ├── Forbidden               valid credentials whose role does not allow the action
     ├── RateLimited             a rate or concurrency cap says not now
     │   └── BudgetExceeded      the tenant's daily spend or the session's tokens are used up
     ├── StorageError            the database failed in a way the caller cannot fix
@@ -62,6 +63,10 @@ class InvalidInput(KortexError):
 
 class AuthError(KortexError):
     code = "unauthorized"
+
+
+class Forbidden(KortexError):
+    code = "forbidden"
 
 
 class RateLimited(KortexError):

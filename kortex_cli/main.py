@@ -194,12 +194,16 @@ def create_tenant(name: Annotated[str, typer.Argument(help="Tenant name")]) -> N
 
 
 @admin.command("create-key")
-def create_key(name: Annotated[str, typer.Argument(help="Tenant name")]) -> None:
-    """Issue another API key for an existing tenant."""
+def create_key(
+    name: Annotated[str, typer.Argument(help="Tenant name")],
+    role: Annotated[str, typer.Option(help="admin (everything), operator (chat and decide on proposals), "
+                                           "chat, or ingest")] = "admin",
+) -> None:
+    """Issue another API key for an existing tenant, with a role that bounds what it may do."""
     from kortex_cli.runner import issue_key
 
     try:
-        key = issue_key(name)
+        key = issue_key(name, role)
     except KortexError as exc:
         _fail(str(exc))
     print(key)

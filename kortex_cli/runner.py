@@ -177,13 +177,13 @@ def create_tenant_with_key(name: str) -> tuple[str, str]:
     return _with_container(work)
 
 
-def issue_key(name: str) -> str:
+def issue_key(name: str, role: str = "admin") -> str:
     def work(k: Kortex) -> str:
         with k.db.begin() as conn:
             tenant = tenants.get_tenant_by_name(conn, name)
             if tenant is None:
                 raise NotFound(f"no tenant named {name!r}")
-            return (tenants.issue_api_key(conn, tenant.id)).key
+            return (tenants.issue_api_key(conn, tenant.id, role=role)).key
 
     return _with_container(work)
 

@@ -82,10 +82,10 @@ class Harness:
 
         return work()
 
-    def api_key(self, tenant_id: str) -> str:
+    def api_key(self, tenant_id: str, role: str = "admin") -> str:
         def work() -> str:
             with self.k.db.begin() as conn:
-                return (tenants.issue_api_key(conn, tenant_id)).key
+                return (tenants.issue_api_key(conn, tenant_id, role=role)).key
 
         return work()
 

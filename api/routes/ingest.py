@@ -8,15 +8,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.deps import KortexDep, TenantDep
+from api.deps import KortexDep, TenantDep, allowed
+from kortex.access import Permission
 from kortex.errors import NotFound
 from kortex.telemetry import ingest
 from kortex.timeparse import utcnow
 
-router = APIRouter(prefix="/v1/ingest", tags=["ingest"])
+router = APIRouter(prefix="/v1/ingest", tags=["ingest"], dependencies=[Depends(allowed(Permission.INGEST))])
 
 
 class IngestBody(BaseModel):

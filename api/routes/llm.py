@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 from pydantic import BaseModel
 
-from api.deps import KortexDep, TenantDep
+from api.deps import KortexDep, TenantDep, allowed
+from kortex.access import Permission
 from kortex.llm.base import ModelInfo
 
-router = APIRouter(prefix="/v1/llm", tags=["llm"])
+router = APIRouter(prefix="/v1/llm", tags=["llm"], dependencies=[Depends(allowed(Permission.CHAT))])
 
 PROBE_TIMEOUT = 2.0
 

@@ -1,6 +1,7 @@
 """Proposals a model made with propose_action: list them, read one, confirm or reject it.
 
-Only an operator of the proposal's tenant can decide (another tenant's proposal is a 404).
+Only an operator of the proposal's tenant can decide: a key whose role allows ``decide``
+(``operator`` or ``admin``; kortex/access.py); another tenant's proposal is a 404.
 Confirming twice is idempotent (200, ``Idempotent-Replayed: true``); the opposite decision
 after one was made is 409; any decision after the proposal expired is 410."""
 
@@ -9,16 +10,17 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Header, Query, Response
+from fastapi import APIRouter, Depends, Header, Query, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.deps import KortexDep, TenantDep, object_id
+from api.deps import KortexDep, TenantDep, allowed, object_id
 from api.errors import error_response
+from kortex.access import Permission
 from kortex.errors import Conflict
 from kortex.proposals import DecisionOutcome, ProposalRecord
 
-router = APIRouter(prefix="/v1/proposals", tags=["proposals"])
+router = APIRouter(prefix="/v1/proposals", tags=["proposals"], dependencies=[Depends(allowed(Permission.CHAT))])
 
 
 class ProposalOut(BaseModel):
@@ -92,8 +94,9 @@ def _answer(decide: Any, response: Response) -> Any:
     return ProposalOut.of(outcome.proposal)
 
 
-@router.post("/{proposal_id}/confirm", response_model=ProposalOut,
-             responses={404: {}, 409: {"description": "already rejected"}, 410: {"description": "expired"}})
+@router.post("/{proposal_id}/confirm", response_model=ProposalOut, dependencies=[Depends(allowed(Permission.DECIDE))],
+             responses={403: {"description": "the key's role may not decide"}, 404: {},
+                        409: {"description": "already rejected"}, 410: {"description": "expired"}})
 def confirm(proposal_id: str, k: KortexDep, tenant: TenantDep, response: Response,
             body: DecisionIn | None = None,
             authorization: Annotated[str | None, Header(include_in_schema=False)] = None) -> ProposalOut | JSONResponse:
@@ -102,8 +105,9 @@ def confirm(proposal_id: str, k: KortexDep, tenant: TenantDep, response: Respons
                                                note=body.note if body else None), response)
 
 
-@router.post("/{proposal_id}/reject", response_model=ProposalOut,
-             responses={404: {}, 409: {"description": "already confirmed"}, 410: {"description": "expired"}})
+@router.post("/{proposal_id}/reject", response_model=ProposalOut, dependencies=[Depends(allowed(Permission.DECIDE))],
+             responses={403: {"description": "the key's role may not decide"}, 404: {},
+                        409: {"description": "already confirmed"}, 410: {"description": "expired"}})
 def reject(proposal_id: str, k: KortexDep, tenant: TenantDep, response: Response,
            body: DecisionIn | None = None,
            authorization: Annotated[str | None, Header(include_in_schema=False)] = None) -> ProposalOut | JSONResponse:

@@ -5,15 +5,16 @@ from __future__ import annotations
 import logging
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
 
-from api.deps import KortexDep, TenantDep, object_id
+from api.deps import KortexDep, TenantDep, allowed, object_id
 from api.schemas import CreateSession, MessageOut, MessagePage, PostMessage, SessionOut, TurnAccepted
+from kortex.access import Permission
 from kortex.errors import InvalidInput
 from kortex.storage import chats, turns
 from kortex.turns import chat
 
-router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
+router = APIRouter(prefix="/v1/sessions", tags=["sessions"], dependencies=[Depends(allowed(Permission.CHAT))])
 log = logging.getLogger(__name__)
 
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 from pydantic import BaseModel
 
-from api.deps import KortexDep, TenantDep
+from api.deps import KortexDep, TenantDep, allowed
+from kortex.access import Permission
 from kortex.tools.catalog import CatalogEntry, catalog
 
-router = APIRouter(prefix="/v1/tools", tags=["tools"])
+router = APIRouter(prefix="/v1/tools", tags=["tools"], dependencies=[Depends(allowed(Permission.CHAT))])
 
 
 class ToolCatalogOut(BaseModel):

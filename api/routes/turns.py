@@ -4,16 +4,17 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Request
+from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from api.deps import HubDep, KortexDep, TenantDep, object_id
+from api.deps import HubDep, KortexDep, TenantDep, allowed, object_id
 from api.schemas import TurnOut
 from api.sse import HeldStream, nothing_left, resume_point, turn_events
+from kortex.access import Permission
 from kortex.turns.chat import get_turn
 
-router = APIRouter(prefix="/v1/turns", tags=["turns"])
+router = APIRouter(prefix="/v1/turns", tags=["turns"], dependencies=[Depends(allowed(Permission.CHAT))])
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Connection": "keep-alive"}
 

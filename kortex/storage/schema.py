@@ -53,6 +53,7 @@ api_keys = Table(
     Column("key_id", String(32), nullable=False, unique=True),  # public part of the key, for lookup
     Column("secret_hash", String(64), nullable=False),          # sha256 of the secret part
     Column("name", String(200), nullable=False, default="default"),
+    Column("role", String(16), nullable=False, server_default="admin"),  # kortex/access.py ROLES
     Column("created_at", UTCDateTime(), nullable=False),
     Column("revoked_at", UTCDateTime(), nullable=True),
 )

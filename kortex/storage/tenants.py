@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
+from kortex.access import DEFAULT_ROLE, valid_role
 from kortex.errors import AuthError, Conflict, InvalidInput
 from kortex.ids import new_api_key_parts, uuid7
 from kortex.storage.records import TenantRecord
@@ -31,6 +32,15 @@ class IssuedKey:
     tenant_id: str
     key_id: str
     key: str  # shown once, never stored
+    role: str = DEFAULT_ROLE
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who a request comes from: the key's tenant and the key's role."""
+
+    tenant: TenantRecord
+    role: str
 
 
 def create_tenant(conn: Connection, name: str) -> TenantRecord:
@@ -50,26 +60,27 @@ def get_tenant_by_name(conn: Connection, name: str) -> TenantRecord | None:
     return TenantRecord.from_row(row) if row else None
 
 
-def issue_api_key(conn: Connection, tenant_id: str, name: str = "default") -> IssuedKey:
+def issue_api_key(conn: Connection, tenant_id: str, name: str = "default", role: str = DEFAULT_ROLE) -> IssuedKey:
+    valid_role(role)
     key_id, secret = new_api_key_parts()
     conn.execute(
         api_keys.insert().values(
             id=uuid7(), tenant_id=tenant_id, key_id=key_id, secret_hash=hash_secret(secret),
-            name=name[:200], created_at=utcnow(),
+            name=name[:200], role=role, created_at=utcnow(),
         )
     )
-    return IssuedKey(tenant_id=tenant_id, key_id=key_id, key=f"kx_{key_id}_{secret}")
+    return IssuedKey(tenant_id=tenant_id, key_id=key_id, key=f"kx_{key_id}_{secret}", role=role)
 
 
-def authenticate(conn: Connection, key: str) -> TenantRecord:
-    """Return the tenant owning ``key``; every failure looks the same to the caller."""
+def authenticate(conn: Connection, key: str) -> Caller:
+    """The tenant owning ``key`` and the key's role; every failure looks the same to the caller."""
     match = _KEY.match(key or "")
     if not match:
         raise AuthError("invalid API key")
     key_id, secret = match.groups()
     row = (
         conn.execute(
-            select(api_keys.c.secret_hash, api_keys.c.revoked_at, tenants)
+            select(api_keys.c.secret_hash, api_keys.c.revoked_at, api_keys.c.role, tenants)
             .join(tenants, tenants.c.id == api_keys.c.tenant_id)
             .where(api_keys.c.key_id == key_id)
         )
@@ -78,4 +89,4 @@ def authenticate(conn: Connection, key: str) -> TenantRecord:
     ok = hmac.compare_digest(expected, hash_secret(secret))
     if not row or not ok or row.revoked_at is not None or row.disabled:
         raise AuthError("invalid API key")
-    return TenantRecord.from_row(row)
+    return Caller(tenant=TenantRecord.from_row(row), role=row.role)
