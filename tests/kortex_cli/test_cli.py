@@ -43,6 +43,17 @@ def test_create_tenant_prints_a_working_key_once(home: Path) -> None:
     assert again.exit_code == 1 and "already exists" in again.output
     more = runner.invoke(app, ["admin", "create-key", "acme"])
     assert more.exit_code == 0 and more.output.strip() != key
+    chat = runner.invoke(app, ["admin", "create-key", "acme", "--role", "chat"])
+    assert chat.exit_code == 0
+    from sqlalchemy import create_engine, text
+    engine = create_engine(f"sqlite:///{home / 'kortex.db'}")
+    with engine.connect() as conn:
+        roles = conn.execute(text("SELECT key_id, role FROM api_keys")).all()
+    engine.dispose()
+    assert dict(roles)[chat.output.strip().split("_")[1]] == "chat"
+    assert sorted(r for _, r in roles) == ["admin", "admin", "chat"]
+    bad = runner.invoke(app, ["admin", "create-key", "acme", "--role", "root"])
+    assert bad.exit_code == 1 and "unknown role" in bad.output
 
 
 def test_worker_refuses_to_start_without_redis(home: Path) -> None:
