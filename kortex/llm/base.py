@@ -103,7 +103,7 @@ class ToolCallChunk(_Frozen):
 
 #: codes of the warnings providers and the router emit; published as ``error`` events that do
 #: not end the turn (clients show them as notices)
-WARNING_CODES = frozenset({"provider_failover", "frugal_escalation", "pseudo_tools"})
+WARNING_CODES = frozenset({"provider_failover", "provider_retry", "frugal_escalation", "pseudo_tools"})
 
 
 class WarningChunk(_Frozen):

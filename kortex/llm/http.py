@@ -314,6 +314,10 @@ class HTTPProvider(Provider):
                 raise error from cause
             log.warning("%s:%s: %s (%s); retry %d in %.2fs", self.name, error.model, error.code,
                         error.detail or error.message, retry + 1, wait)
+            # Nothing was produced yet: the client hears why it waits, the router counts it.
+            status = f" (HTTP {error.status})" if error.status else ""
+            yield WarningChunk(code="provider_retry", message=(
+                f"{self.name}:{error.model} failed with {error.code}{status}; retry {retry + 1} in {wait:.1f}s"))
             await sleep(wait)
             spent = error.usage
             waited += wait

@@ -79,6 +79,7 @@ class Attempt:
     usage: TokenUsage = field(default_factory=TokenUsage)
     stop_reason: str | None = None  # None while running
     error: ProviderError | None = None
+    retries: int = 0  # failed tries the provider made again before this call's outcome
 
     @property
     def spec(self) -> str:
@@ -217,6 +218,9 @@ class RoutedStream:
                                 calls.append(chunk)
                             elif isinstance(chunk, DoneChunk):
                                 done = chunk
+                            elif isinstance(chunk, WarningChunk) and chunk.code == "provider_retry":
+                                attempt.retries += 1
+                                yield chunk
                             elif isinstance(chunk, WarningChunk) and chunk.code in _ONCE_PER_STEP:
                                 if chunk.code not in self._warned:
                                     self._warned.add(chunk.code)

@@ -286,6 +286,7 @@ def _llm_audit(
             "text_chars": text_chars if last and failure is None else 0,
             "cache_read_tokens": attempt.usage.cache_read_tokens,
             "cache_write_tokens": attempt.usage.cache_write_tokens,
+            "retries": attempt.retries,
         }
         if failure is not None:
             payload.update(error_code=failure.code, status=failure.status, retryable=failure.retryable)

@@ -129,6 +129,20 @@ def test_an_answer_cut_at_max_tokens_is_kept_and_flagged(harness_factory, fake: 
     assert events[-1]["status"] == "done"
 
 
+def test_a_retried_call_is_announced_and_counted_in_its_audit_row(harness_factory, fake: FakeLLM) -> None:
+    fake.add("gpt-5", {"steps": [{"faults": [{"status": 503, "message": "busy"}], "text": ["Deploy v2.14.0."]}]})
+    providers = {"openai": vendor_config("openai", fake.url, max_retries=2, retry_base=0.01)}
+    h = harness_factory(llm={"providers": providers, "default_provider": "openai"})
+    tenant = h.tenant("acme")
+    turn = h.ask(tenant, "why?")
+    assert turn.status == "done"
+    events = _events(h, turn.id)
+    assert [e["type"] for e in events] == ["turn", "error", "text", "done"]
+    assert events[1]["code"] == "provider_retry" and not events[1]["fatal"] and "HTTP 503" in events[1]["message"]
+    [row] = [r for r in _audit(h, tenant, turn.id) if r["kind"] == "llm_call"]
+    assert row["ok"] and row["payload"]["retries"] == 1
+
+
 def test_warnings_are_not_fatal_but_failures_are(harness_factory, fake: FakeLLM) -> None:
     fake.add("claude-opus-4-6", {"steps": [{"faults": [{"status": 529, "message": "Overloaded"}], "text": ["x"]}]})
     fake.add("gpt-5", {"steps": [{"text": ["The deploy ", "changed"], "disconnect_after": 1}]})
