@@ -258,6 +258,15 @@ class TurnSettings(_Section):
     requeue_after: Seconds = 30.0           # a queued turn or tool untouched this long is re-enqueued
     watchdog_every: Seconds = 10.0          # how often beat runs the watchdog sweep
     max_message_chars: int = Field(32_000, ge=100)
+    # The step engine of each turns-worker process (kortex/turns/engine.py): LLM steps stream
+    # concurrently on one event loop; past ``max_inflight_steps`` they wait in the process,
+    # taken round-robin across tenants (``tenant_weights`` gives some tenants more turns of
+    # the wheel), and past ``max_waiting_steps`` the worker stops taking messages.
+    max_inflight_steps: int = Field(1000, ge=1, le=100_000)
+    max_inflight_per_tenant: int | None = Field(None, ge=1)  # default: 3/4 of max_inflight_steps
+    max_waiting_steps: int = Field(5000, ge=1)
+    tenant_weights: dict[str, int] = Field(default_factory=dict)
+    shutdown_grace: Seconds = 20.0          # steps still streaming then are handed to another worker
 
 
 class TestingSettings(_Section):

@@ -10,10 +10,14 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from redis import Redis
+from redis.asyncio import BlockingConnectionPool
 from redis.asyncio import Redis as AsyncRedis
 
 from kortex.aio import LoopThread
@@ -31,6 +35,10 @@ from kortex.tools.pipeline import ToolPipeline
 from kortex.tools.policy import ToolPolicy
 from kortex.tools.registry import ToolRegistry
 from kortex.tools.spec import ToolSpec
+
+if TYPE_CHECKING:
+    from kortex.turns.engine import StepEngine
+    from kortex.turns.handoff import StepDispatch
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +58,23 @@ def redis_factory(settings: Settings) -> Callable[[], AsyncRedis]:
     # default (5 s) would fire first and turn every idle read into a reconnect.
     return lambda: AsyncRedis.from_url(url, decode_responses=True, single_connection_client=True,
                                        client_name=name, socket_timeout=None, socket_keepalive=True)
+
+
+def _stream_redis(settings: Settings) -> Callable[[], AsyncRedis]:
+    """Makes the asyncio client the step engine publishes with (made on its loop, on first use).
+    A blocking pool: past its size a write waits for a connection instead of failing."""
+    if settings.embedded:
+        from kortex.stream.embedded import embedded_async_redis
+
+        return embedded_async_redis
+    url = settings.redis_url or ""
+
+    def make() -> AsyncRedis:
+        pool = BlockingConnectionPool.from_url(url, decode_responses=True, max_connections=32, timeout=20,
+                                               health_check_interval=30)
+        return AsyncRedis(connection_pool=pool)
+
+    return make
 
 
 def _shared_redis(settings: Settings) -> Redis:
@@ -112,6 +137,26 @@ class Kortex:
     services: dict[str, object] = field(default_factory=dict)
     #: where LLM responses are streamed (asyncio); started on first use
     loop: LoopThread = field(default_factory=lambda: LoopThread("kortex-stream"))
+    #: threads for the blocking work of steps (SQL, hand-offs), so the loop never waits on it
+    io: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(16, thread_name_prefix="kortex-io"))
+    _engine: StepEngine | None = field(default=None, repr=False)
+    _engine_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def engine(self) -> StepEngine:
+        """This process's step engine (kortex/turns/engine.py), made on first use."""
+        with self._engine_lock:
+            if self._engine is None:
+                from kortex.turns.engine import StepEngine
+
+                self._engine = StepEngine(self)
+            return self._engine
+
+    def close_engine(self, grace: float | None = None) -> list[StepDispatch]:
+        """Stop the step engine; returns the steps it will not run (to hand back to a queue)."""
+        with self._engine_lock:
+            engine, self._engine = self._engine, None
+        return engine.close(grace) if engine is not None else []
 
     @classmethod
     def create(
@@ -127,7 +172,8 @@ class Kortex:
         redis = _shared_redis(settings)
         turn = settings.turn
         events = EventStore(redis, prefix=settings.redis_prefix, maxlen=turn.stream_maxlen,
-                            active_ttl=int(turn.deadline + 600), done_ttl=int(turn.stream_ttl))
+                            active_ttl=int(turn.deadline + 600), done_ttl=int(turn.stream_ttl),
+                            async_redis=_stream_redis(settings))
         registry = ToolRegistry([*tool_specs(settings), *(extra_tools or [])])
         policy = ToolPolicy.build(settings.tools.allowed, registry, default_extra=DEFAULT_ENABLED_EXTRA)
         unknown = sorted(policy.allowed - {s.name for s in registry})
@@ -157,19 +203,29 @@ class Kortex:
             providers=ProviderRegistry(settings, providers or BUILTIN_PROVIDERS),
             tools=registry, policy=policy, pipeline=pipeline, sources=build_sources(settings, telemetry_db), cursors=cursors,
             proposals=proposals, services={"cursors": cursors, "proposals": proposals},
+            io=ThreadPoolExecutor(max(4, db_pool_size), thread_name_prefix="kortex-io"),
         )
 
     async def aclose(self) -> None:
-        """Release what belongs to the streaming loop (provider HTTP clients)."""
-        await self.providers.aclose()
+        """Release what belongs to the streaming loop (provider HTTP clients, the stream client)."""
+        try:
+            await self.providers.aclose()
+        finally:
+            await self.events.aclose()
 
     def close(self) -> None:
-        """Release everything; call once, from a thread that is not the streaming loop."""
+        """Release everything; call once, from a thread that is not the streaming loop. Steps
+        the engine still held are left to the watchdog: call ``close_engine`` first to hand
+        them back at once."""
+        lost = self.close_engine()
+        if lost:
+            log.warning("%d steps were left to the watchdog at shutdown", len(lost))
         if self.loop.started:
             try:
                 self.loop.run(self.aclose(), timeout=10)
             finally:
                 self.loop.stop()
+        self.io.shutdown(wait=False, cancel_futures=True)
         self.pipeline.close()
         self.sources.close()
         try:

@@ -4,6 +4,7 @@
     ├── ConfigError             bad or missing configuration
     ├── NotFound                an id that does not exist for this tenant (never "exists elsewhere")
     ├── Conflict                the request clashes with current state (turn already running, ...)
+    │   └── StaleAttempt        a step attempt that was superseded tried to write
     ├── InvalidInput            a caller sent something we reject (HTTP 4xx, CLI usage)
     ├── AuthError               missing, malformed, unknown or revoked credentials
     ├── Forbidden               valid credentials whose role does not allow the action
@@ -11,6 +12,7 @@
     │   └── BudgetExceeded      the tenant's daily spend or the session's tokens are used up
     ├── StorageError            the database failed in a way the caller cannot fix
     ├── StreamError             the event stream store failed
+    │   └── StreamClosed        (kortex.stream.store) a write after the turn's ``done``
     ├── ProviderError           an LLM provider failed (status, provider, model, retryable)
     │   └── ProviderUnavailable the provider is not configured or not reachable in this mode
     └── ToolError               a tool failed; the pipeline turns it into an is_error result
@@ -55,6 +57,12 @@ class NotFound(KortexError):
 
 class Conflict(KortexError):
     code = "conflict"
+
+
+class StaleAttempt(Conflict):
+    """The writer's step attempt is no longer the turn's: a later attempt has taken over."""
+
+    code = "stale_attempt"
 
 
 class InvalidInput(KortexError):

@@ -12,6 +12,13 @@ from kortex.messages import Usage
 class _Event(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    # Stamped by the stream store as it appends (see kortex/stream/store.py), never by the
+    # publisher: ``attempt`` is the step attempt that wrote the event (the turn's fence at that
+    # moment) and ``seq`` counts the turn's events from 1. A client drops events whose attempt
+    # is below one it has already seen; gaps in ``seq`` tell it something is missing.
+    attempt: int = 0
+    seq: int = 0
+
 
 class TurnEvent(_Event):
     """The turn changed state: a step started running, or it is waiting for tools."""
@@ -20,9 +27,8 @@ class TurnEvent(_Event):
     turn_id: str
     status: str
     step: int
-    # A step re-run after its worker died streams again: clients drop that step's earlier text
-    # when a turn event for the same step arrives with a higher attempt.
-    attempt: int = 1
+    # A step re-run after its worker died streams again under a higher ``attempt``: clients
+    # drop the earlier attempt's text of that step when this event arrives.
     model: str | None = None
 
 

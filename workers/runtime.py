@@ -3,16 +3,20 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from celery.signals import after_setup_logger, after_setup_task_logger, worker_process_shutdown
+from celery.signals import after_setup_logger, after_setup_task_logger, worker_process_shutdown, worker_shutdown
 
 from kortex import logsafe
 from kortex.config import Settings
 from kortex.container import Kortex
+from kortex.turns.handoff import Handoff
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -38,10 +42,20 @@ def run(settings: Settings, work: Callable[[Kortex], T]) -> T:
 
 
 def close() -> None:
-    """Close this process's container (its pools, threads and provider HTTP clients)."""
+    """Close this process's container (its pools, threads and provider HTTP clients). Steps
+    its engine held and will not finish go back to the turns queue first."""
     global _kortex
     with _lock:
         if _kortex is not None and _pid == os.getpid():
+            try:
+                left = _kortex.close_engine()
+                if left:
+                    from workers.app import app
+                    from workers.dispatch import dispatch
+
+                    dispatch(app, Handoff(steps=tuple(left)))
+            except Exception:  # their leases lapse and the watchdog hands them on
+                log.warning("could not hand back the steps of this process", exc_info=True)
             try:
                 _kortex.close()
             except Exception:  # shutting down anyway
@@ -50,6 +64,7 @@ def close() -> None:
 
 
 @worker_process_shutdown.connect
+@worker_shutdown.connect
 def _close(**_: Any) -> None:
     close()
 

@@ -9,7 +9,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 
 from kortex.config import Settings
 from kortex.errors import StorageError, StreamError
-from kortex.turns.step import run_step
+from kortex.turns.handoff import Handoff, StepDispatch
 from kortex.turns.toolrun import run_tool
 from kortex.turns.watchdog import sweep
 from workers import runtime
@@ -20,7 +20,6 @@ from workers.queues import Queue, TaskName
 log = logging.getLogger(__name__)
 # Decorator limits are fixed when the module loads; everything else reads the settings the
 # app carries at call time (the embedded mode swaps them in before its worker starts).
-STEP_SOFT = app.conf.kortex_settings.turn.step_time_limit + 30
 TRANSIENT = (StorageError, StreamError)
 
 
@@ -28,14 +27,24 @@ def _settings() -> Settings:
     return app.conf.kortex_settings  # type: ignore[no-any-return]
 
 
-@app.task(
-    name=TaskName.STEP.value, queue=Queue.TURNS.value, ignore_result=True, acks_late=True,
-    soft_time_limit=STEP_SOFT, time_limit=STEP_SOFT + 30,
-    autoretry_for=TRANSIENT, retry_backoff=True, retry_backoff_max=30, max_retries=5,
-)
+@app.task(name=TaskName.STEP.value, queue=Queue.TURNS.value, ignore_result=True, acks_late=True,
+          soft_time_limit=60, time_limit=90)
 def step(*, tenant_id: str, turn_id: str, step: int) -> None:
-    handoff = runtime.run(_settings(), lambda k: run_step(k, tenant_id, turn_id, step))
-    dispatch(app, handoff)
+    """Hand the step to this process's step engine and return: the LLM stream waits on the
+    engine's event loop, not in a worker slot. The message is acked once the engine has the
+    step; if the process dies before the step ends, the watchdog runs it again (its lease
+    lapses, or a waiting step stops being touched). The time limits here bound only the
+    hand-over (it blocks while the engine is full); the step's own limit is enforced on the
+    loop."""
+    k = runtime.kortex(_settings())
+    k.engine.submit(StepDispatch(tenant_id=tenant_id, turn_id=turn_id, step=step), _hand_on)
+
+
+def _hand_on(outcome: Handoff | BaseException) -> None:
+    if isinstance(outcome, BaseException):
+        log.error("a step ended with %s", outcome.__class__.__name__, exc_info=outcome)
+        return
+    dispatch(app, outcome)
 
 
 @app.task(

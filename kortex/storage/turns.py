@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, bindparam, case, func, select, update
+from sqlalchemy import and_, bindparam, case, func, select, tuple_, update
 from sqlalchemy.engine import Connection
 
 from kortex.errors import Conflict, NotFound, RateLimited
@@ -155,6 +155,40 @@ def renew_lease(conn: Connection, turn: TurnRecord, *, lease: float) -> bool:
     moved = conn.execute(_RENEW, {"p_id": turn.id, "p_tenant": turn.tenant_id, "p_attempt": turn.attempt,
                                   "p_lease": utcnow() + timedelta(seconds=lease)})
     return moved.rowcount == 1
+
+
+def renew_leases(conn: Connection, held: list[tuple[str, str, int]], *, lease: float) -> set[str]:
+    """Extend, in one statement, the leases of the step attempts (turn id, tenant id, attempt)
+    that one process runs; returns the turn ids still held (a missing one was handed on)."""
+    if not held:
+        return set()
+    rows = conn.execute(
+        update(turns)
+        .where(tuple_(_t.id, _t.tenant_id, _t.attempt).in_(held), _t.status == "running")
+        .values(lease_until=utcnow() + timedelta(seconds=lease))
+        .returning(_t.id)
+    ).all()
+    return {r.id for r in rows}
+
+
+def touch_queued(conn: Connection, turn_ids: list[str]) -> None:
+    """Mark queued turns as held by a live process (waiting for a slot in its step engine),
+    so the watchdog does not take them for lost hand-offs."""
+    if turn_ids:
+        conn.execute(update(turns).where(_t.id.in_(turn_ids), _t.status == "queued").values(updated_at=utcnow()))
+
+
+def release_step(conn: Connection, turn: TurnRecord, step: int) -> bool:
+    """running -> queued for an attempt that gives its step back (its process is stopping),
+    so another worker can run it at once instead of after the lease lapses."""
+    moved = conn.execute(
+        update(turns)
+        .where(_t.id == turn.id, _t.tenant_id == turn.tenant_id, _t.step == step, _t.attempt == turn.attempt,
+               _t.status == "running")
+        .values(status="queued", lease_until=None, updated_at=utcnow())
+        .returning(_t.id)
+    ).first()
+    return moved is not None
 
 
 def _usage_params(usage: Usage, model_used: str | None) -> dict[str, Any]:

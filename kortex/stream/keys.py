@@ -9,6 +9,12 @@ def turn_events(prefix: str, turn_id: str) -> str:
     return f"{prefix}:turn:{turn_id}:events"
 
 
+def turn_fence(prefix: str, turn_id: str) -> str:
+    """A hash beside a turn's stream: the highest step attempt that wrote to it (``a``), the
+    last sequence number given out (``s``) and, once ``done`` is in, ``closed``."""
+    return f"{prefix}:turn:{turn_id}:fence"
+
+
 def turn_id_from_key(prefix: str, key: str) -> str:
     head = f"{prefix}:turn:"
     if not key.startswith(head) or not key.endswith(":events"):

@@ -1,27 +1,75 @@
-"""The per-turn event stream in Redis: capped XADD, a TTL while active and a shorter one after
-``done``, ranged reads for replay and a blocking follow for single readers."""
+"""The per-turn event stream in Redis: fenced, sequenced appends (one Lua script, so a step
+attempt that was superseded cannot write after its successor began), a TTL while active and a
+shorter one after ``done``, ranged reads for replay and a blocking follow for single readers."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from redis import Redis
+from redis.asyncio import Redis as AsyncRedis
 from redis.exceptions import RedisError
 
-from kortex.errors import StreamError
+from kortex.errors import StaleAttempt, StreamError
 from kortex.events import TextEvent, _Event
 from kortex.stream.entries import START, Entry, entries_from_redis
-from kortex.stream.keys import turn_events
+from kortex.stream.keys import turn_events, turn_fence
 
 log = logging.getLogger(__name__)
 
+# KEYS: stream, fence. ARGV: attempt (0: an unfenced writer such as a tool task, which takes the
+# current attempt), maxlen, ttl (0: leave it), final (1: close the stream), then type/body pairs.
+# The body is the event's JSON without ``attempt`` and ``seq``; they are spliced in before its
+# closing brace, so no JSON is parsed or re-encoded here.
+# Returns {1, id...} when written, {0, fence attempt} when ``attempt`` is stale, {-1} once closed.
+_APPEND = """
+local st = redis.call('HMGET', KEYS[2], 'a', 's', 'closed')
+if st[3] then return {-1} end
+local cur = tonumber(st[1]) or 0
+local seq = tonumber(st[2]) or 0
+local a = tonumber(ARGV[1])
+if a == 0 then a = cur elseif a < cur then return {0, cur} end
+local out = {1}
+for i = 5, #ARGV, 2 do
+  seq = seq + 1
+  local body = string.sub(ARGV[i + 1], 1, -2) .. ',"attempt":' .. a .. ',"seq":' .. seq .. '}'
+  out[#out + 1] = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*', 't', ARGV[i], 'd', body)
+end
+if ARGV[4] == '1' then
+  redis.call('HSET', KEYS[2], 'a', a, 's', seq, 'closed', 1)
+else
+  redis.call('HSET', KEYS[2], 'a', a, 's', seq)
+end
+local ttl = tonumber(ARGV[3])
+if ttl > 0 then
+  redis.call('EXPIRE', KEYS[1], ttl)
+  redis.call('EXPIRE', KEYS[2], ttl)
+end
+return out
+"""
+_STAMPS = {"attempt", "seq"}
+
+
+class StreamClosed(StreamError):
+    """The turn's ``done`` is already in its stream: nothing may follow it."""
+
+
+def _result(reply: list[Any], key: str, attempt: int) -> list[str]:
+    status = int(reply[0])
+    if status == 1:
+        return [r.decode() if isinstance(r, bytes) else str(r) for r in reply[1:]]
+    if status == 0:
+        raise StaleAttempt(f"attempt {attempt} of {key} was superseded by attempt {int(reply[1])}")
+    raise StreamClosed(f"{key} is closed")
+
 
 class EventStore:
-    """Appends and reads turn events. One per process, shared by its threads."""
+    """Appends and reads turn events. One per process, shared by its threads; ``aappend`` is
+    for the streaming event loop (its client is made on that loop, on first use)."""
 
     def __init__(
         self,
@@ -31,38 +79,66 @@ class EventStore:
         maxlen: int = 20_000,
         active_ttl: int = 3600,
         done_ttl: int = 3600,
+        async_redis: Callable[[], AsyncRedis] | None = None,
     ) -> None:
         self.redis = redis
         self.prefix = prefix
         self.maxlen = maxlen
         self.active_ttl = max(1, int(active_ttl))
         self.done_ttl = max(1, int(done_ttl))
+        self._script = redis.register_script(_APPEND)
+        self._async_factory = async_redis
+        self._aredis: AsyncRedis | None = None
+        self._ascript: Any = None
 
     def key(self, turn_id: str) -> str:
         return turn_events(self.prefix, turn_id)
 
-    def _queue(self, pipe: Any, turn_id: str, events: Sequence[_Event], final: bool) -> tuple[str, bool]:
-        key = self.key(turn_id)
-        for event in events:
-            pipe.xadd(key, {"t": event.type, "d": event.model_dump_json()}, maxlen=self.maxlen, approximate=True)
+    def _args(self, turn_id: str, events: Sequence[_Event], attempt: int, final: bool) -> tuple[list[str], list[Any]]:
         # The TTL is set when a stream is born (a step starts) and when it ends: enough to
         # bound an abandoned stream without an EXPIRE on every write.
-        expire = final or events[0].type == "turn"
-        if expire:
-            pipe.expire(key, self.done_ttl if final else self.active_ttl)
-        return key, expire
+        ttl = self.done_ttl if final else (self.active_ttl if events[0].type == "turn" else 0)
+        argv: list[Any] = [attempt, self.maxlen, ttl, 1 if final else 0]
+        for event in events:
+            argv.append(event.type)
+            argv.append(event.model_dump_json(exclude=_STAMPS))
+        return [self.key(turn_id), turn_fence(self.prefix, turn_id)], argv
 
-    def append(self, turn_id: str, events: Sequence[_Event], *, final: bool = False) -> list[str]:
-        """Publish ``events`` in order in one round trip; ``final`` starts the after-done TTL."""
+    def append(self, turn_id: str, events: Sequence[_Event], *, attempt: int = 0, final: bool = False) -> list[str]:
+        """Publish ``events`` in order in one round trip, as step attempt ``attempt`` (0 for
+        writers outside any attempt). ``final`` closes the stream and starts the after-done
+        TTL. Raises ``StaleAttempt`` when a later attempt has written, ``StreamClosed`` after
+        ``done``."""
         if not events:
             return []
-        pipe = self.redis.pipeline(transaction=False)
-        key, expire = self._queue(pipe, turn_id, events, final)
+        keys, argv = self._args(turn_id, events, attempt, final)
         try:
-            result = pipe.execute()
+            reply = self._script(keys=keys, args=argv)
         except RedisError as exc:
-            raise StreamError(f"could not publish to {key}: {exc.__class__.__name__}") from exc
-        return [str(r) for r in (result[:-1] if expire else result)]
+            raise StreamError(f"could not publish to {keys[0]}: {exc.__class__.__name__}") from exc
+        return _result(reply, keys[0], attempt)
+
+    async def aappend(self, turn_id: str, events: Sequence[_Event], *, attempt: int = 0,
+                      final: bool = False) -> list[str]:
+        """``append`` without blocking the event loop it runs on."""
+        if not events:
+            return []
+        if self._ascript is None:
+            if self._async_factory is None:
+                raise StreamError("this event store has no asyncio client")
+            self._aredis = self._async_factory()
+            self._ascript = self._aredis.register_script(_APPEND)
+        keys, argv = self._args(turn_id, events, attempt, final)
+        try:
+            reply = await self._ascript(keys=keys, args=argv)
+        except RedisError as exc:
+            raise StreamError(f"could not publish to {keys[0]}: {exc.__class__.__name__}") from exc
+        return _result(reply, keys[0], attempt)
+
+    async def aclose(self) -> None:
+        if self._aredis is not None:
+            client, self._aredis, self._ascript = self._aredis, None, None
+            await client.aclose()
 
     def read(self, turn_id: str, after: str = START, count: int = 1000) -> list[Entry]:
         """Entries strictly after ``after``, oldest first."""
@@ -79,7 +155,7 @@ class EventStore:
             raise StreamError(f"could not check {self.key(turn_id)}: {exc.__class__.__name__}") from exc
 
     def delete(self, turn_id: str) -> None:
-        self.redis.delete(self.key(turn_id))
+        self.redis.delete(self.key(turn_id), turn_fence(self.prefix, turn_id))
 
     def follow(self, turn_id: str, after: str = START, *, block_ms: int = 1000,
                idle_timeout: float | None = None) -> Iterator[Entry]:
@@ -110,54 +186,115 @@ class EventStore:
         self.redis.close()
 
 
+
+
 class StepPublisher:
-    """Publishes one LLM step's streamed output in order, coalescing text deltas.
+    """Publishes one LLM step attempt's streamed output in order, coalescing text deltas, from
+    the event loop that consumes the provider's stream, without ever blocking it.
 
-    The first delta goes out at once (time to first token is what users feel); later ones
-    are batched for ``flush_ms`` so a fast model does not cost one Redis write per token.
-
-    It is driven from the event loop that consumes the provider's stream, yet writes with the
-    blocking client: that loop serves this one step only, a local XADD takes ~0.1 ms, and the
-    blocking client costs less than half the CPU of the asyncio one per write.
+    The first delta goes out at once (time to first token is what users feel); later ones are
+    batched for ``flush_ms`` so a fast model does not cost one Redis write per token. One write
+    is in flight at a time (that keeps the order); whatever arrives meanwhile goes in the next.
+    A write that fails is retried with what came since, so a Redis blip delays text but loses
+    none. Once the store says a later attempt has written, ``stale`` is set and nothing more is
+    sent: the caller stops the step.
     """
 
-    def __init__(self, store: EventStore, turn_id: str, step: int, flush_ms: int = 25) -> None:
+    def __init__(self, store: EventStore, turn_id: str, step: int, attempt: int, flush_ms: int = 25,
+                 *, on_stale: Callable[[], None] | None = None) -> None:
         self.store = store
         self.turn_id = turn_id
         self.step = step
+        self.attempt = attempt
         self.flush_s = flush_ms / 1000.0
-        self._buffer: list[str] = []
+        self.stale = False
+        self._on_stale = on_stale
+        self._text: list[str] = []
+        self._pending: list[_Event] = []  # events queued behind the buffered text
         self._sent_text = False
         self._timer: asyncio.TimerHandle | None = None
+        self._writer: asyncio.Task[None] | None = None
 
     def text(self, delta: str) -> None:
-        if not delta:
+        if not delta or self.stale:
             return
-        self._buffer.append(delta)
+        self._text.append(delta)
         if not self._sent_text or self.flush_s <= 0:
             self._sent_text = True
-            self.flush()
-        elif self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(self.flush_s, self._timed_flush)
+            self._cut_text()  # with no coalescing window, one event per delta even when batched
+            self._kick()
+        elif self._timer is None and (self._writer is None or self._writer.done()):
+            self._timer = asyncio.get_running_loop().call_later(self.flush_s, self._kick)
 
-    def flush(self) -> None:
-        self.emit()
+    def emit(self, *events: _Event) -> None:
+        """Queue ``events`` after the text buffered so far and start sending."""
+        if self.stale:
+            return
+        self._cut_text()
+        self._pending.extend(events)
+        self._kick()
 
-    def _timed_flush(self) -> None:
-        self._timer = None
-        try:
-            self.flush()
-        except StreamError:  # the text stays buffered; the next write or the final flush retries
-            log.warning("could not flush text of turn %s; will retry", self.turn_id, exc_info=True)
+    def _cut_text(self) -> None:
+        if self._text:
+            self._pending.append(TextEvent(step=self.step, delta="".join(self._text)))
+            self._text.clear()
 
-    def emit(self, *events: _Event, final: bool = False) -> None:
-        """Flush buffered text, then publish ``events`` after it. The buffer is only dropped once
-        Redis has it, so a failed write loses nothing."""
+    def _kick(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        batch: list[_Event] = [TextEvent(step=self.step, delta="".join(self._buffer))] if self._buffer else []
-        batch.extend(events)
-        if batch:
-            self.store.append(self.turn_id, batch, final=final)
-        self._buffer.clear()
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self, retries: int = 0) -> None:
+        delay = 0.05
+        while not self.stale:
+            self._cut_text()
+            if not self._pending:
+                return
+            batch = list(self._pending)
+            try:
+                await self.store.aappend(self.turn_id, batch, attempt=self.attempt)
+            except StaleAttempt:
+                self._fence()
+                return
+            except StreamError:
+                if retries <= 0:
+                    log.warning("could not publish to turn %s; will retry", self.turn_id, exc_info=True)
+                    return  # the buffer is kept: the next kick or flush() sends it
+                retries -= 1
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+                continue
+            del self._pending[:len(batch)]
+
+    def _fence(self) -> None:
+        self.stale = True
+        self._text.clear()
+        self._pending.clear()
+        if self._on_stale is not None:
+            self._on_stale()
+
+    async def flush(self, *, retries: int = 6) -> None:
+        """Send everything queued, waiting for it; raises ``StreamError`` if Redis still
+        refuses after ``retries`` tries (about 4 s), ``StaleAttempt`` when fenced out."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._writer is not None and not self._writer.done():
+            await asyncio.shield(self._writer)
+        if self.stale:
+            raise StaleAttempt(f"attempt {self.attempt} of turn {self.turn_id} was superseded")
+        await self._drain(retries)
+        if self.stale:
+            raise StaleAttempt(f"attempt {self.attempt} of turn {self.turn_id} was superseded")
+        if self._pending or self._text:
+            raise StreamError(f"could not publish to turn {self.turn_id}")
+
+    def abandon(self) -> None:
+        """Stop sending (the step was cancelled and will not flush)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._writer is not None and not self._writer.done():
+            self._writer.cancel()

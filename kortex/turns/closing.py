@@ -6,7 +6,7 @@ import logging
 from collections.abc import Sequence
 
 from kortex.container import Kortex
-from kortex.errors import KortexError
+from kortex.errors import KortexError, StaleAttempt, StreamError
 from kortex.events import _Event
 from kortex.storage import turns
 from kortex.storage.records import TurnRecord
@@ -19,8 +19,17 @@ def publish_done(k: Kortex, turn: TurnRecord, events: Sequence[_Event]) -> None:
 
     The done's stream id is stored on the turn so a client reconnecting after the stream
     expired can be told it already has everything. Losing that write only costs such a client
-    a replay, so it never fails the turn."""
-    ids = k.events.append(turn.id, events, final=True)
+    a replay, so it never fails the turn.
+
+    The turn's state is already committed, so a publish that fails is logged, not raised: the
+    watchdog publishes the closing events of a finished turn whose ``done`` never made it."""
+    try:
+        ids = k.events.append(turn.id, events, attempt=turn.attempt, final=True)
+    except StaleAttempt:  # a later attempt finished it; this one's CAS lost, so it never gets here
+        return
+    except StreamError:
+        log.warning("could not publish the end of turn %s; the watchdog will", turn.id, exc_info=True)
+        return
     if not ids:
         return
     try:

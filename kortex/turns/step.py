@@ -4,13 +4,14 @@ either finish the turn or park it with its tool calls for the tool tasks."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from contextlib import aclosing
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kortex import budget
 from kortex.container import Kortex
-from kortex.errors import BudgetExceeded, Conflict, KortexError, ProviderError, StreamError
+from kortex.errors import BudgetExceeded, Conflict, KortexError, ProviderError, StaleAttempt, StreamError
 from kortex.events import DoneEvent, ErrorEvent, Event, TextEvent, ToolCallEvent, ToolResultEvent, TurnEvent
 from kortex.ids import new_call_id
 from kortex.llm.base import CompletionRequest, DoneChunk, TextChunk, ToolCallChunk, WarningChunk
@@ -24,7 +25,10 @@ from kortex.storage.records import TurnRecord
 from kortex.stream.store import StepPublisher
 from kortex.timeparse import utcnow
 from kortex.turns.closing import publish_done
-from kortex.turns.handoff import NOTHING, Handoff, ToolDispatch
+from kortex.turns.handoff import NOTHING, Handoff, StepDispatch, ToolDispatch
+
+if TYPE_CHECKING:
+    from kortex.turns.engine import StepHold
 
 log = logging.getLogger(__name__)
 
@@ -53,32 +57,72 @@ def _unique_calls(calls: list[ToolCall], taken: set[str]) -> tuple[ToolCall, ...
 
 
 def run_step(k: Kortex, tenant_id: str, turn_id: str, step: int) -> Handoff:
-    with k.db.connect() as conn:
-        turn = turns.claim_step(conn, tenant_id, turn_id, step, lease=k.settings.turn.step_lease)
+    """Run one step through this process's step engine and wait for it (tests, the inline
+    driver); the Celery task submits instead, and returns at once."""
+    return k.engine.run(StepDispatch(tenant_id=tenant_id, turn_id=turn_id, step=step))
+
+
+class LeaseLost(Exception):
+    """The step's lease lapsed or a later attempt wrote to its stream: another attempt runs it."""
+
+
+class Released(Exception):
+    """The step was given back unfinished (its process is stopping); another worker runs it."""
+
+
+async def step_async(k: Kortex, tenant_id: str, turn_id: str, step: int, hold: StepHold) -> Handoff:
+    """One step, on the event loop of ``k``: blocking work (SQL, the closing writes) runs on
+    ``k``'s I/O threads, so the loop only ever waits on the network."""
+    turn = await hold.io(_claim, k, tenant_id, turn_id, step)
     if turn is None:
         return NOTHING  # another delivery of this step has it, or the turn moved on
+    hold.attach(turn)
     try:
         try:
             candidates = plan(k.providers, turn.model)
         except KortexError as exc:
-            _fail(k, turn, step, exc.code, exc.message)
+            await hold.io(_fail, k, turn, step, exc.code, exc.message)
             return NOTHING
-        k.events.append(turn.id, [TurnEvent(turn_id=turn.id, status="running", step=step, attempt=turn.attempt,
-                                            model=candidates[0].first_spec)])
-        with k.db.connect() as conn:
-            try:  # the budget is checked before every LLM call, not only when the turn began
-                budget.check_spend(k.settings.llm.budget, budget.spend(conn, turn.tenant_id, turn.session_id))
-            except BudgetExceeded as exc:
-                _fail(k, turn, step, exc.code, exc.message)
-                return NOTHING
-            history = chats.load_history(conn, turn.tenant_id, turn.session_id,
-                                         limit=k.settings.llm.max_history_messages)
-        return _run_claimed(k, turn, step, candidates, history)
+        publisher = StepPublisher(k.events, turn.id, step, turn.attempt, k.settings.turn.text_flush_ms,
+                                  on_stale=hold.lose)
+        publisher.emit(TurnEvent(turn_id=turn.id, status="running", step=step, model=candidates[0].first_spec))
+        history = await hold.io(_load, k, turn)
+        if isinstance(history, BudgetExceeded):
+            await _settle_text(publisher)
+            await hold.io(_fail, k, turn, step, history.code, history.message)
+            return NOTHING
+        return await _run_claimed(k, turn, step, candidates, history, hold, publisher)
+    except Released:
+        return await hold.io(_release, k, turn, step)
     except Exception as exc:  # whatever broke, the client must hear the turn ended
         log.exception("step %s of turn %s failed", step, turn.id)
         code = exc.code if isinstance(exc, KortexError) else "internal"
-        _fail(k, turn, step, code, "the turn failed unexpectedly; see the server logs")
+        await hold.io(_fail, k, turn, step, code, "the turn failed unexpectedly; see the server logs")
         return NOTHING
+
+
+def _claim(k: Kortex, tenant_id: str, turn_id: str, step: int) -> TurnRecord | None:
+    with k.db.connect() as conn:
+        return turns.claim_step(conn, tenant_id, turn_id, step, lease=k.settings.turn.step_lease)
+
+
+def _release(k: Kortex, turn: TurnRecord, step: int) -> Handoff:
+    with k.db.begin() as conn:
+        released = turns.release_step(conn, turn, step)
+    if not released:
+        return NOTHING
+    return Handoff(steps=(StepDispatch(tenant_id=turn.tenant_id, turn_id=turn.id, step=step),))
+
+
+def _load(k: Kortex, turn: TurnRecord) -> list[Message] | BudgetExceeded:
+    """The conversation so far, once the budget allows another LLM call (it is checked before
+    every call, not only when the turn began)."""
+    with k.db.connect() as conn:
+        try:
+            budget.check_spend(k.settings.llm.budget, budget.spend(conn, turn.tenant_id, turn.session_id))
+        except BudgetExceeded as exc:
+            return exc
+        return chats.load_history(conn, turn.tenant_id, turn.session_id, limit=k.settings.llm.max_history_messages)
 
 
 def _time_limit(k: Kortex, turn: TurnRecord) -> float:
@@ -87,13 +131,14 @@ def _time_limit(k: Kortex, turn: TurnRecord) -> float:
     return max(0.0, min(k.settings.turn.step_time_limit, left))
 
 
-def _run_claimed(k: Kortex, turn: TurnRecord, step: int, candidates: list[Candidate],
-                 history: list[Message]) -> Handoff:
+async def _run_claimed(k: Kortex, turn: TurnRecord, step: int, candidates: list[Candidate],
+                       history: list[Message], hold: StepHold, publisher: StepPublisher) -> Handoff:
     settings = k.settings
     depth = settings.llm.max_tool_depth
     limit = _time_limit(k, turn)
     if limit <= 0:
-        _fail(k, turn, step, "deadline_exceeded", "the turn did not finish before its deadline")
+        await _settle_text(publisher)
+        await hold.io(_fail, k, turn, step, "deadline_exceeded", "the turn did not finish before its deadline")
         return NOTHING
     request = CompletionRequest(
         system=INVESTIGATOR,
@@ -104,14 +149,17 @@ def _run_claimed(k: Kortex, turn: TurnRecord, step: int, candidates: list[Candid
                   "purpose": "chat"},
     )  # model, max_tokens and temperature are set per provider by the router
     routed = RoutedStream(candidates, request, settings.llm)
-    publisher = StepPublisher(k.events, turn.id, step, settings.turn.text_flush_ms)
     try:
-        text, calls, done = k.loop.run(
-            asyncio.wait_for(_consume(k, turn, routed, publisher, _call_ids(history)), limit), timeout=limit + 5)
-    except LeaseLost:
+        text, calls, done = await asyncio.wait_for(_consume(routed, publisher, _call_ids(history), hold), limit)
+    except (LeaseLost, StaleAttempt, Released) as exc:
+        publisher.abandon()
+        entries = _llm_audit(turn, step, routed.attempts, error=ProviderError(
+            "the step was handed to another attempt", code="cancelled"))
+        if isinstance(exc, Released):
+            await hold.io(_audit_alone, k, entries)
+            raise
         log.warning("step %s of turn %s lost its lease; another attempt runs it", step, turn.id)
-        _audit_alone(k, _llm_audit(turn, step, routed.attempts, error=ProviderError(
-            "the step was handed to another attempt", code="cancelled")))
+        await hold.io(_audit_alone, k, entries)
         return NOTHING
     except Exception as exc:
         if not isinstance(exc, ProviderError | TimeoutError):
@@ -122,27 +170,51 @@ def _run_claimed(k: Kortex, turn: TurnRecord, step: int, candidates: list[Candid
         error = exc if isinstance(exc, ProviderError) else ProviderError(
             f"no answer within {limit:.0f}s", provider=last.provider if last else candidates[0].provider.name,
             model=last.model.id if last else candidates[0].model.id, code="step_timeout")
-        _fail(k, turn, step, error.code, str(error), retryable=error.retryable,
-              llm_entries=_llm_audit(turn, step, routed.attempts, error=error), usage=_usage(routed.attempts))
+        await _settle_text(publisher)
+        await hold.io(_fail, k, turn, step, error.code, str(error), retryable=error.retryable,
+                      llm_entries=_llm_audit(turn, step, routed.attempts, error=error),
+                      usage=_usage(routed.attempts))
         return NOTHING
     answered = routed.answered
     assert answered is not None
     usage = _usage(routed.attempts)
     entries = _llm_audit(turn, step, routed.attempts, calls=calls, text_chars=len(text))
+    if not await _settle_text(publisher):
+        await hold.io(_audit_alone, k, entries)
+        return NOTHING
+    hold.detach()  # what follows is a few statements: the lease need not outlive the stream
     if calls and step >= depth:
-        return _depth_exceeded(k, turn, step, text, usage, answered.spec, entries, depth)
+        return await hold.io(_depth_exceeded, k, turn, step, text, usage, answered.spec, entries, depth)
     if calls:
-        return _park(k, turn, step, text, calls, usage, answered.spec, entries)
+        return await hold.io(_park, k, turn, step, text, calls, usage, answered.spec, entries)
+    return await hold.io(_finish, k, turn, step, text, usage, answered.spec, entries, done)
+
+
+async def _settle_text(publisher: StepPublisher) -> bool:
+    """Get the streamed text out before the step's structural events; False when a later
+    attempt has the turn. Text that Redis still refuses is in the stored message, so the turn
+    goes on (clients that missed it read it from the message)."""
+    try:
+        await publisher.flush()
+    except StaleAttempt:
+        return False
+    except StreamError:
+        log.warning("text of turn %s could not be published", publisher.turn_id, exc_info=True)
+    return True
+
+
+def _finish(k: Kortex, turn: TurnRecord, step: int, text: str, usage: Usage, model_used: str,
+            entries: list[AuditEntry], done: DoneChunk) -> Handoff:
     with k.db.begin() as conn:
         finished = turns.finish_turn(conn, turn, step=step, message=AssistantMessage(content=text), usage=usage,
-                                     model_used=answered.spec)
+                                     model_used=model_used)
         if finished:
             audit.write_entries(conn, entries)
     if finished:
         closing: list[Event] = []
         if done.stop_reason == "max_tokens":  # the answer stands, but the client should know it is cut
             closing.append(ErrorEvent(code="max_tokens", fatal=False, message=(
-                f"the answer reached {answered.spec}'s output limit and may be cut short; "
+                f"the answer reached {model_used}'s output limit and may be cut short; "
                 "ask a narrower question or raise max_tokens")))
         publish_done(k, turn, [*closing, DoneEvent(status="done", usage=_total(turn, usage))])
     else:
@@ -184,7 +256,9 @@ def _park(k: Kortex, turn: TurnRecord, step: int, text: str, calls: tuple[ToolCa
     events += [ToolResultEvent(step=step, call_id=r.call_id, name=r.name, is_error=True, error_code=r.error_code,
                                content=r.content) for r in refused.values()]
     try:
-        k.events.append(turn.id, events)
+        k.events.append(turn.id, events, attempt=turn.attempt)
+    except StaleAttempt:  # cannot happen after a won park, but a fenced write is never retried
+        log.warning("turn %s moved on before its tool calls were published", turn.id)
     except StreamError:  # the calls are stored and will run; clients see their results
         log.warning("could not publish the tool calls of turn %s", turn.id, exc_info=True)
     return Handoff(tools=tuple(tool_dispatch(k, turn.tenant_id, inv.id, inv.name) for inv in invocations))
@@ -211,22 +285,17 @@ def _call_ids(history: list[Message]) -> set[str]:
     return {c.id for m in history if isinstance(m, AssistantMessage) for c in m.tool_calls}
 
 
-class LeaseLost(Exception):
-    """The step's lease could not be renewed: the watchdog gave the step to another attempt."""
-
-
 async def _consume(
-    k: Kortex, turn: TurnRecord, routed: RoutedStream, publisher: StepPublisher, taken: set[str]
+    routed: RoutedStream, publisher: StepPublisher, taken: set[str], hold: StepHold
 ) -> tuple[str, tuple[ToolCall, ...], DoneChunk]:
     text: list[str] = []
     calls: list[ToolCall] = []
     done: DoneChunk | None = None
-    keeper = asyncio.ensure_future(_keep_lease(k, turn))
-    try:
+
+    async def read() -> None:
+        nonlocal done
         async with aclosing(routed.stream()) as chunks:
             async for chunk in chunks:
-                if keeper.done():
-                    raise LeaseLost()
                 if isinstance(chunk, TextChunk):
                     text.append(chunk.text)
                     publisher.text(chunk.text)
@@ -236,25 +305,26 @@ async def _consume(
                     publisher.emit(ErrorEvent(code=chunk.code, message=chunk.message, fatal=False))
                 elif isinstance(chunk, DoneChunk):
                     done = chunk
+
+    # The read races the hold: a lost lease, a fenced write or a stopping process ends the
+    # read at once (closing the vendor's HTTP stream), not when a stalled vendor next sends.
+    reader = asyncio.ensure_future(read())
+    try:
+        await asyncio.wait({reader, hold.ended}, return_when=asyncio.FIRST_COMPLETED)
+        if not reader.done():
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+            raise hold.ended.result()
+        reader.result()  # the provider's failure, if any
     finally:
-        keeper.cancel()
-        publisher.flush()  # whatever was streamed reaches the client before any error
+        if not reader.done():  # this step itself was cancelled (its time limit)
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
     if done is None:
         raise ProviderError("stream ended without a final chunk", retryable=True, code="stream_truncated")
     return "".join(text), _unique_calls(calls, taken), done
-
-
-async def _keep_lease(k: Kortex, turn: TurnRecord) -> None:
-    """Renew the step's lease while it streams; returns when it is lost."""
-    lease = k.settings.turn.step_lease
-    while True:
-        await asyncio.sleep(lease / 3)
-        try:
-            with k.db.connect() as conn:  # a short blocking write on the streaming loop; see StepPublisher
-                if not turns.renew_lease(conn, turn, lease=lease):
-                    return
-        except KortexError:  # a database blip: try again at the next tick, the lease still runs
-            log.warning("could not renew the lease of turn %s", turn.id, exc_info=True)
 
 
 def _total(turn: TurnRecord, usage: Usage) -> Usage:

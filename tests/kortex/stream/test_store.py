@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 
 import fakeredis
+import pytest
 
+from kortex.errors import StaleAttempt, StreamError
 from kortex.events import DoneEvent, TextEvent, TurnEvent
-from kortex.stream.store import EventStore, StepPublisher
+from kortex.stream.store import EventStore, StepPublisher, StreamClosed
 
 
 def _store(**kw) -> EventStore:
@@ -46,20 +49,93 @@ def test_follow_ends_at_done() -> None:
     assert got == ["text", "text", "text", "done"]
 
 
+def _async_store(**kw) -> EventStore:
+    server = fakeredis.FakeServer()
+    return EventStore(fakeredis.FakeRedis(server=server, decode_responses=True), prefix="t",
+                      async_redis=lambda: fakeredis.FakeAsyncRedis(server=server, decode_responses=True), **kw)
+
+
 def test_publisher_sends_the_first_delta_at_once_and_batches_the_rest() -> None:
     async def go():
-        store = _store()
-        pub = StepPublisher(store, "u3", 0, flush_ms=50)
+        store = _async_store()
+        pub = StepPublisher(store, "u3", 0, attempt=1, flush_ms=50)
         pub.text("first")
+        await asyncio.sleep(0.01)
         assert len(store.read("u3")) == 1  # time to first token is not delayed
         for piece in ("a", "b", "c"):
             pub.text(piece)
+        await asyncio.sleep(0.01)
         assert len(store.read("u3")) == 1  # still buffered
         await asyncio.sleep(0.12)  # the timer flushes without another delta arriving
         entries = store.read("u3")
         assert len(entries) == 2 and '"delta":"abc"' in entries[1].data
         pub.text("d")
-        pub.emit(DoneEvent(status="done"), final=True)  # buffered text goes out before done
+        pub.emit(DoneEvent(status="done"))  # buffered text goes out before what is emitted
+        await pub.flush()
         assert [e.type for e in store.read("u3")][-2:] == ["text", "done"]
+
+    asyncio.run(go())
+
+
+def test_every_event_carries_its_attempt_and_the_turns_sequence() -> None:
+    store = _store()
+    store.append("u4", [TurnEvent(turn_id="u4", status="running", step=0), TextEvent(step=0, delta="a")], attempt=1)
+    store.append("u4", [TextEvent(step=0, delta="b")])  # a writer outside any attempt takes the current one
+    store.append("u4", [TurnEvent(turn_id="u4", status="running", step=1)], attempt=2)
+    bodies = [json.loads(e.data) for e in store.read("u4")]
+    assert [(b["attempt"], b["seq"]) for b in bodies] == [(1, 1), (1, 2), (1, 3), (2, 4)]
+    assert TextEvent.model_validate(bodies[1]).attempt == 1  # clients parse them as event fields
+
+
+def test_a_superseded_attempt_cannot_write_and_nothing_follows_done() -> None:
+    store = _store()
+    store.append("u5", [TurnEvent(turn_id="u5", status="running", step=0), TextEvent(step=0, delta="tok")],
+                 attempt=1)
+    store.append("u5", [TurnEvent(turn_id="u5", status="running", step=0)], attempt=2)  # the step is re-run
+    with pytest.raises(StaleAttempt):
+        store.append("u5", [TextEvent(step=0, delta="tok")], attempt=1)  # the paused first attempt wakes up
+    store.append("u5", [TextEvent(step=0, delta="tok"), DoneEvent(status="done")], attempt=2, final=True)
+    with pytest.raises(StreamClosed):
+        store.append("u5", [TextEvent(step=0, delta="late")])
+    assert [(e.type, json.loads(e.data)["attempt"]) for e in store.read("u5")] == [
+        ("turn", 1), ("text", 1), ("turn", 2), ("text", 2), ("done", 2)]
+
+
+def test_a_fenced_publisher_stops_and_says_so() -> None:
+    async def go():
+        store = _async_store()
+        stopped = []
+        pub = StepPublisher(store, "u6", 0, attempt=1, flush_ms=0, on_stale=lambda: stopped.append(True))
+        pub.text("a")
+        await pub.flush()
+        store.append("u6", [TurnEvent(turn_id="u6", status="running", step=0)], attempt=2)
+        pub.text("b")
+        with pytest.raises(StaleAttempt):
+            await pub.flush()
+        assert stopped == [True] and pub.stale
+        pub.text("c")  # ignored from now on
+        assert [json.loads(e.data).get("delta") for e in store.read("u6")] == ["a", None]
+
+    asyncio.run(go())
+
+
+def test_a_publisher_keeps_text_through_a_failed_write() -> None:
+    async def go():
+        store = _async_store()
+        pub = StepPublisher(store, "u7", 0, attempt=1, flush_ms=0)
+        real = store.aappend
+        calls = {"n": 0}
+
+        async def flaky(*args, **kwargs):
+            calls["n"] += 1
+            if calls["n"] <= 2:
+                raise StreamError("redis went away")
+            return await real(*args, **kwargs)
+
+        store.aappend = flaky  # type: ignore[method-assign]
+        for piece in ("a", "b", "c"):
+            pub.text(piece)
+        await pub.flush()
+        assert "".join(json.loads(e.data)["delta"] for e in store.read("u7")) == "abc"
 
     asyncio.run(go())

@@ -334,3 +334,37 @@ def test_a_proposal_whose_result_was_lost_is_the_answer_not_a_timeout(harness: H
     assert len(cards) == 1 and cards[0]["proposal_id"] == result["content"]["proposal_id"]
     assert len(k.proposals.list(tenant)) == 1  # the one the dead worker stored, nothing new
     assert chat.get_turn(k, tenant, posted.turn.id).status == "done"
+
+
+def test_a_step_that_loses_its_lease_stops_reading_at_once_even_from_a_stalled_provider(harness_factory) -> None:
+    import threading
+    import time
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    from kortex.storage.schema import turns as turns_table
+    from kortex.timeparse import utcnow
+    from kortex.turns.step import run_step
+
+    h = harness_factory(turn={"step_lease": 0.3, "text_flush_ms": 0})
+    tenant = h.tenant("acme")
+    k = h.k
+    session = chat.create_session(k, tenant, "t", "scripted:stall")  # 10 s between its two chunks
+    posted = chat.post_message(k, tenant, session.id, "go")
+    (step,) = posted.handoff.steps
+    runner = threading.Thread(target=run_step, args=(k, tenant, step.turn_id, step.step))
+    runner.start()
+    deadline = time.monotonic() + 5
+    while not any(e.type == "turn" for e in h.events(posted.turn.id)):  # the step waits on the model
+        assert time.monotonic() < deadline, "the step never started"
+        time.sleep(0.02)
+    with k.db.begin() as conn:  # the lease lapses (a long GC pause, say) and the watchdog hands the step on
+        conn.execute(update(turns_table).where(turns_table.c.id == posted.turn.id)
+                     .values(lease_until=utcnow() - timedelta(seconds=1)))
+    assert [s.turn_id for s in watchdog.sweep(k).handoff.steps] == [posted.turn.id]
+    lost_at = time.monotonic()
+    runner.join(5)
+    assert not runner.is_alive() and time.monotonic() - lost_at < 2  # not the provider's 10 s stall
+    rows = [r for r in _audit(h, tenant, posted.turn.id) if r["kind"] == "llm_call"]
+    assert len(rows) == 1 and rows[0]["payload"]["error_code"] == "cancelled"  # billed and audited

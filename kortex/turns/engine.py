@@ -1,0 +1,327 @@
+"""The step engine of one process: LLM steps stream concurrently on its event loop, bounded,
+taken fairly across tenants, with one batched lease renewal for all of them.
+
+A step spends almost all its life waiting on the model. Holding a worker slot (a process or a
+thread) for that wait caps a host at a handful of turns; here the Celery task only hands the
+step over and returns, and the step waits on the loop, where a thousand waits cost nothing.
+
+    Celery task ──submit──▶ waiting (per tenant, in this process) ──slot──▶ in flight (the loop)
+                               │ touched: the watchdog sees a live holder     │ lease renewed, one
+                               ▼                                              ▼ statement for all
+                        lost with the process:                         lost with the process:
+                        re-enqueued after requeue_after                lease lapses, run again
+
+Blocking work (SQL, the closing writes, handing on to the queues) runs on the container's I/O
+threads, never on the loop. Nothing here knows Celery: what a step hands on goes to the
+``done`` callback it was submitted with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from kortex.errors import KortexError, StorageError
+from kortex.storage import turns
+from kortex.storage.records import TurnRecord
+from kortex.turns.handoff import Handoff, StepDispatch
+
+if TYPE_CHECKING:
+    from kortex.container import Kortex
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+#: what a submitted step reports: what to hand on, or the exception that stopped it
+StepOutcome = Handoff | BaseException
+RETRIES = (0.5, 1.0, 2.0, 4.0, 8.0)  # a step whose claim hit a database error is tried again
+
+
+class StepHold:
+    """One running step's link to the engine: its lease, the I/O threads, and ``ended``, a
+    future that resolves to the exception to stop the step with (lease lost, released)."""
+
+    def __init__(self, engine: StepEngine) -> None:
+        self._engine = engine
+        self.turn: TurnRecord | None = None
+        self.ended: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
+
+    async def io(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._engine.k.io, lambda: fn(*args, **kwargs))
+
+    def attach(self, turn: TurnRecord) -> None:
+        """The step is claimed: its lease is renewed from now on."""
+        self.turn = turn
+        self._engine._holds[turn.id] = self
+
+    def detach(self) -> None:
+        if self.turn is not None and self._engine._holds.get(self.turn.id) is self:
+            del self._engine._holds[self.turn.id]
+
+    def lose(self) -> None:
+        from kortex.turns.step import LeaseLost
+
+        self._end(LeaseLost())
+
+    def release(self) -> None:
+        from kortex.turns.step import Released
+
+        self._end(Released())
+
+    def _end(self, exc: BaseException) -> None:
+        if not self.ended.done():
+            self.ended.set_result(exc)
+
+
+@dataclass(eq=False)
+class _Job:
+    step: StepDispatch
+    done: Callable[[StepOutcome], None]
+    tries: int = 0
+    task: asyncio.Task[None] | None = field(default=None, repr=False)
+
+
+class StepEngine:
+    """Create one per process (``Kortex.engine``); ``submit`` from any thread but the loop."""
+
+    def __init__(self, k: Kortex) -> None:
+        cfg = k.settings.turn
+        self.k = k
+        self.max_inflight = cfg.max_inflight_steps
+        self.max_per_tenant = cfg.max_inflight_per_tenant or max(1, self.max_inflight * 3 // 4)
+        self.max_waiting = cfg.max_waiting_steps
+        self.weights = dict(cfg.tenant_weights)
+        self._cv = threading.Condition()
+        self._waiting: dict[str, deque[_Job]] = {}
+        self._ring: deque[str] = deque()     # tenants with waiting steps, in turn order
+        self._credit: dict[str, int] = {}    # picks left in a weighted tenant's turn
+        self._n_waiting = 0
+        self._busy: dict[str, int] = {}      # steps in flight per tenant
+        self._inflight: set[_Job] = set()
+        self._holds: dict[str, StepHold] = {}
+        self._renewer: asyncio.Task[None] | None = None
+        self._closing = False
+        self._started = False
+
+    # ---- any thread -------------------------------------------------------------------------
+
+    @property
+    def waiting(self) -> int:
+        return self._n_waiting
+
+    @property
+    def inflight(self) -> int:
+        return len(self._inflight)
+
+    def submit(self, step: StepDispatch, done: Callable[[StepOutcome], None]) -> None:
+        """Take ``step``; ``done`` gets what it hands on, on an I/O thread. Blocks while the
+        process already holds ``max_waiting_steps`` (the backpressure that stops a worker from
+        taking more messages than it can start)."""
+        job = _Job(step, done)
+        with self._cv:
+            while self._n_waiting >= self.max_waiting and not self._closing:
+                self._cv.wait(1.0)
+            if self._closing:
+                raise KortexError("the step engine is stopping", code="shutting_down")
+            self._enqueue_locked(job)
+        loop = self.k.loop.loop
+        if not self._started:
+            self._started = True
+            loop.call_soon_threadsafe(self._start)
+        loop.call_soon_threadsafe(self._pump)
+
+    def run(self, step: StepDispatch, timeout: float | None = None) -> Handoff:
+        """Submit and wait (tests, the inline driver, the CLI)."""
+        future: concurrent.futures.Future[Handoff] = concurrent.futures.Future()
+
+        def done(outcome: StepOutcome) -> None:
+            if isinstance(outcome, BaseException):
+                future.set_exception(outcome)
+            else:
+                future.set_result(outcome)
+
+        self.submit(step, done)
+        return future.result(timeout)
+
+    def close(self, grace: float | None = None) -> list[StepDispatch]:
+        """Stop taking steps; let those in flight finish for ``grace`` seconds, then give the
+        rest back (their claims are released, so another worker runs them at once). Returns
+        every step this process will not run, for the caller to hand back to the queue."""
+        grace = self.k.settings.turn.shutdown_grace if grace is None else grace
+        with self._cv:
+            self._closing = True
+            left = [job.step for q in self._waiting.values() for job in q]
+            self._waiting.clear()
+            self._ring.clear()
+            self._n_waiting = 0
+            self._cv.notify_all()
+        if not self._started or not self.k.loop.started:
+            return left
+        try:
+            released = self.k.loop.run(self._drain(grace), timeout=grace + 30)
+        except Exception:  # stopping anyway; leases lapse and the watchdog hands them on
+            log.warning("step engine did not drain", exc_info=True)
+            released = []
+        return left + released
+
+    # ---- the loop ---------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        self._renewer = asyncio.get_running_loop().create_task(self._renew_forever(), name="kortex-leases")
+
+    def _enqueue_locked(self, job: _Job) -> None:
+        tenant = job.step.tenant_id
+        queue = self._waiting.get(tenant)
+        if queue is None:
+            queue = self._waiting[tenant] = deque()
+            self._ring.append(tenant)
+        queue.append(job)
+        self._n_waiting += 1
+
+    def _next_locked(self) -> _Job | None:
+        """Round robin over tenants with waiting steps, skipping those at their share; a tenant
+        of weight w is taken up to w times in a row."""
+        for _ in range(len(self._ring)):
+            tenant = self._ring[0]
+            if self._busy.get(tenant, 0) >= self.max_per_tenant:
+                self._ring.rotate(-1)
+                continue
+            queue = self._waiting[tenant]
+            job = queue.popleft()
+            self._n_waiting -= 1
+            credit = self._credit.get(tenant, self.weights.get(tenant, 1)) - 1
+            if not queue:
+                del self._waiting[tenant]
+                self._ring.popleft()
+                self._credit.pop(tenant, None)
+            elif credit <= 0:
+                self._ring.rotate(-1)
+                self._credit.pop(tenant, None)
+            else:
+                self._credit[tenant] = credit
+            return job
+        return None
+
+    def _pump(self) -> None:
+        loop = asyncio.get_running_loop()
+        while len(self._inflight) < self.max_inflight:
+            with self._cv:
+                if self._closing:
+                    return
+                job = self._next_locked()
+                if job is None:
+                    return
+                self._busy[job.step.tenant_id] = self._busy.get(job.step.tenant_id, 0) + 1
+                self._cv.notify()
+            self._inflight.add(job)
+            job.task = loop.create_task(self._run(job))
+
+    async def _run(self, job: _Job) -> None:
+        from kortex.turns.step import step_async
+
+        s = job.step
+        outcome: StepOutcome
+        try:
+            outcome = await step_async(self.k, s.tenant_id, s.turn_id, s.step, StepHold(self))
+        except StorageError as exc:  # before the claim: the database did not answer
+            if job.tries < len(RETRIES) and not self._closing:
+                delay = RETRIES[job.tries]
+                job.tries += 1
+                log.warning("step %s of turn %s could not start (%s); trying again in %.1fs",
+                            s.step, s.turn_id, exc.code, delay)
+                self._finished(job)
+                asyncio.get_running_loop().call_later(delay, self._retry, job)
+                return
+            outcome = exc
+        except asyncio.CancelledError:
+            outcome = KortexError("the step engine stopped", code="shutting_down")
+        except BaseException as exc:
+            log.exception("step %s of turn %s broke the engine", s.step, s.turn_id)
+            outcome = exc
+        self._finished(job)
+        self.k.io.submit(self._report, job, outcome)
+
+    def _finished(self, job: _Job) -> None:
+        self._inflight.discard(job)
+        tenant = job.step.tenant_id
+        busy = self._busy.get(tenant, 1) - 1
+        if busy > 0:
+            self._busy[tenant] = busy
+        else:
+            self._busy.pop(tenant, None)
+        self._pump()
+
+    def _retry(self, job: _Job) -> None:
+        with self._cv:
+            if self._closing:
+                return
+            self._enqueue_locked(job)
+        self._pump()
+
+    @staticmethod
+    def _report(job: _Job, outcome: StepOutcome) -> None:
+        try:
+            job.done(outcome)
+        except Exception:  # the step's state is committed; the watchdog re-enqueues what was lost
+            log.exception("could not hand on what step %s of turn %s produced", job.step.step, job.step.turn_id)
+
+    async def _renew_forever(self) -> None:
+        """Every third of a lease: renew the leases of every step in flight in one statement,
+        stop those whose lease was taken, and mark the waiting ones as held."""
+        lease = self.k.settings.turn.step_lease
+        while True:
+            await asyncio.sleep(lease / 3)
+            holds = {h.turn.id: h for h in list(self._holds.values()) if h.turn is not None}
+            held = [(t.id, t.tenant_id, t.attempt) for t in (h.turn for h in holds.values()) if t is not None]
+            with self._cv:
+                waiting = [job.step.turn_id for q in self._waiting.values() for job in q]
+            if not held and not waiting:
+                continue
+            started = time.monotonic()
+            try:
+                kept = await asyncio.get_running_loop().run_in_executor(
+                    self.k.io, self._renew, held, waiting, lease)
+            except Exception:  # a database blip: the leases still run; the next tick tries again
+                log.warning("could not renew %d step leases", len(held), exc_info=True)
+                continue
+            for turn_id, hold in holds.items():
+                if turn_id not in kept:
+                    hold.lose()
+            took = time.monotonic() - started
+            if took > lease / 3:
+                log.warning("renewing %d leases took %.1fs", len(held), took)
+
+    def _renew(self, held: list[tuple[str, str, int]], waiting: list[str], lease: float) -> set[str]:
+        kept: set[str] = set()
+        with self.k.db.begin() as conn:
+            for i in range(0, len(held), 500):
+                kept |= turns.renew_leases(conn, held[i:i + 500], lease=lease)
+            for i in range(0, len(waiting), 1000):
+                turns.touch_queued(conn, waiting[i:i + 1000])
+        return kept
+
+    async def _drain(self, grace: float) -> list[StepDispatch]:
+        tasks = {job.task for job in self._inflight if job.task is not None}
+        if tasks:
+            await asyncio.wait(tasks, timeout=grace)
+        unfinished = [job for job in self._inflight if job.task is not None and not job.task.done()]
+        for hold in list(self._holds.values()):
+            hold.release()
+        # A released step writes its own hand-back (to the done callback); wait for that too.
+        pending = {job.task for job in unfinished if job.task is not None}
+        if pending:
+            await asyncio.wait(pending, timeout=10)
+        for job in unfinished:
+            if job.task is not None and not job.task.done():
+                job.task.cancel()
+        if self._renewer is not None:
+            self._renewer.cancel()
+        return []
