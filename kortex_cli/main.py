@@ -109,14 +109,23 @@ def api(
 @app.command()
 def worker(
     queues: Annotated[str, typer.Option(help="Comma-separated queues: turns, tools")] = "turns,tools",
-    concurrency: Annotated[int | None, typer.Option(help="Processes (default: CPU count)")] = None,
-    pool: Annotated[str, typer.Option(help="prefork, threads or solo")] = "prefork",
+    concurrency: Annotated[int | None, typer.Option(
+        help="Task slots (default: 8 for turns alone, else 16); LLM steps do not hold one")] = None,
+    pool: Annotated[str, typer.Option(help="threads (default), prefork or solo")] = "threads",
     loglevel: Annotated[str, typer.Option(help="Log level")] = "INFO",
 ) -> None:
-    """Run a Celery worker for the given queues (distributed mode)."""
+    """Run a Celery worker for the given queues (distributed mode).
+
+    One process per core: a turns worker streams up to ``turn.max_inflight_steps`` LLM steps at
+    once on its event loop whatever its slots, so its slots only hand steps over; a tools
+    worker runs one tool call per slot."""
     settings = load_settings()
     if settings.embedded:
         _fail("set KORTEX_REDIS_URL (and KORTEX_DATABASE_URL) to run workers; the embedded mode needs none")
+    if pool not in ("threads", "prefork", "solo"):
+        # gevent/eventlet would need monkey-patching before anything is imported, and the step
+        # engine already multiplexes LLM streams on its own event loop.
+        _fail(f"unsupported pool {pool!r}: use threads, prefork or solo")
     from workers.app import app as celery_app
     from workers.queues import Queue
 
@@ -124,10 +133,11 @@ def worker(
     bad = [q for q in names if q not in {x.value for x in Queue}]
     if bad:
         _fail(f"unknown queue(s): {', '.join(bad)}")
+    if concurrency is None:
+        concurrency = 8 if names == [Queue.TURNS.value] else 16
     # Task events stay off (Flower switches them on while it watches; see workers/app.py).
-    argv = ["worker", "-Q", ",".join(names), "-P", pool, "-l", loglevel, "-n", f"kortex-{'-'.join(names)}@%h"]
-    if concurrency:
-        argv += ["-c", str(concurrency)]
+    argv = ["worker", "-Q", ",".join(names), "-P", pool, "-l", loglevel, "-n", f"kortex-{'-'.join(names)}@%h",
+            "-c", str(concurrency)]
     celery_app.worker_main(argv)
 
 

@@ -255,7 +255,7 @@ class StepPublisher:
             batch = list(self._pending)
             try:
                 await self.store.aappend(self.turn_id, batch, attempt=self.attempt)
-            except StaleAttempt:
+            except (StaleAttempt, StreamClosed):  # a later attempt has the turn, or it is over
                 self._fence()
                 return
             except StreamError:
