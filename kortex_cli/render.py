@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from kortex.llm.base import WARNING_CODES
+from kortex_cli.attempts import AttemptFilter
 
 
 def _args(arguments: dict[str, Any]) -> str:
@@ -20,6 +21,7 @@ class EventPrinter:
         self.console = console
         self.as_json = as_json
         self._in_text = False
+        self._attempts = AttemptFilter()
 
     def _end_text(self) -> None:
         if self._in_text:
@@ -27,6 +29,8 @@ class EventPrinter:
             self._in_text = False
 
     def show(self, event: str, data: dict[str, Any]) -> None:
+        if not self._attempts.accept(event, data):
+            return  # a superseded attempt's late event
         if self.as_json:
             print(json.dumps({"event": event, "data": data}), flush=True)
             return
@@ -37,7 +41,11 @@ class EventPrinter:
             self._in_text = True
             return
         self._end_text()
-        if event == "turn":
+        if event == "turn" and self._attempts.rerun_step is not None:
+            # What was printed of this step cannot be taken back: say the step starts over.
+            self.console.print(f"[yellow]! step {self._attempts.rerun_step} is starting again "
+                               "(its worker stopped); its answer follows anew[/yellow]")
+        elif event == "turn":
             if data.get("step"):
                 c.print(f"[dim]· step {data['step']} ({data.get('model') or 'model'})[/dim]")
             else:

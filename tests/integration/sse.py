@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 
+from kortex_cli.attempts import AttemptFilter
 from kortex_cli.remote import parse_sse
 
 
@@ -20,8 +21,9 @@ class Event:
 
 
 def read_events(url: str, key: str, *, last_event_id: str | None = None, stop_after: int | None = None,
-                timeout: float = 30, comments: list[str] | None = None) -> list[Event]:
-    """Read until ``done`` (or ``stop_after`` events); heartbeat comments go to ``comments``."""
+                timeout: float = 30, comments: list[str] | None = None, raw: bool = False) -> list[Event]:
+    """Read until ``done`` (or ``stop_after`` events); heartbeat comments go to ``comments``.
+    Events of superseded step attempts are dropped as a client should, unless ``raw``."""
     headers = {"Authorization": f"Bearer {key}", "Accept": "text/event-stream"}
     if last_event_id:
         headers["Last-Event-ID"] = last_event_id
@@ -38,8 +40,12 @@ def read_events(url: str, key: str, *, last_event_id: str | None = None, stop_af
                         comments.append(line)
                     yield line
 
+            attempts = AttemptFilter()
             for event, eid, data in parse_sse(lines()):
-                out.append(Event(event, eid, json.loads(data)))
+                body = json.loads(data)
+                if not raw and not attempts.accept(event, body):
+                    continue
+                out.append(Event(event, eid, body))
                 if event == "done" or (stop_after is not None and len(out) >= stop_after):
                     break
     finally:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 import kortex.turns.step as step_module
+from kortex.errors import KortexError
 from kortex.turns import chat
 from kortex.turns.engine import StepEngine, _Job
 from kortex.turns.handoff import Handoff, StepDispatch
@@ -125,5 +126,5 @@ def test_stopping_gives_unfinished_steps_back_at_once(harness_factory) -> None:
     (outcome,) = rec.outcomes
     assert outcome.steps == (running,)  # claimed, then released: another worker runs it now
     assert chat.get_turn(h.k, a, running.turn_id).status == "queued"
-    with pytest.raises(Exception):
+    with pytest.raises(KortexError, match="stopping"):
         engine.submit(waiting, rec)
