@@ -321,6 +321,12 @@ def claim_invocation(conn: Connection, tenant_id: str, invocation_id: str, *, ha
     return InvocationRecord.from_row(row) if row else None
 
 
+def get_invocation(conn: Connection, tenant_id: str, invocation_id: str, status: str) -> InvocationRecord | None:
+    row = conn.execute(select(tool_invocations).where(_i.id == invocation_id, _i.tenant_id == tenant_id,
+                                                      _i.status == status)).first()
+    return InvocationRecord.from_row(row) if row else None
+
+
 @dataclass(frozen=True, slots=True)
 class Completion:
     """What completing one tool call did to its turn."""

@@ -15,6 +15,11 @@ def turn_fence(prefix: str, turn_id: str) -> str:
     return f"{prefix}:turn:{turn_id}:fence"
 
 
+def tool_spool(prefix: str, invocation_id: str) -> str:
+    """A computed tool result the database could not take yet (kortex/turns/spool.py)."""
+    return f"{prefix}:spool:{invocation_id}"
+
+
 def turn_id_from_key(prefix: str, key: str) -> str:
     head = f"{prefix}:turn:"
     if not key.startswith(head) or not key.endswith(":events"):

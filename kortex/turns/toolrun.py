@@ -16,6 +16,7 @@ from kortex.storage.audit import AuditEntry
 from kortex.storage.records import InvocationRecord
 from kortex.timeparse import utcnow
 from kortex.tools.spec import ToolContext
+from kortex.turns import spool
 from kortex.turns.handoff import NOTHING, Handoff, StepDispatch
 
 log = logging.getLogger(__name__)
@@ -30,8 +31,12 @@ def result_event(inv: InvocationRecord, result: ToolResult) -> ToolResultEvent:
 def run_tool(k: Kortex, tenant_id: str, invocation_id: str, tool: str, hard_limit: float) -> Handoff:
     with k.db.connect() as conn:
         inv = turns.claim_invocation(conn, tenant_id, invocation_id, hard_limit=hard_limit + 5)
+        running = None if inv is not None else turns.get_invocation(conn, tenant_id, invocation_id, "running")
     if inv is None:
-        return NOTHING  # a duplicate delivery, or the watchdog already settled it
+        # A duplicate delivery, or the watchdog already settled it; or the retry of a run whose
+        # result the database refused, which left it in the spool.
+        spooled = spool.get(k, invocation_id) if running is not None else None
+        return settle_spooled(k, running, spooled) if running is not None and spooled is not None else NOTHING
     if inv.name != tool:
         log.warning("invocation %s is %s, task said %s", inv.id, inv.name, tool)
     ctx = ToolContext(tenant_id=tenant_id, session_id=inv.session_id, turn_id=inv.turn_id, call_id=inv.call_id,
@@ -65,7 +70,7 @@ def settle(k: Kortex, inv: InvocationRecord, result: ToolResult, entries: list[A
         except StreamError:  # stored results are also served from the database
             log.warning("could not publish the result of %s (%s)", inv.call_id, inv.turn_id, exc_info=True)
 
-    completion = _store(k, inv, result, entries, from_status, publish)
+    completion = _store(k, inv, result, entries, from_status, publish, events)
     if completion is None:
         log.info("tool call %s was settled before its result arrived", inv.call_id)
         return NOTHING
@@ -74,8 +79,17 @@ def settle(k: Kortex, inv: InvocationRecord, result: ToolResult, entries: list[A
     return Handoff(steps=(StepDispatch(tenant_id=inv.tenant_id, turn_id=inv.turn_id, step=completion.next_step),))
 
 
+def settle_spooled(k: Kortex, inv: InvocationRecord, spooled: spool.Spooled) -> Handoff:
+    """Store a result an earlier run computed but could not store (see kortex/turns/spool.py)."""
+    log.info("storing the spooled result of tool call %s", inv.call_id)
+    handoff = settle(k, inv, spooled.result, spooled.entries, events=spooled.events)
+    spool.drop(k, inv.id)
+    return handoff
+
+
 def _store(k: Kortex, inv: InvocationRecord, result: ToolResult, entries: list[AuditEntry],
-           from_status: tuple[str, ...], publish: Callable[[], None]) -> turns.Completion | None:
+           from_status: tuple[str, ...], publish: Callable[[], None],
+           events: Sequence[Event]) -> turns.Completion | None:
     """A result is worth a few retries: once lost, only the watchdog's timeout answers the call."""
     published = False  # a retry after a failed commit must not announce the result twice
     for delay in (0.2, 0.5, 1.0, None):
@@ -90,6 +104,8 @@ def _store(k: Kortex, inv: InvocationRecord, result: ToolResult, entries: list[A
             return completion
         except StorageError:
             if delay is None:
+                # Keep what the tool computed: the task's retry (or the watchdog) stores it.
+                spool.put(k, inv.id, result, entries, list(events))
                 raise
             log.warning("storing the result of %s failed; retrying", inv.call_id, exc_info=True)
             time.sleep(delay)

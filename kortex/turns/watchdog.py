@@ -19,10 +19,11 @@ from kortex.storage.records import InvocationRecord, TurnRecord
 from kortex.storage.turns import tool_call_from_record
 from kortex.timeparse import utcnow
 from kortex.tools.spec import ToolContext
+from kortex.turns import spool
 from kortex.turns.closing import publish_done
 from kortex.turns.handoff import Handoff, StepDispatch
 from kortex.turns.step import tool_dispatch
-from kortex.turns.toolrun import settle
+from kortex.turns.toolrun import settle, settle_spooled
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,9 @@ def sweep(k: Kortex) -> SweepReport:
 def _settle_overdue(k: Kortex, inv: InvocationRecord) -> Handoff:
     """The worker died or hung past the hard limit. If the call's effect was stored before its
     result was lost (a proposal), that is its result; otherwise the model hears a timeout."""
+    spooled = spool.get(k, inv.id)
+    if spooled is not None:  # it finished, but the database could not take its result then
+        return settle_spooled(k, inv, spooled)
     ctx = ToolContext(tenant_id=inv.tenant_id, session_id=inv.session_id, turn_id=inv.turn_id,
                       call_id=inv.call_id, step=inv.step, now=utcnow(), sources=k.sources, services=dict(k.services))
     entries: list[AuditEntry] = []
