@@ -197,6 +197,22 @@ tenant_spend = Table(
     Column("llm_calls", Integer, nullable=False, default=0),
 )
 
+# Structural stream events (tool calls and results, proposals, errors, done) that Redis refused
+# when their state change committed: written in that same transaction and kept until the
+# watchdog publishes them (kortex/turns/outbox.py). Empty in normal operation.
+stream_outbox = Table(
+    "stream_outbox",
+    metadata,
+    Column("id", BigIntPK, primary_key=True, autoincrement=True),
+    _tenant(),
+    Column("turn_id", UUIDStr(), nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("final", Boolean, nullable=False),
+    Column("events", JSONType, nullable=False),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Index(None, "created_at"),
+)
+
 # ---- embedded telemetry store -------------------------------------------------------------
 
 telemetry_logs = Table(

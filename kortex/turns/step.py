@@ -26,6 +26,7 @@ from kortex.stream.store import StepPublisher
 from kortex.timeparse import utcnow
 from kortex.turns.closing import publish_done
 from kortex.turns.handoff import NOTHING, Handoff, StepDispatch, ToolDispatch
+from kortex.turns.outbox import publish_in
 
 if TYPE_CHECKING:
     from kortex.turns.engine import StepHold
@@ -210,14 +211,13 @@ def _finish(k: Kortex, turn: TurnRecord, step: int, text: str, usage: Usage, mod
                                      model_used=model_used)
         if finished:
             audit.write_entries(conn, entries)
-    if finished:
-        closing: list[Event] = []
-        if done.stop_reason == "max_tokens":  # the answer stands, but the client should know it is cut
-            closing.append(ErrorEvent(code="max_tokens", fatal=False, message=(
-                f"the answer reached {model_used}'s output limit and may be cut short; "
-                "ask a narrower question or raise max_tokens")))
-        publish_done(k, turn, [*closing, DoneEvent(status="done", usage=_total(turn, usage))])
-    else:
+            closing: list[Event] = []
+            if done.stop_reason == "max_tokens":  # the answer stands, but the client should know it is cut
+                closing.append(ErrorEvent(code="max_tokens", fatal=False, message=(
+                    f"the answer reached {model_used}'s output limit and may be cut short; "
+                    "ask a narrower question or raise max_tokens")))
+            publish_done(k, conn, turn, [*closing, DoneEvent(status="done", usage=_total(turn, usage))])
+    if not finished:
         _audit_alone(k, entries)
     return NOTHING
 
@@ -240,27 +240,24 @@ def _park(k: Kortex, turn: TurnRecord, step: int, text: str, calls: tuple[ToolCa
                                     "error_code": "too_many_calls"})
                 for c in calls[cap:]]
     message = AssistantMessage(content=text, tool_calls=calls)
+    events: list[Event] = [ToolCallEvent(step=step, call_id=c.id, name=c.name, arguments=scrub(c.arguments))
+                           for c in calls]
+    events += [ToolResultEvent(step=step, call_id=r.call_id, name=r.name, is_error=True, error_code=r.error_code,
+                               content=r.content) for r in refused.values()]
     try:
         with k.db.begin() as conn:
             invocations = turns.park_for_tools(conn, turn, step=step, message=message, usage=usage,
                                                model_used=model_used, refused=refused)
             audit.write_entries(conn, entries + refusals)
+            # The calls are published once the park has won, before it commits: the first tool
+            # result may follow the commit at once, and must not overtake its call.
+            publish_in(k, conn, tenant_id=turn.tenant_id, turn_id=turn.id, events=events, attempt=turn.attempt)
     except Conflict as exc:
         if exc.code != "stale_step":
             raise
         log.warning("turn %s moved on during step %s; dropping its result", turn.id, step)
         _audit_alone(k, entries)
         return NOTHING
-    events: list[Event] = [ToolCallEvent(step=step, call_id=c.id, name=c.name, arguments=scrub(c.arguments))
-                           for c in calls]
-    events += [ToolResultEvent(step=step, call_id=r.call_id, name=r.name, is_error=True, error_code=r.error_code,
-                               content=r.content) for r in refused.values()]
-    try:
-        k.events.append(turn.id, events, attempt=turn.attempt)
-    except StaleAttempt:  # cannot happen after a won park, but a fenced write is never retried
-        log.warning("turn %s moved on before its tool calls were published", turn.id)
-    except StreamError:  # the calls are stored and will run; clients see their results
-        log.warning("could not publish the tool calls of turn %s", turn.id, exc_info=True)
     return Handoff(tools=tuple(tool_dispatch(k, turn.tenant_id, inv.id, inv.name) for inv in invocations))
 
 
@@ -380,13 +377,12 @@ def _depth_exceeded(
                                      usage=usage, model_used=model_used, error=error)
         if finished:
             audit.write_entries(conn, entries)
-    if finished:
-        publish_done(k, turn, [
-            TextEvent(step=step, delta=("\n\n" if text else "") + note),
-            ErrorEvent(code="tool_depth_exceeded", message=note),
-            DoneEvent(status="done", usage=_total(turn, usage), error="tool_depth_exceeded"),
-        ])
-    else:
+            publish_done(k, conn, turn, [
+                TextEvent(step=step, delta=("\n\n" if text else "") + note),
+                ErrorEvent(code="tool_depth_exceeded", message=note),
+                DoneEvent(status="done", usage=_total(turn, usage), error="tool_depth_exceeded"),
+            ])
+    if not finished:
         _audit_alone(k, entries)
     return NOTHING
 
@@ -399,10 +395,10 @@ def _fail(
     with k.db.begin() as conn:
         finished = turns.finish_turn(conn, turn, step=step, message=None, usage=usage, model_used=None,
                                      status="failed", error={"code": code, "message": message})
-        if finished and llm_entries:
-            audit.write_entries(conn, llm_entries)
-    if finished:
-        publish_done(k, turn, [ErrorEvent(code=code, message=message, retryable=retryable),
-                               DoneEvent(status="failed", usage=_total(turn, usage), error=code)])
-    elif llm_entries:
+        if finished:
+            if llm_entries:
+                audit.write_entries(conn, llm_entries)
+            publish_done(k, conn, turn, [ErrorEvent(code=code, message=message, retryable=retryable),
+                                         DoneEvent(status="failed", usage=_total(turn, usage), error=code)])
+    if not finished and llm_entries:
         _audit_alone(k, llm_entries)

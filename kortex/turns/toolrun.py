@@ -7,8 +7,10 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
+from sqlalchemy.engine import Connection
+
 from kortex.container import Kortex
-from kortex.errors import StorageError, StreamError
+from kortex.errors import StorageError
 from kortex.events import Event, ToolProgressEvent, ToolResultEvent
 from kortex.messages import ToolCall, ToolResult
 from kortex.storage import audit, turns
@@ -18,6 +20,7 @@ from kortex.timeparse import utcnow
 from kortex.tools.spec import ToolContext
 from kortex.turns import spool
 from kortex.turns.handoff import NOTHING, Handoff, StepDispatch
+from kortex.turns.outbox import publish_in
 
 log = logging.getLogger(__name__)
 
@@ -64,11 +67,10 @@ def settle(k: Kortex, inv: InvocationRecord, result: ToolResult, entries: list[A
     race (the watchdog answered the call first) is never published, so clients see one
     ``tool_result`` per call: the one the model sees.
     """
-    def publish() -> None:
-        try:
-            k.events.append(inv.turn_id, [result_event(inv, result), *events])
-        except StreamError:  # stored results are also served from the database
-            log.warning("could not publish the result of %s (%s)", inv.call_id, inv.turn_id, exc_info=True)
+    def publish(conn: Connection) -> bool:
+        """True once Redis has the events; otherwise they are kept in this transaction."""
+        return bool(publish_in(k, conn, tenant_id=inv.tenant_id, turn_id=inv.turn_id,
+                               events=[result_event(inv, result), *events]))
 
     completion = _store(k, inv, result, entries, from_status, publish, events)
     if completion is None:
@@ -88,9 +90,9 @@ def settle_spooled(k: Kortex, inv: InvocationRecord, spooled: spool.Spooled) -> 
 
 
 def _store(k: Kortex, inv: InvocationRecord, result: ToolResult, entries: list[AuditEntry],
-           from_status: tuple[str, ...], publish: Callable[[], None],
+           from_status: tuple[str, ...], publish: Callable[[Connection], bool],
            events: Sequence[Event]) -> turns.Completion | None:
-    """A result is worth a few retries: once lost, only the watchdog's timeout answers the call."""
+    """A result is worth a few retries, and then the spool: it is never thrown away."""
     published = False  # a retry after a failed commit must not announce the result twice
     for delay in (0.2, 0.5, 1.0, None):
         try:
@@ -99,8 +101,7 @@ def _store(k: Kortex, inv: InvocationRecord, result: ToolResult, entries: list[A
                 if completion is not None:
                     audit.write_entries(conn, entries)
                     if not published:
-                        publish()
-                        published = True
+                        published = publish(conn)
             return completion
         except StorageError:
             if delay is None:

@@ -19,7 +19,7 @@ from kortex.storage.records import InvocationRecord, TurnRecord
 from kortex.storage.turns import tool_call_from_record
 from kortex.timeparse import utcnow
 from kortex.tools.spec import ToolContext
-from kortex.turns import spool
+from kortex.turns import outbox, spool
 from kortex.turns.closing import publish_done
 from kortex.turns.handoff import Handoff, StepDispatch
 from kortex.turns.step import tool_dispatch
@@ -37,11 +37,17 @@ class SweepReport:
     handoff: Handoff
     expired_proposals: int = 0
     recovered_executions: int = 0
+    republished_events: int = 0
 
 
 def sweep(k: Kortex) -> SweepReport:
     now = utcnow()
     handoff = Handoff()
+    try:  # first: a turn's kept closing events are all its client is waiting for
+        republished = outbox.republish(k)
+    except KortexError:
+        log.exception("watchdog could not publish kept events")
+        republished = 0
     with k.db.connect() as conn:
         expired = turns.expired_turns(conn, now)
     failed = 0
@@ -74,12 +80,14 @@ def sweep(k: Kortex) -> SweepReport:
     except KortexError:
         log.exception("watchdog could not recover proposal executions")
         recovered = 0
+    if republished:
+        log.info("watchdog: published %d batches of events Redis had refused", republished)
     if failed or overdue or stale_turns or stale_tools or expired_proposals or recovered:
         log.info("watchdog: %d turns failed, %d tools timed out, %d steps (%d of dead workers) and %d tools "
                  "re-enqueued, %d proposals expired, %d proposal executions recovered", failed, len(overdue),
                  len(stale_turns), len(lapsed), len(stale_tools), expired_proposals, recovered)
     return SweepReport(failed, len(overdue), len(stale_turns), len(stale_tools), handoff, expired_proposals,
-                       recovered)
+                       recovered, republished)
 
 
 def _settle_overdue(k: Kortex, inv: InvocationRecord) -> Handoff:
@@ -106,14 +114,13 @@ def _settle_overdue(k: Kortex, inv: InvocationRecord) -> Handoff:
 
 def _expire(k: Kortex, turn: TurnRecord) -> int:
     error = {"code": "deadline_exceeded", "message": "the turn did not finish before its deadline"}
+    usage = Usage(input_tokens=turn.input_tokens, output_tokens=turn.output_tokens, cost_usd=turn.cost_usd)
     with k.db.begin() as conn:
         moved = turns.fail_turn(conn, turn, error)
-    if not moved:
-        return 0
-    usage = Usage(input_tokens=turn.input_tokens, output_tokens=turn.output_tokens, cost_usd=turn.cost_usd)
-    publish_done(k, turn, [ErrorEvent(code="deadline_exceeded", message=error["message"]),
-                           DoneEvent(status="failed", usage=usage, error="deadline_exceeded")])
-    return 1
+        if moved:
+            publish_done(k, conn, turn, [ErrorEvent(code="deadline_exceeded", message=error["message"]),
+                                         DoneEvent(status="failed", usage=usage, error="deadline_exceeded")])
+    return 1 if moved else 0
 
 
 __all__ = ["SweepReport", "sweep"]

@@ -1,0 +1,42 @@
+"""The stream outbox in SQL: structural events kept until Redis takes them (see kortex/turns/outbox.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import delete, select
+from sqlalchemy.engine import Connection
+
+from kortex.storage.schema import stream_outbox
+from kortex.timeparse import utcnow
+
+_o = stream_outbox.c
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxRow:
+    id: int
+    tenant_id: str
+    turn_id: str
+    attempt: int
+    final: bool
+    events: list[dict[str, Any]]
+
+
+def keep(conn: Connection, *, tenant_id: str, turn_id: str, attempt: int, final: bool,
+         events: list[dict[str, Any]]) -> None:
+    conn.execute(stream_outbox.insert().values(tenant_id=tenant_id, turn_id=turn_id, attempt=attempt, final=final,
+                                               events=events, created_at=utcnow()))
+
+
+def due(conn: Connection, before: datetime, limit: int = 500) -> list[OutboxRow]:
+    """Rows kept before ``before``, oldest first (system-wide: the watchdog publishes them)."""
+    rows = conn.execute(select(stream_outbox).where(_o.created_at < before).order_by(_o.id).limit(limit)).all()
+    return [OutboxRow(r.id, r.tenant_id, r.turn_id, r.attempt, r.final, r.events) for r in rows]
+
+
+def forget(conn: Connection, ids: list[int]) -> None:
+    if ids:
+        conn.execute(delete(stream_outbox).where(_o.id.in_(ids)))

@@ -1,0 +1,105 @@
+"""Redis down when a tool result is stored: the result is kept in the outbox in the same
+transaction and the watchdog publishes it once Redis is back, so the client sees every
+structural event, late but in full. Runs on a private redis-server (AOF on, as deployed)
+that the test kills and restarts on its own port, and on PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from sqlalchemy import func, select
+
+from kortex.storage.schema import stream_outbox
+from kortex.turns import chat, watchdog
+from kortex.turns.step import run_step
+from kortex.turns.toolrun import run_tool
+from tests.conftest import Harness, make_settings
+
+
+class PrivateRedis:
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="kortex-redis-"))
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--dir", str(self.dir), "--save", "",
+             "--appendonly", "yes", "--appendfsync", "always"], stdout=subprocess.DEVNULL)
+        client = redis.Redis(port=self.port)
+        for _ in range(100):
+            try:
+                client.ping()
+                return
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        raise RuntimeError("private redis-server did not start")
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(10)
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+
+@pytest.fixture
+def outage(pg_url: str, tmp_path: Path) -> Iterator[tuple[Harness, PrivateRedis]]:
+    server = PrivateRedis()
+    h = Harness(make_settings(tmp_path, pg_url, redis_url=server.url, redis_prefix=f"kxob-{uuid.uuid4().hex[:6]}"))
+    try:
+        yield h, server
+    finally:
+        h.close()
+        server.close()
+
+
+def test_a_result_stored_while_redis_is_down_reaches_the_client_when_it_is_back(outage) -> None:
+    h, server = outage
+    tenant = h.tenant("acme")
+    session = chat.create_session(h.k, tenant, "outbox", "scripted:slow_tool")  # debug_sleep 2.5 s
+    posted = chat.post_message(h.k, tenant, session.id, "go")
+    (tool,) = run_step(h.k, tenant, posted.turn.id, 0).tools
+    handoffs = []
+    runner = threading.Thread(target=lambda: handoffs.append(
+        run_tool(h.k, tool.tenant_id, tool.invocation_id, tool.tool, tool.hard_limit)))
+    runner.start()
+    time.sleep(0.5)
+    server.kill()  # the tool is sleeping; its result will find Redis gone
+    runner.join(30)
+    (handoff,) = handoffs
+    assert [s.step for s in handoff.steps] == [1]  # stored and the turn moved on all the same
+    with h.k.db.connect() as conn:
+        assert conn.scalar(select(func.count()).where(stream_outbox.c.turn_id == posted.turn.id)) == 1
+    server.start()
+    time.sleep(2.1)  # the outbox leaves rows of in-flight transactions alone for 2 s
+    assert watchdog.sweep(h.k).republished_events == 1
+    with h.k.db.connect() as conn:
+        assert conn.scalar(select(func.count()).where(stream_outbox.c.turn_id == posted.turn.id)) == 0
+    run_step(h.k, tenant, posted.turn.id, 1)
+    events = [(e.type, json.loads(e.data)) for e in h.events(posted.turn.id)]
+    assert [t for t, _ in events] == ["turn", "text", "tool_call", "tool_result", "turn", "text", "done"]
+    (result,) = [b for t, b in events if t == "tool_result"]
+    assert not result["is_error"] and result["content"]["slept_s"] == 2.5
+    assert [b["seq"] for _, b in events] == list(range(1, len(events) + 1))
