@@ -13,7 +13,7 @@ from kortex.container import Kortex
 from kortex.errors import KortexError
 from kortex.events import DoneEvent, ErrorEvent
 from kortex.messages import ToolResult, Usage
-from kortex.storage import turns
+from kortex.storage import audit, turns
 from kortex.storage.audit import AuditEntry
 from kortex.storage.records import InvocationRecord, TurnRecord
 from kortex.storage.turns import tool_call_from_record
@@ -68,6 +68,7 @@ def sweep(k: Kortex) -> SweepReport:
     cutoff = now - timedelta(seconds=k.settings.turn.requeue_after)
     with k.db.begin() as conn:
         lapsed = turns.lapsed_steps(conn, now)  # their worker died mid-step: run the step again
+        audit.write_entries(conn, [_lost_call(t) for t in lapsed])
         stale_turns = lapsed + turns.stale_queued_turns(conn, cutoff)
         stale_tools = turns.stale_pending_invocations(conn, cutoff)
     handoff += Handoff(
@@ -88,6 +89,16 @@ def sweep(k: Kortex) -> SweepReport:
                  len(stale_turns), len(lapsed), len(stale_tools), expired_proposals, recovered)
     return SweepReport(failed, len(overdue), len(stale_turns), len(stale_tools), handoff, expired_proposals,
                        recovered, republished)
+
+
+def _lost_call(turn: TurnRecord) -> AuditEntry:
+    """The LLM call of an attempt whose process stopped renewing its lease: it was made (and
+    may be billed), but what it cost died with the process. If the process was only paused,
+    its own row (``cancelled``, with what it knew) follows when it wakes."""
+    return AuditEntry(tenant_id=turn.tenant_id, kind="llm_call", subject=turn.model_used or turn.model or "default",
+                      ok=False, session_id=turn.session_id, turn_id=turn.id,
+                      payload={"step": turn.step, "turn_attempt": turn.attempt, "error_code": "worker_lost",
+                               "settled_by": "watchdog", "cost_known": False})
 
 
 def _settle_overdue(k: Kortex, inv: InvocationRecord) -> Handoff:

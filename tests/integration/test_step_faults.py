@@ -133,7 +133,9 @@ def test_a_paused_worker_cannot_write_after_its_step_was_handed_on(stack: dict[s
     assert events[-1][0] == "done" and events[-1][1]["status"] == "done"
     assert _client_text(events) == ANSWER  # one answer, no "tok05 tok05"
     assert first.proc.poll() is None  # the woken worker carries on
-    assert [r["ok"] for r in _llm_rows(h, turn_id)].count(True) == 1
+    rows = _llm_rows(h, turn_id)
+    assert [r["ok"] for r in rows].count(True) == 1
+    assert [r["payload"].get("error_code") for r in rows if not r["ok"]].count("worker_lost") == 1
 
 
 def test_a_killed_worker_s_step_runs_again_and_the_client_sees_one_answer(stack: dict[str, Any]) -> None:
@@ -149,6 +151,8 @@ def test_a_killed_worker_s_step_runs_again_and_the_client_sees_one_answer(stack:
     assert [t for t, _ in events].count("turn") == 2 and events[-1][0] == "done"
     assert _client_text(events) == ANSWER
     assert chat.get_turn(h.k, tenant, turn_id).attempt == 2
+    lost = [r for r in _llm_rows(h, turn_id) if not r["ok"]]
+    assert [r["payload"]["error_code"] for r in lost] == ["worker_lost"]  # the killed call has its row
 
 
 def _llm_rows(h: Harness, turn_id: str) -> list[dict[str, Any]]:

@@ -367,4 +367,5 @@ def test_a_step_that_loses_its_lease_stops_reading_at_once_even_from_a_stalled_p
     runner.join(5)
     assert not runner.is_alive() and time.monotonic() - lost_at < 2  # not the provider's 10 s stall
     rows = [r for r in _audit(h, tenant, posted.turn.id) if r["kind"] == "llm_call"]
-    assert len(rows) == 1 and rows[0]["payload"]["error_code"] == "cancelled"  # billed and audited
+    # The watchdog's row for the attempt it took away, and the attempt's own, with what it knew.
+    assert sorted(r["payload"]["error_code"] for r in rows) == ["cancelled", "worker_lost"]
