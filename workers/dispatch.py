@@ -45,6 +45,8 @@ class CeleryQueue:
         dispatch(self.app, handoff)
 
     def backlog(self, work: Work) -> int | None:
+        # Not passive: on Redis an empty queue has no key, and a passive declare calls that NOT_FOUND.
+        # Declaring a virtual transport's queue only names it; its depth is the answer's count.
         with self.app.connection_for_read() as conn:
-            declared = conn.default_channel.queue_declare(queue=self._QUEUES[work].value, passive=True)
+            declared = conn.default_channel.queue_declare(queue=self._QUEUES[work].value)
         return int(declared.message_count)

@@ -1,5 +1,6 @@
-"""A private redis-server for fault tests: started, killed with SIGKILL and restarted on the same
-port, never the shared one. Its append-only file survives the kill, as in the compose file."""
+"""Private services for fault tests: a redis-server started, killed with SIGKILL and restarted on
+the same port (never the shared one; its append-only file survives the kill, as in the compose
+file), and a PostgreSQL database of their own."""
 
 from __future__ import annotations
 
@@ -10,9 +11,15 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import psycopg
 import redis
+
+from kortex.storage.migrate import upgrade
 
 
 def free_port() -> int:
@@ -79,3 +86,19 @@ class RedisServer:
     def stop(self) -> None:
         self.kill()
         self._log.close()
+
+
+@contextmanager
+def private_database(admin_url: str) -> Iterator[str]:
+    """A throwaway PostgreSQL database of its own. The watchdog's queries are system-wide by
+    design, so a test that runs one must not share rows with the session's other services."""
+    name = f"kortex_fault_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(admin_url, autocommit=True, connect_timeout=5) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    url = admin_url.rsplit("/", 1)[0] + f"/{name}"
+    try:
+        upgrade(url)
+        yield url
+    finally:
+        with psycopg.connect(admin_url, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

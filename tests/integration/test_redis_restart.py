@@ -17,12 +17,19 @@ from kortex.testing.fakellm import FakeLLM
 from kortex.turns import chat
 from kortex.turns.handoff import StepDispatch
 from tests.conftest import Harness, make_settings
-from tests.integration.conftest import Service, provider_env, service_env
-from tests.integration.redisproc import RedisServer, kortex_command
+from tests.integration.conftest import PG_ADMIN, Service, provider_env, service_env
+from tests.integration.redisproc import RedisServer, kortex_command, private_database
 from workers.app import make_celery
 from workers.dispatch import send_step
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def pg_url() -> Iterator[str]:
+    """Not the session's database: its watchdog would sweep this module's turns too."""
+    with private_database(PG_ADMIN) as url:
+        yield url
 
 
 @pytest.fixture
