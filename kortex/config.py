@@ -256,7 +256,7 @@ class TurnSettings(_Section):
     max_streams_per_tenant: int = Field(500, ge=1)  # open event streams per tenant, per API process
     text_flush_ms: int = Field(25, ge=0, le=1000)  # coalescing window for text deltas
     requeue_after: Seconds = 30.0           # a queued turn or tool untouched this long is re-enqueued
-    watchdog_every: Seconds = 10.0          # how often beat runs the watchdog sweep
+    watchdog_every: Seconds = 10.0          # how often the watchdog process sweeps
     max_message_chars: int = Field(32_000, ge=100)
     # The step engine of each turns-worker process (kortex/turns/engine.py): LLM steps stream
     # concurrently on one event loop; past ``max_inflight_steps`` they wait in the process,
@@ -267,6 +267,20 @@ class TurnSettings(_Section):
     max_waiting_steps: int = Field(5000, ge=1)
     tenant_weights: dict[str, int] = Field(default_factory=dict)
     shutdown_grace: Seconds = 20.0          # steps still streaming then are handed to another worker
+
+
+class PoolSettings(_Section):
+    """Connection budgets of one process; README "Sizing" adds them up for a deployment. Every
+    pool waits (up to its timeout) when it is full instead of raising, and each is sized so
+    that what a process runs at once fits without waiting."""
+
+    db_pool_size: int = Field(5, ge=1, le=500)        # PostgreSQL connections kept open
+    db_max_overflow: int = Field(5, ge=0, le=500)     # opened under load, closed when returned
+    telemetry_pool_size: int = Field(2, ge=1, le=500)  # tool queries (tools workers; lazily opened)
+    telemetry_max_overflow: int = Field(2, ge=0, le=500)
+    redis_max_connections: int = Field(32, ge=2, le=10_000)  # the shared client (stream writes, limits)
+    redis_pool_timeout: Seconds = 5.0                 # wait for a free Redis connection, then fail
+    broker_max_connections: int = Field(32, ge=2, le=10_000)  # per broker channel; raised to concurrency + 8
 
 
 class TestingSettings(_Section):
@@ -310,6 +324,7 @@ class Settings(BaseSettings):
     tools: ToolPolicySettings = Field(default_factory=ToolPolicySettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
     turn: TurnSettings = Field(default_factory=TurnSettings)
+    pools: PoolSettings = Field(default_factory=PoolSettings)
     testing: TestingSettings = Field(default_factory=TestingSettings)
 
     @field_validator("redis_prefix")

@@ -16,8 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from redis import Redis
-from redis.asyncio import BlockingConnectionPool
+from redis import BlockingConnectionPool, Redis
+from redis.asyncio import BlockingConnectionPool as AsyncBlockingConnectionPool
 from redis.asyncio import Redis as AsyncRedis
 
 from kortex.aio import LoopThread
@@ -70,7 +70,7 @@ def _stream_redis(settings: Settings) -> Callable[[], AsyncRedis]:
     url = settings.redis_url or ""
 
     def make() -> AsyncRedis:
-        pool = BlockingConnectionPool.from_url(url, decode_responses=True, max_connections=32, timeout=20,
+        pool = AsyncBlockingConnectionPool.from_url(url, decode_responses=True, max_connections=32, timeout=20,
                                                health_check_interval=30)
         return AsyncRedis(connection_pool=pool)
 
@@ -82,8 +82,14 @@ def _shared_redis(settings: Settings) -> Redis:
         from kortex.stream.embedded import embedded_redis
 
         return embedded_redis()
-    return Redis.from_url(settings.redis_url or "", decode_responses=True, max_connections=64,
-                          health_check_interval=30)
+    pools = settings.pools
+    # A blocking pool: a burst past the cap waits for a connection (up to the timeout) instead
+    # of raising "Too many connections" into a request or a step.
+    pool = BlockingConnectionPool.from_url(settings.redis_url or "", decode_responses=True,
+                                           max_connections=pools.redis_max_connections,
+                                           timeout=pools.redis_pool_timeout, health_check_interval=30,
+                                           socket_keepalive=True, retry_on_timeout=True)
+    return Redis(connection_pool=pool)
 
 
 def cursor_key(settings: Settings) -> bytes:
@@ -165,10 +171,15 @@ class Kortex:
         *,
         providers: dict[str, ProviderFactory] | None = None,
         extra_tools: list[ToolSpec] | None = None,
-        db_pool_size: int = 10,
+        db_pool_size: int | None = None,
         executor: ActionExecutor | None = None,
     ) -> Kortex:
-        db = Database(settings.effective_database_url, pool_size=db_pool_size)
+        pools = settings.pools
+        if db_pool_size is None:  # the budget from settings (README "Sizing")
+            db = Database(settings.effective_database_url, pool_size=pools.db_pool_size,
+                          max_overflow=pools.db_max_overflow)
+        else:
+            db = Database(settings.effective_database_url, pool_size=db_pool_size)
         redis = _shared_redis(settings)
         turn = settings.turn
         events = EventStore(redis, prefix=settings.redis_prefix, maxlen=turn.stream_maxlen,
@@ -196,7 +207,9 @@ class Kortex:
         # Tool queries run on their own small pool whose statements stop at the longest tool
         # timeout: a call the pipeline abandoned must not keep a query (and a connection) busy.
         longest = max((pipeline.timeout_for(spec) for spec in registry), default=30.0)
-        telemetry_db = Database(settings.effective_database_url, pool_size=max(4, db_pool_size // 2),
+        telemetry_db = Database(settings.effective_database_url,
+                                pool_size=pools.telemetry_pool_size if db_pool_size is None else max(4, db_pool_size // 2),
+                                max_overflow=pools.telemetry_max_overflow if db_pool_size is None else None,
                                 statement_timeout=longest + 1)
         return cls(
             settings=settings, db=db, redis=redis, events=events,

@@ -143,15 +143,15 @@ def worker(
 
 @app.command()
 def beat(loglevel: Annotated[str, typer.Option(help="Log level")] = "INFO") -> None:
-    """Run the scheduler that triggers the watchdog (exactly one per deployment)."""
+    """Run the watchdog process: fails expired turns and re-enqueues lost work. Safe to run
+    more than one: one leads at a time, another takes over when it dies."""
     settings = load_settings()
     if settings.embedded:
-        _fail("set KORTEX_REDIS_URL to run beat; the embedded mode schedules the watchdog itself")
-    from workers.app import app as celery_app
+        _fail("set KORTEX_REDIS_URL to run beat; the embedded mode runs the watchdog itself")
+    from workers import beat as watchdog
 
-    schedule = str(settings.home / "celerybeat-schedule")
-    os.makedirs(settings.home, exist_ok=True)
-    celery_app.start(["beat", "-l", loglevel, "-s", schedule])
+    logging.getLogger().setLevel(loglevel.upper())  # main() set up the handler (scrubbed)
+    watchdog.run(settings)
 
 
 @app.command()

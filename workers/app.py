@@ -7,7 +7,10 @@ in-process (``memory://``) for the embedded mode.
 
 from __future__ import annotations
 
+from typing import Any
+
 from celery import Celery
+from celery.signals import worker_init
 from kombu import Queue as KombuQueue
 
 from kortex.config import Settings, load_settings
@@ -19,9 +22,24 @@ def make_celery(settings: Settings) -> Celery:
     broker = settings.effective_broker_url
     transport: dict[str, object] = {}
     if broker.startswith(("redis://", "rediss://", "unix://")):
-        # Namespaces every broker key, so several deployments (or test runs) can share a Redis.
-        # The visibility timeout must outlast the longest task, or Redis redelivers it mid-run.
-        transport = {"global_keyprefix": f"{settings.redis_prefix}:celery:", "visibility_timeout": 3600}
+        transport = {
+            # Namespaces every broker key, so several deployments (or test runs) share a Redis.
+            "global_keyprefix": f"{settings.redis_prefix}:celery:",
+            # Redis redelivers a message unacked this long. It must outlast the longest task; a
+            # message stranded by a Redis restart (its restore failed while Redis was down) comes
+            # back only then, so the watchdog re-enqueues such lost hand-offs long before.
+            "visibility_timeout": 3600,
+            # A dead connection is noticed (keepalive, a PING before reuse after 10 s idle) and
+            # a timed-out command is retried once on a fresh one instead of failing the task.
+            "health_check_interval": 10,
+            "retry_on_timeout": True,
+            "socket_keepalive": True,
+            "socket_connect_timeout": 5,
+            # Each broker channel has its own pool, used by every thread that acks or publishes;
+            # kombu's default (10) ran dry under hundreds of threads ("Couldn't ack ...
+            # MaxConnectionsError"). worker_init raises it to the worker's concurrency.
+            "max_connections": settings.pools.broker_max_connections,
+        }
     elif broker.startswith("memory://"):
         transport = {"polling_interval": 0.005}
     app.conf.update(
@@ -42,24 +60,35 @@ def make_celery(settings: Settings) -> Celery:
             TaskName.TOOL.value: {"queue": Queue.TOOLS.value},
         },
         broker_transport_options=transport,
+        # Reconnect forever, at start and after a loss: a Redis restart is a pause, not an exit.
+        broker_connection_retry=True,
         broker_connection_retry_on_startup=True,
+        broker_connection_max_retries=None,
+        # Producers (the API's enqueue, a task's hand-off) draw from this many broker connections.
+        broker_pool_limit=settings.pools.broker_max_connections,
+        # On a broker loss, running tasks finish (every task is idempotent, and a tool's result
+        # is worth keeping); their messages are restored and a second delivery finds the work done.
+        worker_cancel_long_running_tasks_on_connection_loss=False,
         # Task events cost three Redis publishes per task; Flower switches them on for as long
         # as it watches (its enable_events default), so they are off otherwise.
         worker_send_task_events=settings.task_events,
         task_send_sent_event=settings.task_events,
         worker_hijack_root_logger=False,
-        beat_schedule={
-            "watchdog": {
-                "task": TaskName.WATCHDOG.value,
-                "schedule": settings.turn.watchdog_every,
-                # It shares the turns queue with long steps: let it wait a few intervals before
-                # it expires (a later sweep does the same work, so stale ones are dropped).
-                "options": {"queue": Queue.TURNS.value, "expires": max(60.0, 3 * settings.turn.watchdog_every)},
-            },
-        },
+        # The watchdog is not a beat task: `kortex beat` sweeps in its own process (workers/beat.py),
+        # so busy or dead turns workers cannot starve it.
+        beat_schedule={},
     )
     app.conf.kortex_settings = settings
     return app
+
+
+@worker_init.connect
+def _size_broker_pool(sender: Any = None, **_: Any) -> None:
+    """Every pool thread (or greenlet) may ack at once: the channel's pool must hold them all."""
+    concurrency = int(getattr(sender, "concurrency", 0) or 0)
+    options = sender.app.conf.broker_transport_options if sender is not None else None
+    if options is not None and "max_connections" in options:
+        options["max_connections"] = max(int(options["max_connections"]), concurrency + 8)
 
 
 app = make_celery(load_settings())

@@ -5,6 +5,7 @@ from __future__ import annotations
 from celery import Celery
 
 from kortex.turns.handoff import Handoff, StepDispatch, ToolDispatch
+from kortex.turns.ports import Work
 from workers.queues import Queue, TaskName
 
 
@@ -29,3 +30,23 @@ def dispatch(app: Celery, handoff: Handoff) -> None:
         send_tool(app, tool)
     for step in handoff.steps:
         send_step(app, step)
+
+
+class CeleryQueue:
+    """The queue port (kortex.turns.ports.QueuePort) on Celery: hands off as ``dispatch`` does
+    and reads a queue's depth from the broker (Redis: the lengths of its lists)."""
+
+    _QUEUES: dict[Work, Queue] = {"steps": Queue.TURNS, "tools": Queue.TOOLS}
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+
+    def dispatch(self, handoff: Handoff) -> None:
+        dispatch(self.app, handoff)
+
+    def backlog(self, work: Work) -> int | None:
+        # Not passive: on Redis an empty queue has no key, and a passive declare calls that NOT_FOUND.
+        # Declaring a virtual transport's queue only names it; its depth is the answer's count.
+        with self.app.connection_for_read() as conn:
+            declared = conn.default_channel.queue_declare(queue=self._QUEUES[work].value)
+        return int(declared.message_count)

@@ -1,5 +1,6 @@
 """The embedded mode's worker: the real Celery worker, consuming both queues from the in-process
-``memory://`` broker on a thread pool inside the current process, plus the watchdog on a timer."""
+``memory://`` broker on a thread pool inside the current process, plus the watchdog sweep on a
+timer thread."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from celery.worker import WorkController
 from celery.worker import state as worker_state
 
 from kortex.config import Settings
+from kortex.turns.watchdog import sweep
 from workers import runtime
+from workers.dispatch import CeleryQueue
 from workers.queues import Queue, TaskName
 
 log = logging.getLogger(__name__)
@@ -58,11 +61,14 @@ class EmbeddedWorker:
         self._timer.start()
 
     def _watchdog_loop(self) -> None:
+        # The sweep runs on this timer thread, not as a task: busy task threads cannot delay it.
+        queue = CeleryQueue(self.app)
         while not self._stop.wait(self.watchdog_every):
             try:
-                self.app.send_task(TaskName.WATCHDOG.value, queue=Queue.TURNS.value)
+                report = runtime.run(self.app.conf.kortex_settings, lambda k: sweep(k, queue))
+                queue.dispatch(report.handoff)
             except Exception:  # the next tick tries again
-                log.warning("embedded watchdog tick failed", exc_info=True)
+                log.warning("embedded watchdog sweep failed", exc_info=True)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Warm shutdown: running tasks finish. The consumer loop only looks at the shutdown

@@ -6,7 +6,7 @@ from enum import StrEnum
 
 
 class Queue(StrEnum):
-    TURNS = "turns"  # LLM steps and the watchdog: short CPU, long network waits
+    TURNS = "turns"  # LLM steps: short CPU, long network waits
     TOOLS = "tools"  # tool calls: time-limited, fanned out in parallel
 
 

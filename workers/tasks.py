@@ -14,7 +14,7 @@ from kortex.turns.toolrun import run_tool
 from kortex.turns.watchdog import sweep
 from workers import runtime
 from workers.app import app
-from workers.dispatch import dispatch
+from workers.dispatch import CeleryQueue, dispatch
 from workers.queues import Queue, TaskName
 
 log = logging.getLogger(__name__)
@@ -65,8 +65,11 @@ def tool(*, tenant_id: str, invocation_id: str, tool: str, hard_limit: float) ->
 @app.task(name=TaskName.WATCHDOG.value, queue=Queue.TURNS.value, ignore_result=True, acks_late=False,
           soft_time_limit=60, time_limit=90)
 def watchdog() -> dict[str, Any]:
-    report = runtime.run(_settings(), sweep)
-    dispatch(app, report.handoff)
+    """One sweep on demand (``celery call kortex.turn.watchdog``); the periodic sweeps run in
+    ``kortex beat``'s own process, not here."""
+    queue = CeleryQueue(app)
+    report = runtime.run(_settings(), lambda k: sweep(k, queue))
+    queue.dispatch(report.handoff)
     return {"failed_turns": report.failed_turns, "timed_out_tools": report.timed_out_tools,
             "requeued_steps": report.requeued_steps, "requeued_tools": report.requeued_tools,
             "expired_proposals": report.expired_proposals, "recovered_executions": report.recovered_executions}

@@ -162,8 +162,8 @@ def bounded_writes(conn: Connection, seconds: float | None) -> Iterator[None]:
 class Database:
     """The application's handle on the database. One per process; safe to share between threads."""
 
-    def __init__(self, url: str, *, pool_size: int = 10, echo: bool = False,
-                 statement_timeout: float | None = None) -> None:
+    def __init__(self, url: str, *, pool_size: int = 10, max_overflow: int | None = None, echo: bool = False,
+                 statement_timeout: float | None = None, pool_timeout: float = 30.0) -> None:
         """``statement_timeout`` (seconds) makes the database itself stop longer statements:
         tool queries get one, so a call the pipeline gave up on does not hold a connection."""
         self.url = _normalise(url)
@@ -171,8 +171,8 @@ class Database:
         # Bound parameters carry user content and tool output: keep them out of error messages.
         kwargs: dict[str, Any] = {"echo": echo, "hide_parameters": True}
         if self.dialect == "postgresql":
-            kwargs.update(pool_size=pool_size, max_overflow=pool_size * 2, pool_pre_ping=False,
-                          pool_recycle=1800)
+            kwargs.update(pool_size=pool_size, max_overflow=pool_size * 2 if max_overflow is None else max_overflow,
+                          pool_pre_ping=False, pool_recycle=1800, pool_timeout=pool_timeout)
             if statement_timeout:
                 kwargs["connect_args"] = {"options": f"-c statement_timeout={int(statement_timeout * 1000)}"}
         else:

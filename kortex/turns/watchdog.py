@@ -1,11 +1,13 @@
 """The periodic sweep that keeps turns moving when workers die or messages are lost:
 fails turns past their deadline, settles tool calls past their hard limit, re-enqueues work
 that was committed but never picked up, expires proposals and recovers their interrupted
-executions."""
+executions. ``run_watchdog`` is its loop, run by one leader per deployment in a process of its
+own (``kortex beat``), so the queues it polices cannot starve it."""
 
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -22,6 +24,7 @@ from kortex.tools.spec import ToolContext
 from kortex.turns import outbox, spool
 from kortex.turns.closing import publish_done
 from kortex.turns.handoff import Handoff, StepDispatch
+from kortex.turns.ports import Leadership, QueuePort, Work
 from kortex.turns.step import tool_dispatch
 from kortex.turns.toolrun import settle, settle_spooled
 
@@ -40,7 +43,21 @@ class SweepReport:
     republished_events: int = 0
 
 
-def sweep(k: Kortex) -> SweepReport:
+def _backlog(queue: QueuePort | None, work: Work) -> int:
+    if queue is None:
+        return 0
+    try:
+        return queue.backlog(work) or 0  # unknown: as if empty (a duplicate is harmless, a loss is not)
+    except Exception:  # the broker is down: enqueueing would fail too, so wait for the next sweep
+        log.warning("watchdog could not read the %s queue's depth", work, exc_info=True)
+        return -1
+
+
+def sweep(k: Kortex, queue: QueuePort | None = None) -> SweepReport:
+    """One pass. With ``queue``, work that is merely waiting is never re-enqueued: a queued turn
+    or pending tool call counts as lost only while its queue is empty (its message is then not
+    waiting there) and its row has not been touched for ``requeue_after`` (a process that holds a
+    step, running or waiting for a slot, keeps touching it)."""
     now = utcnow()
     handoff = Handoff()
     try:  # first: a turn's kept closing events are all its client is waiting for
@@ -66,11 +83,12 @@ def sweep(k: Kortex) -> SweepReport:
             log.exception("watchdog could not settle tool call %s", inv.id)
 
     cutoff = now - timedelta(seconds=k.settings.turn.requeue_after)
+    steps_waiting, tools_waiting = _backlog(queue, "steps"), _backlog(queue, "tools")
     with k.db.begin() as conn:
         lapsed = turns.lapsed_steps(conn, now)  # their worker died mid-step: run the step again
         audit.write_entries(conn, [_lost_call(t) for t in lapsed])
-        stale_turns = lapsed + turns.stale_queued_turns(conn, cutoff)
-        stale_tools = turns.stale_pending_invocations(conn, cutoff)
+        stale_turns = lapsed + (turns.stale_queued_turns(conn, cutoff) if steps_waiting == 0 else [])
+        stale_tools = turns.stale_pending_invocations(conn, cutoff) if tools_waiting == 0 else []
     handoff += Handoff(
         steps=tuple(StepDispatch(tenant_id=t.tenant_id, turn_id=t.id, step=t.step) for t in stale_turns),
         tools=tuple(tool_dispatch(k, i.tenant_id, i.id, i.name) for i in stale_tools),
@@ -134,4 +152,21 @@ def _expire(k: Kortex, turn: TurnRecord) -> int:
     return 1 if moved else 0
 
 
-__all__ = ["SweepReport", "sweep"]
+def run_watchdog(k: Kortex, queue: QueuePort, leader: Leadership, *, every: float,
+                 stop: threading.Event) -> None:
+    """Sweep every ``every`` seconds while this process leads, until ``stop`` is set. A process
+    that does not lead asks again each interval and takes over when the leader is gone."""
+    try:
+        while not stop.is_set():
+            try:
+                if leader.ensure():
+                    report = sweep(k, queue)
+                    queue.dispatch(report.handoff)
+            except Exception:  # a database or broker outage: the next interval tries again
+                log.warning("watchdog sweep failed", exc_info=True)
+            stop.wait(every)
+    finally:
+        leader.release()
+
+
+__all__ = ["SweepReport", "run_watchdog", "sweep"]

@@ -1,5 +1,5 @@
 """Real services for integration tests: a throwaway PostgreSQL database, a private Redis key
-prefix, a real Celery worker process (prefork, with beat) and the API under uvicorn.
+prefix, a real Celery worker process (prefork), the watchdog process and the API under uvicorn.
 
 Everything created here is removed at the end of the session.
 """
@@ -152,14 +152,17 @@ def worker(pg_url: str, redis_prefix: str, fake_llm: FakeLLM, tmp_path_factory: 
            ) -> Iterator[Service]:
     logs = tmp_path_factory.mktemp("logs")
     argv = [sys.executable, "-m", "celery", "-A", "workers.app", "worker", "-Q", "turns,tools", "-P", "prefork",
-            "-c", "4", "-B", "-s", str(logs / "beat-schedule"), "-l", "INFO", "--without-mingle",
-            "--without-gossip", "-n", f"test-{redis_prefix}@%h"]
-    service = Service("celery worker", argv, service_env(pg_url, redis_prefix, **provider_env(fake_llm.url)),
-                      logs / "worker.log")
+            "-c", "4", "-l", "INFO", "--without-mingle", "--without-gossip", "-n", f"test-{redis_prefix}@%h"]
+    env = service_env(pg_url, redis_prefix, **provider_env(fake_llm.url))
+    service = Service("celery worker", argv, env, logs / "worker.log")
+    # The watchdog's own process, as deployed (`kortex beat`).
+    watchdog = Service("watchdog", [sys.executable, "-m", "kortex_cli.main", "beat"], env, logs / "beat.log")
     try:
         service.wait_for(lambda: " ready." in service.output())
+        watchdog.wait_for(lambda: "watchdog took the lead" in watchdog.output())
         yield service
     finally:
+        watchdog.stop()
         service.stop()
 
 

@@ -39,3 +39,16 @@ def test_dispatch_sends_tools_with_their_time_limits_and_steps_to_turns() -> Non
     assert tool_opts["kwargs"] == {"tenant_id": "t", "invocation_id": "i1", "tool": "get_logs", "hard_limit": 50.0}
     assert step_name == "kortex.turn.step" and step_opts == {
         "kwargs": {"tenant_id": "t", "turn_id": "u", "step": 2}, "queue": "turns"}
+
+
+def test_a_worker_raises_the_broker_channel_pool_to_its_concurrency() -> None:
+    """kombu's per-channel pool serves every pool thread's ack: it must not run dry."""
+    from types import SimpleNamespace
+
+    from workers import app as app_module
+
+    conf = SimpleNamespace(broker_transport_options={"max_connections": 32})
+    app_module._size_broker_pool(SimpleNamespace(concurrency=200, app=SimpleNamespace(conf=conf)))
+    assert conf.broker_transport_options["max_connections"] == 208
+    app_module._size_broker_pool(SimpleNamespace(concurrency=4, app=SimpleNamespace(conf=conf)))
+    assert conf.broker_transport_options["max_connections"] == 208  # never lowered

@@ -1,0 +1,145 @@
+"""Workers survive a Redis restart mid-task: a private redis-server (broker and stream store)
+is killed with SIGKILL while a step or a tool call runs, restarted on the same port, and the
+worker process must still be alive and finish the turn."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from kortex.storage.schema import turns
+from kortex.testing.fakellm import FakeLLM
+from kortex.turns import chat
+from kortex.turns.handoff import StepDispatch
+from tests.conftest import Harness, make_settings
+from tests.integration.conftest import PG_ADMIN, Service, provider_env, service_env
+from tests.integration.redisproc import RedisServer, kortex_command, private_database
+from workers.app import make_celery
+from workers.dispatch import send_step
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def pg_url() -> Iterator[str]:
+    """Not the session's database: its watchdog would sweep this module's turns too."""
+    with private_database(PG_ADMIN) as url:
+        yield url
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def harness(pg_url: str, redis_server: RedisServer, tmp_path: Path) -> Iterator[Harness]:
+    settings = make_settings(tmp_path, pg_url, redis_url=redis_server.url, redis_prefix="kxrestart")
+    h = Harness(settings)
+    yield h
+    h.close()
+
+
+def _env(pg_url: str, redis_server: RedisServer, fake_llm: FakeLLM) -> dict[str, str]:
+    return service_env(pg_url, "kxrestart", KORTEX_REDIS_URL=redis_server.url, **provider_env(fake_llm.url),
+                       KORTEX_LLM__TOOLS__DEBUG_SLEEP__TIMEOUT="10",  # the 2.5 s sleep outlasts the blip
+                       KORTEX_TURN__REQUEUE_AFTER="2")
+
+
+class Stack:
+    """A worker as the README runs it, and the watchdog process beside it."""
+
+    def __init__(self, env: dict[str, str], tmp_path: Path, pool: str, queues: str = "turns,tools") -> None:
+        argv = kortex_command("worker", "--queues", queues, "--pool", pool, "--loglevel", "INFO")
+        self.worker = Service(f"worker ({pool})", argv, env, tmp_path / f"worker-{pool}.log")
+        self.beat = Service("watchdog", kortex_command("beat"), env, tmp_path / "beat.log")
+        self.worker.wait_for(lambda: " ready." in self.worker.output())
+        self.beat.wait_for(lambda: "took the lead" in self.beat.output())
+
+    def stop(self) -> None:
+        self.beat.stop()
+        self.worker.stop()
+
+
+def _start_turn(h: Harness, model: str) -> str:
+    tenant_id = h.tenant("restart")
+    session = chat.create_session(h.k, tenant_id, "restart", model)
+    posted = chat.post_message(h.k, tenant_id, session.id, "go")
+    send_step(make_celery(h.settings), StepDispatch(tenant_id, posted.turn.id, 0))
+    return posted.turn.id
+
+
+def _wait(predicate, what: str, timeout: float = 60) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if predicate():
+                return
+        except Exception:  # Redis may be down for a moment: ask again
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _kinds(h: Harness, turn_id: str) -> list[str]:
+    return [e.type for e in h.events(turn_id)]
+
+
+def _status(h: Harness, turn_id: str) -> str:
+    with h.k.db.connect() as conn:
+        return str(conn.scalar(select(turns.c.status).where(turns.c.id == turn_id)))
+
+
+@pytest.mark.parametrize("pool", ["prefork", "threads"])
+def test_worker_survives_a_redis_restart_while_a_tool_runs(pg_url, fake_llm, redis_server, harness, tmp_path,
+                                                           pool) -> None:
+    stack = Stack(_env(pg_url, redis_server, fake_llm), tmp_path, pool)
+    worker = stack.worker
+    try:
+        turn_id = _start_turn(harness, "scripted:slow_tool")
+        # The tool sleeps 2.5 s: kill Redis once its call has been published (the tool task is
+        # delivered or running). A message whose restore fails while Redis is down is stranded
+        # until the visibility timeout; the watchdog re-enqueues that lost hand-off.
+        _wait(lambda: "tool_call" in _kinds(harness, turn_id), "the tool call")
+        redis_server.kill()
+        redis_server.start()
+        _wait(lambda: _status(harness, turn_id) in ("done", "failed"), "the turn to finish")
+        assert worker.proc.poll() is None, worker.output()[-4000:]
+        assert "Unrecoverable error" not in worker.output()
+        assert stack.beat.proc.poll() is None, stack.beat.output()[-4000:]
+        events = harness.events(turn_id)
+        kinds = [e.type for e in events]
+        assert kinds == ["turn", "text", "tool_call", "tool_result", "turn", "text", "done"], kinds
+        done = json.loads(events[-1].data)
+        assert done["status"] == "done"
+        result = json.loads(events[3].data)
+        assert result["call_id"] == "call_slow" and not result.get("is_error")
+    finally:
+        stack.stop()
+
+
+@pytest.mark.parametrize("pool", ["prefork", "threads"])
+def test_worker_survives_a_redis_restart_while_a_step_streams(pg_url, fake_llm, redis_server, harness, tmp_path,
+                                                              pool) -> None:
+    stack = Stack(_env(pg_url, redis_server, fake_llm), tmp_path, pool)
+    worker = stack.worker
+    try:
+        turn_id = _start_turn(harness, "scripted:slow_text")  # six pieces, 150 ms apart
+        _wait(lambda: "text" in _kinds(harness, turn_id), "the first text")
+        redis_server.kill()
+        redis_server.start()
+        _wait(lambda: _status(harness, turn_id) in ("done", "failed"), "the turn to finish")
+        assert worker.proc.poll() is None, worker.output()[-4000:]
+        assert "Unrecoverable error" not in worker.output()
+        kinds = _kinds(harness, turn_id)
+        assert kinds[0] == "turn" and kinds[-1] == "done", kinds
+    finally:
+        stack.stop()

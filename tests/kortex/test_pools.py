@@ -1,0 +1,51 @@
+"""Connection budgets: every pool is sized from settings, waits instead of raising, and the
+compose file's processes add up to less than PostgreSQL's default 100 connections."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from redis import BlockingConnectionPool
+
+from kortex.config import PoolSettings, Settings
+from kortex.container import Kortex
+
+ROOT = Path(__file__).resolve().parents[2]
+PG = "postgresql://kortex@127.0.0.1:5432/never_connected"
+
+
+def _settings(tmp_path: Path, **pools: Any) -> Settings:
+    return Settings(database_url=PG, redis_url="redis://127.0.0.1:6379/0", home=tmp_path, pools=pools)
+
+
+def test_pools_come_from_settings_and_the_redis_pool_blocks(tmp_path: Path) -> None:
+    k = Kortex.create(_settings(tmp_path, db_pool_size=3, db_max_overflow=2, telemetry_pool_size=1,
+                                telemetry_max_overflow=0, redis_max_connections=7, redis_pool_timeout=1.5))
+    try:
+        assert (k.db.engine.pool.size(), k.db.engine.pool._max_overflow) == (3, 2)  # type: ignore[attr-defined]
+        telemetry = k.sources.metrics.db  # type: ignore[attr-defined]
+        assert (telemetry.engine.pool.size(), telemetry.engine.pool._max_overflow) == (1, 0)
+        pool = k.redis.connection_pool
+        assert isinstance(pool, BlockingConnectionPool)
+        assert (pool.max_connections, pool.timeout) == (7, 1.5)
+    finally:
+        k.close()
+
+
+def _per_process(env: dict[str, str]) -> int:
+    p = PoolSettings(**{k.removeprefix("KORTEX_POOLS__").lower(): v for k, v in env.items()
+                        if k.startswith("KORTEX_POOLS__")})
+    return p.db_pool_size + p.db_max_overflow + p.telemetry_pool_size + p.telemetry_max_overflow
+
+
+def test_the_compose_file_stays_under_postgres_default_100_connections() -> None:
+    import yaml
+    services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    processes = {"api": 2, "worker-turns": 1, "worker-tools": 8, "beat": 1}  # --workers 2; prefork -c 8
+    assert "--workers" in services["api"]["command"] and "8" in services["worker-tools"]["command"]
+    total = sum(n * _per_process(services[name].get("environment") or {}) for name, n in processes.items())
+    assert "KORTEX_DATABASE_URL" in str(services["flower"])  # Flower builds no container: no pool
+    assert total == 79 < 100  # the figure README "Sizing" and the compose header state
+    assert "--appendonly" in services["redis"]["command"]
+    assert services["redis"]["command"][services["redis"]["command"].index("--appendonly") + 1] == "yes"

@@ -1,0 +1,38 @@
+"""``kortex beat``: the watchdog's own process. It sweeps in-process, so no worker slot and no
+queue it polices stands between it and an expired turn; any number may run, one leads at a
+time (a PostgreSQL advisory lock) and another takes over when the leader dies."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from typing import Any
+
+from kortex.config import Settings
+from kortex.storage.leader import AdvisoryLeader
+from kortex.turns.watchdog import run_watchdog
+from workers import runtime
+from workers.app import make_celery
+from workers.dispatch import CeleryQueue
+
+log = logging.getLogger(__name__)
+
+
+def run(settings: Settings, stop: threading.Event | None = None) -> None:
+    stop = stop or threading.Event()
+
+    def _stop(signum: int, _frame: Any) -> None:
+        stop.set()
+
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, _stop)
+    app = make_celery(settings)
+    k = runtime.kortex(settings)
+    leader = AdvisoryLeader(k.db, settings.redis_prefix)
+    log.info("watchdog process started: sweeps every %.1fs while it leads", settings.turn.watchdog_every)
+    try:
+        run_watchdog(k, CeleryQueue(app), leader, every=settings.turn.watchdog_every, stop=stop)
+    finally:
+        runtime.close()
