@@ -70,7 +70,8 @@ def _stream_redis(settings: Settings) -> Callable[[], AsyncRedis]:
     url = settings.redis_url or ""
 
     def make() -> AsyncRedis:
-        pool = AsyncBlockingConnectionPool.from_url(url, decode_responses=True, max_connections=32, timeout=20,
+        pool = AsyncBlockingConnectionPool.from_url(url, decode_responses=True,
+                                                    max_connections=settings.pools.redis_max_connections, timeout=20,
                                                health_check_interval=30)
         return AsyncRedis(connection_pool=pool)
 
@@ -216,7 +217,8 @@ class Kortex:
             providers=ProviderRegistry(settings, providers or BUILTIN_PROVIDERS),
             tools=registry, policy=policy, pipeline=pipeline, sources=build_sources(settings, telemetry_db), cursors=cursors,
             proposals=proposals, services={"cursors": cursors, "proposals": proposals},
-            io=ThreadPoolExecutor(max(4, db_pool_size), thread_name_prefix="kortex-io"),
+            # As many I/O threads as the pool has connections: a thread never waits for one.
+            io=ThreadPoolExecutor(db.max_connections, thread_name_prefix="kortex-io"),
         )
 
     async def aclose(self) -> None:

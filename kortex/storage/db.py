@@ -168,10 +168,15 @@ class Database:
         tool queries get one, so a call the pipeline gave up on does not hold a connection."""
         self.url = _normalise(url)
         self.dialect = self.url.get_backend_name()
+        overflow = pool_size * 2 if max_overflow is None else max_overflow
+        if self.dialect != "postgresql":
+            overflow = pool_size
+        #: the most connections this handle opens at once (pool + overflow)
+        self.max_connections = pool_size + overflow
         # Bound parameters carry user content and tool output: keep them out of error messages.
         kwargs: dict[str, Any] = {"echo": echo, "hide_parameters": True}
         if self.dialect == "postgresql":
-            kwargs.update(pool_size=pool_size, max_overflow=pool_size * 2 if max_overflow is None else max_overflow,
+            kwargs.update(pool_size=pool_size, max_overflow=overflow,
                           pool_pre_ping=False, pool_recycle=1800, pool_timeout=pool_timeout)
             if statement_timeout:
                 kwargs["connect_args"] = {"options": f"-c statement_timeout={int(statement_timeout * 1000)}"}
@@ -181,7 +186,7 @@ class Database:
                 Path(database).parent.mkdir(parents=True, exist_ok=True)
             kwargs.update(connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_MS / 1000},
                           pool_size=pool_size,
-                          max_overflow=pool_size)
+                          max_overflow=overflow)
         self.engine: Engine = create_engine(sync_url(self.url), **kwargs)
         # Reads run in autocommit: one round trip per statement, no BEGIN/ROLLBACK around them.
         self._reader = self.engine.execution_options(isolation_level="AUTOCOMMIT")
