@@ -17,7 +17,7 @@ from kortex.errors import RateLimited
 from kortex.events import DoneEvent
 from kortex.messages import Usage
 from kortex.storage.records import TurnRecord
-from kortex.stream.entries import START, Entry, is_entry_id, parse_id
+from kortex.stream.entries import START, Entry, parse_id, resume_id
 from kortex.stream.hub import StreamHub, SubscriptionOverflow
 from kortex.timeparse import utcnow
 from kortex.turns.chat import get_turn
@@ -77,7 +77,7 @@ def format_entry(entry: Entry) -> str:
 
 
 def resume_point(last_event_id: str | None) -> str:
-    return last_event_id if is_entry_id(last_event_id) else START
+    return resume_id(last_event_id, "Last-Event-ID")
 
 
 def nothing_left(k: Kortex, turn: TurnRecord, after: str) -> bool:

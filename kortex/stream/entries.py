@@ -5,8 +5,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from kortex.errors import InvalidInput
+
 _ID = re.compile(r"^(\d{1,20})-(\d{1,20})$")
 _MAX = 2**64 - 1  # Redis rejects larger parts, and one bad id would break a shared XREAD
+_SHAPE = re.compile(r"^\d+-\d+$")
 
 START = "0-0"
 
@@ -19,6 +22,23 @@ def parse_id(entry_id: str) -> tuple[int, int]:
     if ms > _MAX or seq > _MAX:
         raise ValueError(f"stream entry id out of range: {entry_id!r}")
     return ms, seq
+
+
+def resume_id(value: str | None, field: str = "Last-Event-ID") -> str:
+    """Where a reader resumes: after ``value`` when it is an entry id, from the start when it is
+    absent or not id-shaped (a proxy's or an old client's noise). An id-shaped value out of
+    Redis's range is refused: Redis cannot read after it, and replaying the turn from the start
+    would hand the client events it already has."""
+    if not value or not _SHAPE.match(value):
+        return START
+    try:
+        parts = parse_id(value)
+    except ValueError:
+        parts = (_MAX, _MAX)
+    if parts == (_MAX, _MAX):  # nothing can come after the largest id
+        raise InvalidInput(f"{field} is out of range: stream ids are two numbers below 2^64",
+                           code="validation", details=[{"field": field, "message": "out of range"}])
+    return value
 
 
 def is_entry_id(value: str | None) -> bool:
