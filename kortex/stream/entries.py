@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from kortex.errors import InvalidInput
 
@@ -67,3 +68,26 @@ class Entry:
 
 def entries_from_redis(raw: list[tuple[str, dict[str, str]]]) -> list[Entry]:
     return [Entry(id=eid, type=fields.get("t", ""), data=fields.get("d", "{}")) for eid, fields in raw]
+
+
+def entries_from_raw(raw: list[Any]) -> list[Entry]:
+    """Entries from an XRANGE/XREAD reply left unparsed by the client (fields as a flat
+    ``[name, value, ...]`` list): building a dict per entry, as redis-py does, was the largest
+    cost of fanning streams out. Fields other than ``t`` and ``d`` (attempt, sequence, ...) are
+    skipped."""
+    out = []
+    for eid, fields in raw:
+        if isinstance(fields, dict):
+            out.append(Entry(id=eid, type=fields.get("t", ""), data=fields.get("d", "{}")))
+            continue
+        if len(fields) >= 4 and fields[0] == "t" and fields[2] == "d":  # the writers' order
+            out.append(Entry(id=eid, type=fields[1], data=fields[3]))
+            continue
+        kind, data = "", "{}"
+        for i in range(0, len(fields) - 1, 2):
+            if fields[i] == "t":
+                kind = fields[i + 1]
+            elif fields[i] == "d":
+                data = fields[i + 1]
+        out.append(Entry(id=eid, type=kind, data=data))
+    return out

@@ -36,7 +36,7 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
-from kortex.stream.entries import START, Entry, entries_from_redis, parse_id
+from kortex.stream.entries import START, Entry, entries_from_raw, parse_id
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,19 @@ Position = tuple[int, int]
 
 class SubscriptionOverflow(Exception):
     """A reader fell too far behind; it should reconnect with its last event id."""
+
+
+def _raw(client: Redis) -> Redis:
+    """The client, returning XREAD and XRANGE replies as Redis sent them (see entries_from_raw)."""
+    setter = getattr(client, "set_response_callback", None)
+    if setter is not None:
+        for command in ("XREAD", "XRANGE"):
+            setter(command, _as_sent)
+    return client
+
+
+def _as_sent(response: Any, **options: Any) -> Any:
+    return response
 
 
 def _position(entry_id: str) -> Position:
@@ -216,7 +229,7 @@ class _Shard:
         while hub._running:
             try:
                 if self.reader is None:
-                    reader = hub._factory()
+                    reader = _raw(hub._factory())
                     self.client_id = int(await reader.client_id())
                     self.reader = reader
                 if not self.subs:
@@ -249,7 +262,7 @@ class _Shard:
                     subs = self.subs.get(key)
                     if not subs or not raw:
                         continue
-                    entries = entries_from_redis(raw)
+                    entries = entries_from_raw(raw)
                     positions = [_position(e.id) for e in entries]
                     start = since.get(key)
                     for sub in list(subs):
@@ -325,7 +338,7 @@ class StreamHub:
         if self._running:
             return
         self._running = True
-        self._control = self._factory()
+        self._control = _raw(self._factory())
         self._joiner = asyncio.create_task(self._join_loop(), name="kortex-stream-hub-joiner")
         for shard in self._shards:
             shard.task = asyncio.create_task(shard.run(), name=f"kortex-stream-hub-{shard.index}")
@@ -403,7 +416,7 @@ class StreamHub:
                 self._catching_up = 0
                 with contextlib.suppress(Exception):
                     await self._control.aclose()  # type: ignore[union-attr]
-                self._control = self._factory()
+                self._control = _raw(self._factory())
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
                 continue
@@ -416,7 +429,7 @@ class StreamHub:
                 if isinstance(raw, BaseException):
                     self._joining.append(sub)
                     continue
-                sub._feed(entries_from_redis(raw))
+                sub._feed(entries_from_raw(raw))
                 if sub._closed:
                     continue
                 if len(raw) >= self._count:
