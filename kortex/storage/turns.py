@@ -27,7 +27,7 @@ from kortex.ids import uuid7
 from kortex.messages import AssistantMessage, ToolCall, ToolMessage, ToolResult, Usage, UserMessage
 from kortex.storage.chats import INSERT_MESSAGE, message_row
 from kortex.storage.records import TERMINAL, InvocationRecord, TurnRecord
-from kortex.storage.schema import chat_sessions, tenants, tool_invocations, turns
+from kortex.storage.schema import chat_sessions, tenant_spend, tenants, tool_invocations, turns
 from kortex.timeparse import utcnow
 
 ACTIVE = ("queued", "running", "waiting_tools")
@@ -60,7 +60,7 @@ def get_turn(conn: Connection, tenant_id: str, turn_id: str) -> TurnRecord:
 # finds the session and its default model. Only the tenants side is locked: the session is
 # read, not locked, as every post to it also takes its tenant's lock.
 _ADMIT_LOCK = (
-    select(tenants.c.id, chat_sessions.c.id.label("session_id"), chat_sessions.c.model)
+    select(tenants.c.id, tenants.c.settings, chat_sessions.c.id.label("session_id"), chat_sessions.c.model)
     .select_from(tenants.outerjoin(chat_sessions, and_(chat_sessions.c.id == bindparam("p_session"),
                                                        chat_sessions.c.tenant_id == tenants.c.id)))
     .where(tenants.c.id == bindparam("p_tenant"))
@@ -77,7 +77,23 @@ _ADMIT_STATE = select(
     .where(_t.tenant_id == bindparam("p_tenant"), _t.status.in_(ACTIVE)).scalar_subquery().label("active"),
     select(_t.id).where(_t.tenant_id == bindparam("p_tenant"), _t.idempotency_key == bindparam("p_key"))
     .scalar_subquery().label("earlier"),
+    # What the budget checks need (kortex/budget.py), read in the same round trip.
+    select(tenant_spend.c.cost_usd)
+    .where(tenant_spend.c.tenant_id == bindparam("p_tenant"), tenant_spend.c.day == bindparam("p_day"))
+    .scalar_subquery().label("usd"),
+    select(func.coalesce(func.sum(_t.input_tokens + _t.output_tokens), 0))
+    .where(_t.tenant_id == bindparam("p_tenant"), _t.session_id == bindparam("p_session"))
+    .scalar_subquery().label("tokens"),
 )
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """What admission read under the tenant's lock, handed to ``create_turn``'s ``admit``."""
+
+    usd_today: float
+    session_tokens: int
+    tenant_settings: dict[str, Any] | None
 _EARLIER = select(turns).where(_t.id == bindparam("p_id"))
 _NEXT_TURN_NO = (
     update(chat_sessions)
@@ -98,7 +114,7 @@ def create_turn(
     deadline: timedelta,
     idempotency_key: str | None = None,
     max_active_per_tenant: int | None = None,
-    admit: Callable[[Connection], None] | None = None,
+    admit: Callable[[Connection, Admission], None] | None = None,
 ) -> NewTurn:
     """Store the user message and a queued turn in the caller's transaction. ``model`` None
     means the session's model. ``admit`` runs only when a new turn is about to be created (not
@@ -110,7 +126,7 @@ def create_turn(
     model = model or locked.model
     digest = request_hash(content, model)
     state = conn.execute(_ADMIT_STATE, {"p_tenant": tenant_id, "p_session": session_id,
-                                        "p_key": idempotency_key}).one()
+                                        "p_key": idempotency_key, "p_day": now.date()}).one()
     if idempotency_key and state.earlier is not None:
         earlier = conn.execute(_EARLIER, {"p_id": state.earlier}).one()
         if earlier.session_id != session_id or earlier.request_hash != digest:
@@ -123,7 +139,8 @@ def create_turn(
         raise RateLimited(f"at most {max_active_per_tenant} turns may run at once for this tenant",
                           details={"limit": "max_concurrent_turns_per_tenant"})
     if admit is not None:
-        admit(conn)
+        admit(conn, Admission(usd_today=float(state.usd or 0.0), session_tokens=int(state.tokens or 0),
+                              tenant_settings=locked.settings))
     turn_no = conn.scalar(_NEXT_TURN_NO, {"p_session": session_id, "p_tenant": tenant_id, "p_now": now})
     row: dict[str, Any] = {
         "id": uuid7(), "tenant_id": tenant_id, "session_id": session_id, "turn_no": turn_no,

@@ -87,8 +87,9 @@ def post_message(
 
     counted: list[bool] = []
 
-    def admit(conn: Connection) -> None:
-        spent = budget.spend(conn, tenant_id, session_id)
+    def admit(conn: Connection, state: turns.Admission) -> None:
+        spent = budget.Spend(usd_today=state.usd_today, session_tokens=state.session_tokens,
+                             tenant_settings=state.tenant_settings)
         budget.check_spend(budget_settings, spent)
         # Counted last, once every other check has passed: a refused request costs no rate.
         budget.check_rate(k.redis, k.settings.redis_prefix, budget_settings, tenant_id, spent.tenant_settings)
