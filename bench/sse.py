@@ -240,6 +240,41 @@ def client_main(port: int, side: str, ids: list[int], warmup: float, seconds: fl
     sys.stdout.write(json.dumps(result))
 
 
+# --- joins without HTTP ----------------------------------------------------------------------
+
+async def _joins(prefix: str, streams: int, rate: float) -> float:
+    """Seconds until ``streams`` subscriptions made at once, in this process, each got an entry
+    (with the writer running): the hub's own share of going live, without uvicorn's."""
+    from redis.asyncio import Redis as AsyncRedis
+
+    hub_module = importlib.import_module(os.environ.get("BENCH_HUB_MODULE", "kortex.stream.hub"))
+    hub = hub_module.StreamHub(lambda: AsyncRedis.from_url(REDIS_URL, decode_responses=True,
+                                                           single_connection_client=True, socket_timeout=None))
+    await hub.start()
+    writer = _spawn("_write", f"{prefix}-join", str(streams), str(rate), "120")
+    live: list[float] = []
+    try:
+        await asyncio.sleep(0.5)  # every stream has an entry or two
+        started = time.monotonic()
+
+        async def reader(n: int) -> None:
+            async with hub.subscribe(f"{prefix}-join:turn:{n}:events") as sub:
+                if await sub.get(timeout=120) is not None:
+                    live.append(time.monotonic() - started)
+                await asyncio.sleep(3600)
+
+        tasks = [asyncio.create_task(reader(n)) for n in range(streams)]
+        while len(live) < streams and time.monotonic() - started < 120:
+            await asyncio.sleep(0.01)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    finally:
+        _stop(writer)
+        await hub.stop()
+    return max(live) if len(live) == streams else float("nan")
+
+
 # --- the run ---------------------------------------------------------------------------------
 
 def _free_port() -> int:
@@ -346,6 +381,8 @@ def run(args: Any) -> dict[str, Any]:
                  "lag_p50_ms": float("nan"), "lag_p99_ms": float("nan"), "server_cpu_pct": float("nan")}
         floor = _side("floor", port, server, args, prefix) if "floor" in sides else empty
         hub = _side("hub", port, server, args, prefix) if "hub" in sides else empty
+        hub["joins_in_process_s"] = asyncio.run(_joins(prefix, args.streams, args.rate)) if "hub" in sides \
+            else float("nan")
     finally:
         _stop(server)
         keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
@@ -366,7 +403,8 @@ def report(result: dict[str, Any]) -> None:
         print(f"{name:8}{r['live_s']:>10.2f}{r['events_per_s']:>11.0f}{r['lag_p50_ms']:>12.1f}"
               f"{r['lag_p99_ms']:>12.1f}{r['server_cpu_pct']:>11.0f}%")
     print(f"hub delivers {100 * result['hub_vs_floor']:.0f}% of the floor's events/s; "
-          f"{result['hub']['live_streams']}/{result['streams']} hub streams live in {result['hub']['live_s']:.2f} s")
+          f"{result['hub']['live_streams']}/{result['streams']} hub streams live in {result['hub']['live_s']:.2f} s "
+          f"over HTTP, {result['hub']['joins_in_process_s']:.2f} s subscribed in-process (no uvicorn)")
 
 
 def main() -> None:
