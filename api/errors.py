@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -53,7 +54,8 @@ def install(app: FastAPI) -> None:
             log.warning("%s %s failed: %s", request.method, request.url.path, exc.message)
         headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
         if status == 429:
-            headers = {"Retry-After": "5"}
+            wait = getattr(exc, "retry_after", None)
+            headers = {"Retry-After": str(max(1, math.ceil(wait)) if wait is not None else 5)}
         message = exc.message if status < 500 else "a backing service is unavailable; retry shortly"
         return error_response(status, exc.code, message, exc.details if status < 500 else None, headers)
 

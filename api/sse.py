@@ -17,7 +17,7 @@ from kortex.errors import RateLimited
 from kortex.events import DoneEvent
 from kortex.messages import Usage
 from kortex.storage.records import TurnRecord
-from kortex.stream.entries import START, Entry, is_entry_id, parse_id
+from kortex.stream.entries import START, Entry, parse_id, resume_id
 from kortex.stream.hub import StreamHub, SubscriptionOverflow
 from kortex.timeparse import utcnow
 from kortex.turns.chat import get_turn
@@ -73,11 +73,22 @@ class HeldStream(StreamingResponse):
 
 
 def format_entry(entry: Entry) -> str:
+    """The one place an entry becomes SSE: its body is forwarded as stored, never re-encoded."""
     return f"id: {entry.id}\nevent: {entry.type}\ndata: {entry.data}\n\n"
 
 
+def format_entries(entries: list[Entry]) -> tuple[str, bool]:
+    """Entries up to and including a ``done`` as one chunk, and whether the stream ended."""
+    out = []
+    for entry in entries:
+        out.append(format_entry(entry))
+        if entry.type == "done":
+            return "".join(out), True
+    return "".join(out), False
+
+
 def resume_point(last_event_id: str | None) -> str:
-    return last_event_id if is_entry_id(last_event_id) else START
+    return resume_id(last_event_id, "Last-Event-ID")
 
 
 def nothing_left(k: Kortex, turn: TurnRecord, after: str) -> bool:
@@ -123,11 +134,13 @@ async def turn_events(
     try:
         async with hub.subscribe(k.events.key(turn.id), after) as subscription:
             while True:
-                entry = await subscription.get(timeout=heartbeat)
-                if entry is not None:
-                    cursor = entry.id
-                    yield format_entry(entry)
-                    if entry.type == "done":
+                entries = await subscription.get_many(timeout=heartbeat)
+                if entries:
+                    # Everything buffered goes out as one chunk: one socket write, not one each.
+                    chunk, finished = format_entries(entries)
+                    cursor = entries[-1].id
+                    yield chunk
+                    if finished:
                         return
                     continue
                 # Idle: a finished turn whose stream never got its done must not keep the

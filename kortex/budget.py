@@ -22,7 +22,7 @@ from sqlalchemy.engine import Connection
 from kortex.config import BudgetSettings
 from kortex.errors import BudgetExceeded, RateLimited
 from kortex.storage.schema import tenant_spend, tenants, turns
-from kortex.stream.keys import rate_window
+from kortex.stream.keys import quota_window, rate_window
 from kortex.timeparse import utcnow
 
 
@@ -100,5 +100,57 @@ def check_rate(redis: Redis, prefix: str, budget: BudgetSettings, tenant_id: str
     except RedisError:
         return  # the rate limit is a guard, not a gate: Redis trouble must not stop every turn
     if count > limit:
+        # A refused turn is not a turn: it does not count against the next requests either.
+        refund_rate(redis, prefix, tenant_id, window)
         raise RateLimited(f"at most {limit} turns a minute for this tenant; retry in a minute",
-                          details={"limit": "turns_per_minute"})
+                          details={"limit": "turns_per_minute"}, retry_after=_window_left())
+
+
+def _window_left(now: float | None = None) -> float:
+    now = time.time() if now is None else now
+    return 60 - now % 60
+
+
+class Quota:
+    """A per-tenant, per-minute fixed-window quota counted in Redis (``sessions``,
+    ``ingest_items``, ...). ``take`` counts ``amount`` or refuses it whole, uncounted; ``give_back``
+    returns a count whose work then failed. Redis trouble lets requests through: a quota is a
+    guard, not a gate."""
+
+    def __init__(self, redis: Redis, prefix: str, name: str, limit: int, what: str) -> None:
+        self.redis, self.prefix, self.name, self.limit, self.what = redis, prefix, name, limit, what
+
+    def take(self, tenant_id: str, amount: int = 1) -> int | None:
+        """The window counted in (for ``give_back``), or None when Redis could not count."""
+        window = int(time.time() // 60)
+        key = quota_window(self.prefix, tenant_id, self.name, window)
+        try:
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.incrby(key, amount)
+            pipe.expire(key, 120)
+            count = int(pipe.execute()[0])
+            if count > self.limit:
+                self.redis.decrby(key, amount)
+        except RedisError:
+            return None
+        if count > self.limit:
+            raise RateLimited(f"at most {self.limit} {self.what} a minute for this tenant",
+                              details={"limit": self.name}, retry_after=_window_left())
+        return window
+
+    def give_back(self, tenant_id: str, window: int | None, amount: int = 1) -> None:
+        if window is None:
+            return
+        try:
+            self.redis.decrby(quota_window(self.prefix, tenant_id, self.name, window), amount)
+        except RedisError:
+            pass
+
+
+def refund_rate(redis: Redis, prefix: str, tenant_id: str, window: int | None = None) -> None:
+    """Take back one count of ``check_rate`` for a turn that was then not created."""
+    window = int(time.time() // 60) if window is None else window
+    try:
+        redis.decr(rate_window(prefix, tenant_id, window))
+    except RedisError:
+        pass

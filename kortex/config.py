@@ -136,6 +136,11 @@ class BudgetSettings(_Section):
     alert_at_pct: float | None = Field(None, gt=0, le=100)  # rfc-005 §5.1; accepted, not enforced yet
     max_concurrent_turns_per_tenant: int = Field(20, ge=1)
     turns_per_minute: int = Field(120, ge=1)              # per tenant
+    # Quotas on the other writes a tenant can make, per tenant and minute (429 with Retry-After
+    # past them): session creation, and telemetry ingest counted both in requests and in items.
+    sessions_per_minute: int = Field(60, ge=1)
+    ingest_requests_per_minute: int = Field(600, ge=1)
+    ingest_items_per_minute: int = Field(200_000, ge=1)
 
 
 class PrivacySettings(_Section):

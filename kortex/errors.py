@@ -78,7 +78,14 @@ class Forbidden(KortexError):
 
 
 class RateLimited(KortexError):
+    """``retry_after``: seconds until the limit lets the caller in again, when known."""
+
     code = "rate_limited"
+
+    def __init__(self, message: str = "", *, code: str | None = None, details: Any = None,
+                 retry_after: float | None = None) -> None:
+        super().__init__(message, code=code, details=details)
+        self.retry_after = retry_after
 
 
 class BudgetExceeded(RateLimited):

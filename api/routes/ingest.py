@@ -13,9 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.deps import KortexDep, TenantDep, allowed
 from kortex.access import Permission
-from kortex.errors import NotFound
 from kortex.telemetry import ingest
-from kortex.timeparse import utcnow
+from kortex.telemetry.intake import ingest_batch as store_batch
 
 router = APIRouter(prefix="/v1/ingest", tags=["ingest"], dependencies=[Depends(allowed(Permission.INGEST))])
 
@@ -32,9 +31,4 @@ class IngestResult(BaseModel):
 
 @router.post("/{kind}", response_model=IngestResult)
 def ingest_batch(kind: str, body: IngestBody, k: KortexDep, tenant: TenantDep) -> IngestResult:
-    if kind not in ingest.KINDS:
-        raise NotFound(f"unknown ingest kind {kind!r}; use one of {', '.join(ingest.KINDS)}")
-    rows = ingest.validate_batch(kind, body.items, now=utcnow())
-    with k.db.begin() as conn:
-        accepted = ingest.write(conn, tenant.id, kind, rows)
-    return IngestResult(kind=kind, accepted=accepted)
+    return IngestResult(kind=kind, accepted=store_batch(k, tenant.id, kind, body.items))

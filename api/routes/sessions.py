@@ -16,6 +16,7 @@ from kortex.turns import chat
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"], dependencies=[Depends(allowed(Permission.CHAT))])
 log = logging.getLogger(__name__)
+_INT32 = 2**31
 
 
 @router.post("", status_code=201, response_model=SessionOut)
@@ -39,7 +40,13 @@ def _position(after: str | None) -> tuple[int, int, int] | None:
     try:
         turn_no, step, ord_ = (int(p) for p in after.split("."))
     except ValueError:
-        raise InvalidInput("after must be a message position such as '3.1.0'") from None
+        raise InvalidInput("after must be a message position such as '3.1.0'", code="validation",
+                           details=[{"field": "after", "message": "not a message position"}]) from None
+    if not all(-_INT32 <= n < _INT32 for n in (turn_no, step, ord_)):
+        # The columns are 32-bit: a larger number cannot name a message, and the database would
+        # refuse it as an error that looks like an outage.
+        raise InvalidInput("after is out of range: no message has such a position", code="validation",
+                           details=[{"field": "after", "message": "out of range"}])
     return turn_no, step, ord_
 
 

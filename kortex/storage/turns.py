@@ -27,7 +27,7 @@ from kortex.ids import uuid7
 from kortex.messages import AssistantMessage, ToolCall, ToolMessage, ToolResult, Usage, UserMessage
 from kortex.storage.chats import INSERT_MESSAGE, message_row
 from kortex.storage.records import TERMINAL, InvocationRecord, TurnRecord
-from kortex.storage.schema import chat_sessions, tool_invocations, turns
+from kortex.storage.schema import chat_sessions, tenant_spend, tenants, tool_invocations, turns
 from kortex.timeparse import utcnow
 
 ACTIVE = ("queued", "running", "waiting_tools")
@@ -54,9 +54,54 @@ def get_turn(conn: Connection, tenant_id: str, turn_id: str) -> TurnRecord:
     return TurnRecord.from_row(row)
 
 
-def _by_idempotency_key(conn: Connection, tenant_id: str, key: str) -> TurnRecord | None:
-    row = conn.execute(select(turns).where(_t.tenant_id == tenant_id, _t.idempotency_key == key)).first()
-    return TurnRecord.from_row(row) if row else None
+# Admission takes the tenant's row lock before it counts: every new turn of a tenant goes
+# through that lock, so the concurrent-turn cap and the one-active-turn-per-session rule hold
+# under concurrent posts (PostgreSQL; SQLite has one writer at a time). The same statement
+# finds the session and its default model. Only the tenants side is locked: the session is
+# read, not locked, as every post to it also takes its tenant's lock.
+_ADMIT_LOCK = (
+    select(tenants.c.id, tenants.c.settings, chat_sessions.c.id.label("session_id"), chat_sessions.c.model)
+    .select_from(tenants.outerjoin(chat_sessions, and_(chat_sessions.c.id == bindparam("p_session"),
+                                                       chat_sessions.c.tenant_id == tenants.c.id)))
+    .where(tenants.c.id == bindparam("p_tenant"))
+    .with_for_update(of=tenants)
+)
+# After the lock, one round trip reads everything admission decides on. It must be a separate
+# statement from the lock: PostgreSQL evaluates a statement against the snapshot taken when it
+# began, so counts read by the locking statement itself would miss the turn inserted by the
+# transaction it waited for.
+_ADMIT_STATE = select(
+    select(_t.id).where(_t.tenant_id == bindparam("p_tenant"), _t.session_id == bindparam("p_session"),
+                        _t.status.in_(ACTIVE)).limit(1).scalar_subquery().label("busy"),
+    select(func.count()).select_from(turns)
+    .where(_t.tenant_id == bindparam("p_tenant"), _t.status.in_(ACTIVE)).scalar_subquery().label("active"),
+    select(_t.id).where(_t.tenant_id == bindparam("p_tenant"), _t.idempotency_key == bindparam("p_key"))
+    .scalar_subquery().label("earlier"),
+    # What the budget checks need (kortex/budget.py), read in the same round trip.
+    select(tenant_spend.c.cost_usd)
+    .where(tenant_spend.c.tenant_id == bindparam("p_tenant"), tenant_spend.c.day == bindparam("p_day"))
+    .scalar_subquery().label("usd"),
+    select(func.coalesce(func.sum(_t.input_tokens + _t.output_tokens), 0))
+    .where(_t.tenant_id == bindparam("p_tenant"), _t.session_id == bindparam("p_session"))
+    .scalar_subquery().label("tokens"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """What admission read under the tenant's lock, handed to ``create_turn``'s ``admit``."""
+
+    usd_today: float
+    session_tokens: int
+    tenant_settings: dict[str, Any] | None
+_EARLIER = select(turns).where(_t.id == bindparam("p_id"))
+_NEXT_TURN_NO = (
+    update(chat_sessions)
+    .where(chat_sessions.c.id == bindparam("p_session"), chat_sessions.c.tenant_id == bindparam("p_tenant"))
+    .values(turn_count=chat_sessions.c.turn_count + 1, updated_at=bindparam("p_now"))
+    .returning(chat_sessions.c.turn_count)
+)
+_INSERT_TURN = turns.insert()
 
 
 def create_turn(
@@ -69,45 +114,34 @@ def create_turn(
     deadline: timedelta,
     idempotency_key: str | None = None,
     max_active_per_tenant: int | None = None,
-    admit: Callable[[Connection], None] | None = None,
+    admit: Callable[[Connection, Admission], None] | None = None,
 ) -> NewTurn:
-    """Store the user message and a queued turn in the caller's transaction. ``admit`` runs
-    only when a new turn is about to be created (not for a replay) and may refuse it."""
+    """Store the user message and a queued turn in the caller's transaction. ``model`` None
+    means the session's model. ``admit`` runs only when a new turn is about to be created (not
+    for a replay), after every other check, and may refuse it."""
     now = utcnow()
-    # Locking the session row first serialises concurrent posts to one session on PostgreSQL,
-    # so the idempotency and one-active-turn checks below cannot race. (SQLite has one writer
-    # at a time; a lost race there surfaces as an integrity Conflict the caller retries.)
-    locked = conn.execute(
-        select(chat_sessions.c.id)
-        .where(chat_sessions.c.id == session_id, chat_sessions.c.tenant_id == tenant_id)
-        .with_for_update()
-    ).first()
-    if locked is None:
+    locked = conn.execute(_ADMIT_LOCK, {"p_tenant": tenant_id, "p_session": session_id}).first()
+    if locked is None or locked.session_id is None:
         raise NotFound("session not found")
+    model = model or locked.model
     digest = request_hash(content, model)
-    if idempotency_key:
-        earlier = _by_idempotency_key(conn, tenant_id, idempotency_key)
-        if earlier is not None:
-            same_hash = conn.scalar(select(_t.request_hash).where(_t.id == earlier.id)) == digest
-            if earlier.session_id != session_id or not same_hash:
-                raise Conflict("this Idempotency-Key was used for a different request", code="idempotency_mismatch")
-            return NewTurn(earlier, created=False)  # a replay changes nothing
-    busy = conn.scalar(
-        select(_t.id).where(_t.tenant_id == tenant_id, _t.session_id == session_id, _t.status.in_(ACTIVE)).limit(1)
-    )
-    if busy:
+    state = conn.execute(_ADMIT_STATE, {"p_tenant": tenant_id, "p_session": session_id,
+                                        "p_key": idempotency_key, "p_day": now.date()}).one()
+    if idempotency_key and state.earlier is not None:
+        earlier = conn.execute(_EARLIER, {"p_id": state.earlier}).one()
+        if earlier.session_id != session_id or earlier.request_hash != digest:
+            raise Conflict("this Idempotency-Key was used for a different request", code="idempotency_mismatch")
+        return NewTurn(TurnRecord.from_row(earlier), created=False)  # a replay changes nothing
+    if state.busy:
         raise Conflict("a turn is already in progress in this session", code="turn_in_progress",
-                       details={"turn_id": busy})
-    if max_active_per_tenant is not None and active_turns_for_tenant(conn, tenant_id) >= max_active_per_tenant:
-        raise RateLimited(f"at most {max_active_per_tenant} turns may run at once for this tenant")
+                       details={"turn_id": state.busy})
+    if max_active_per_tenant is not None and int(state.active or 0) >= max_active_per_tenant:
+        raise RateLimited(f"at most {max_active_per_tenant} turns may run at once for this tenant",
+                          details={"limit": "max_concurrent_turns_per_tenant"})
     if admit is not None:
-        admit(conn)
-    turn_no = conn.scalar(
-        update(chat_sessions)
-        .where(chat_sessions.c.id == session_id, chat_sessions.c.tenant_id == tenant_id)
-        .values(turn_count=chat_sessions.c.turn_count + 1, updated_at=now)
-        .returning(chat_sessions.c.turn_count)
-    )
+        admit(conn, Admission(usd_today=float(state.usd or 0.0), session_tokens=int(state.tokens or 0),
+                              tenant_settings=locked.settings))
+    turn_no = conn.scalar(_NEXT_TURN_NO, {"p_session": session_id, "p_tenant": tenant_id, "p_now": now})
     row: dict[str, Any] = {
         "id": uuid7(), "tenant_id": tenant_id, "session_id": session_id, "turn_no": turn_no,
         "status": "queued", "step": 0, "attempt": 0, "lease_until": None, "pending_tools": 0, "model": model,
@@ -116,7 +150,7 @@ def create_turn(
         "input_tokens": 0, "output_tokens": 0, "cost_usd": 0.0, "deadline_at": now + deadline,
         "created_at": now, "updated_at": now, "finished_at": None,
     }
-    conn.execute(turns.insert().values(**row))
+    conn.execute(_INSERT_TURN, row)
     conn.execute(INSERT_MESSAGE, message_row(tenant_id=tenant_id, session_id=session_id, turn_id=row["id"],
                                              turn_no=turn_no, step=-1, ord=0, message=UserMessage(content=content)))
     row.pop("idempotency_key")

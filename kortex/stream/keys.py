@@ -30,3 +30,8 @@ def turn_id_from_key(prefix: str, key: str) -> str:
 def rate_window(prefix: str, tenant_id: str, window: int) -> str:
     """The counter of a tenant's turns in one minute-long window."""
     return f"{prefix}:rate:{tenant_id}:{window}"
+
+
+def quota_window(prefix: str, tenant_id: str, name: str, window: int) -> str:
+    """The counter of one of a tenant's quotas (``sessions``, ``ingest_items``, ...) in one window."""
+    return f"{prefix}:quota:{tenant_id}:{name}:{window}"

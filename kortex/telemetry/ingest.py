@@ -251,6 +251,32 @@ def kind_spec(kind: str) -> tuple[type[_Item], Table, tuple[str, ...] | None, st
         raise InvalidInput(f"unknown ingest kind {kind!r}; use one of {', '.join(KINDS)}") from None
 
 
+class _FieldError(Exception):
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field, self.message = field, message
+
+
+def _nul_at(value: Any, path: str = "") -> str | None:
+    """Where in an item a NUL character hides (PostgreSQL text and jsonb cannot store it), if anywhere."""
+    if isinstance(value, str):
+        return path or "item" if "\x00" in value else None
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            where = f"{path}.{key}" if path else str(key)
+            if "\x00" in str(key):
+                return where
+            found = _nul_at(inner, where)
+            if found:
+                return found
+    elif isinstance(value, list):
+        for n, inner in enumerate(value):
+            found = _nul_at(inner, f"{path}.{n}" if path else str(n))
+            if found:
+                return found
+    return None
+
+
 def validate_batch(kind: str, items: Sequence[Any], *, now: datetime) -> list[dict[str, Any]]:
     """Rows ready to insert, or ``InvalidInput`` whose details name every bad item."""
     _model, _table, _key, _clash, times = kind_spec(kind)
@@ -263,6 +289,9 @@ def validate_batch(kind: str, items: Sequence[Any], *, now: datetime) -> list[di
     errors: list[dict[str, Any]] = []
     for index, raw in enumerate(items):
         try:
+            nul = _nul_at(raw)
+            if nul is not None:
+                raise _FieldError(nul, "contains a NUL character")
             item = adapter.validate_python(raw)
             for name in times:
                 value = getattr(item, name)
@@ -275,6 +304,8 @@ def validate_batch(kind: str, items: Sequence[Any], *, now: datetime) -> list[di
             for err in exc.errors()[:5]:
                 errors.append({"index": index, "field": ".".join(str(p) for p in err.get("loc", ())) or None,
                                "message": err.get("msg", "invalid")})
+        except _FieldError as exc:
+            errors.append({"index": index, "field": exc.field, "message": exc.message})
         except ValueError as exc:
             errors.append({"index": index, "field": None, "message": str(exc)})
         if len(errors) >= MAX_ERRORS:

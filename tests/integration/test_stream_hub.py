@@ -43,3 +43,136 @@ def test_late_subscriber_is_not_fed_a_read_that_started_after_its_cursor(redis_p
     seen_first, seen_late = asyncio.run(go())
     assert seen_first == ["0", "1", "2"]
     assert seen_late == ["0", "1", "2", "3"]
+
+
+def _hub(**kwargs: int) -> StreamHub:
+    return StreamHub(lambda: AsyncRedis.from_url(REDIS_URL, decode_responses=True, single_connection_client=True,
+                                                 socket_timeout=None, client_name="kx-hub-test"), **kwargs)
+
+
+def test_many_streams_joining_while_reads_run_each_get_every_entry_once_in_order(redis_prefix: str) -> None:
+    """Readers join in waves while the shards are mid-read and writers keep writing: each reader
+    sees exactly the entries after its starting id, in order, and none waits for a block timeout."""
+    streams = 300
+    per_stream = 12
+    keys = [f"{redis_prefix}:many:{n}" for n in range(streams)]
+    sync = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+    written: dict[str, list[str]] = {key: [] for key in keys}
+
+    async def go() -> dict[str, list[str]]:
+        hub = _hub(block_ms=30_000, shards=3)
+        await hub.start()
+        try:
+            for key in keys:  # history before anyone reads
+                for i in range(per_stream // 2):
+                    written[key].append(sync.xadd(key, {"t": "text", "d": f"{i}", "a": "1", "s": str(i)}))
+
+            async def reader(n: int, key: str) -> tuple[str, list[str]]:
+                # Half start from the beginning, half from their stream's second entry.
+                after = "0-0" if n % 2 else written[key][1]
+                got = []
+                async with hub.subscribe(key, after) as sub:
+                    while len(got) < per_stream - (0 if n % 2 else 2):
+                        entries = await sub.get_many(timeout=10)
+                        assert entries, f"reader {n} waited 10 s for an entry"
+                        got.extend(e.id for e in entries)
+                return key, got
+
+            async def writer() -> None:
+                for i in range(per_stream // 2, per_stream):
+                    for key in keys:
+                        written[key].append(sync.xadd(key, {"t": "text", "d": f"{i}"}))
+                    await asyncio.sleep(0.01)
+
+            tasks = []
+            for wave in range(3):  # joins arrive while earlier readers' reads are blocked or in flight
+                tasks += [asyncio.create_task(reader(n, keys[n])) for n in range(wave, streams, 3)]
+                if wave == 0:
+                    write = asyncio.create_task(writer())
+                await asyncio.sleep(0.02)
+            results = await asyncio.wait_for(asyncio.gather(*tasks), 30)
+            await write
+            assert hub.subscriber_count == 0
+            return dict(results)
+        finally:
+            await hub.stop()
+            sync.delete(*keys)
+
+    results = asyncio.run(go())
+    for n, key in enumerate(keys):
+        expected = written[key] if n % 2 else written[key][2:]
+        assert results[key] == expected, key
+
+
+def test_readers_carry_on_without_loss_after_the_hub_loses_its_redis_connections(redis_prefix: str) -> None:
+    key = f"{redis_prefix}:hub-kill"
+    sync = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+
+    async def go() -> tuple[list[str], list[str]]:
+        hub = _hub(block_ms=2000, shards=2)
+        await hub.start()
+        ids: list[str] = []
+        got: list[str] = []
+        try:
+            async with hub.subscribe(key) as sub:
+                for i in range(5):
+                    ids.append(sync.xadd(key, {"t": "text", "d": str(i)}))
+                while len(got) < 5:
+                    got.extend(e.id for e in await sub.get_many(timeout=5))
+                await asyncio.sleep(0.1)  # blocked again
+                killed = 0
+                for client in sync.client_list():
+                    if client.get("name") == "kx-hub-test":
+                        sync.client_kill_filter(_id=client["id"])
+                        killed += 1
+                assert killed >= 2  # the readers and the control connection
+                for i in range(5, 10):
+                    ids.append(sync.xadd(key, {"t": "text", "d": str(i)}))
+                while len(got) < 10:
+                    entries = await sub.get_many(timeout=10)
+                    assert entries, "no entry within 10 s of the reconnect"
+                    got.extend(e.id for e in entries)
+            return ids, got
+        finally:
+            await hub.stop()
+            sync.delete(key)
+
+    ids, got = asyncio.run(go())
+    assert got == ids
+
+
+def test_a_reader_that_falls_too_far_behind_is_told_to_reconnect(redis_prefix: str) -> None:
+    from kortex.stream.hub import SubscriptionOverflow
+
+    key = f"{redis_prefix}:hub-overflow"
+    sync = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+
+    async def go() -> tuple[list[str], list[str], bool]:
+        hub = _hub(max_backlog=20)
+        await hub.start()
+        try:
+            async with hub.subscribe(key) as sub:
+                first = sync.xadd(key, {"t": "text", "d": "0"})
+                seen = [(await sub.get(5)).id]  # type: ignore[union-attr]
+                pipe = sync.pipeline()
+                for i in range(100):
+                    pipe.xadd(key, {"t": "text", "d": str(i)})
+                written = [first, *pipe.execute()]
+                told = False
+                try:
+                    while True:
+                        entry = await sub.get(5)
+                        assert entry is not None
+                        seen.append(entry.id)
+                except SubscriptionOverflow:
+                    told = True
+            return seen, written, told
+        finally:
+            await hub.stop()
+            sync.delete(key)
+
+    seen, written, told = asyncio.run(go())
+    # What it was handed came in order with no gap, then it was told to reconnect (from its
+    # last id, losing nothing) instead of buffering without bound.
+    assert told and seen == written[:len(seen)]
+

@@ -278,7 +278,9 @@ def test_many_open_streams_share_one_redis_reader(api_url, pg, tenant, redis_pre
         clients = pg.k.redis.client_list()
         hub = [c for c in clients if c.get("name") == f"{redis_prefix}:hub"]
         results = [f.result() for f in futures]
-    assert len(hub) == 2  # one blocking reader and one control connection, for all 20 streams
+    # For all 20 streams: a blocking reader per shard (2 by default) and the control connection
+    # (commands, and the pipelined catch-up reads of joining readers): a few, not one per stream.
+    assert 2 <= len(hub) <= 4
     assert all(r[-1].event == "done" for r in results)
     assert len({tuple(e.id for e in r) for r in results}) == 4  # each stream's readers saw the same entries
 

@@ -1,0 +1,110 @@
+"""Bad input is the caller's 4xx, never an outage, and costs no quota; quotas on session
+creation and ingest answer 429 with Retry-After."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api.main import create_app
+from tests.api.conftest import bearer
+from tests.conftest import Harness
+
+
+def _client(h: Harness) -> TestClient:
+    return TestClient(create_app(h.settings, dispatch=lambda handoff: None, embedded_worker=False))
+
+
+@pytest.fixture
+def tight(harness_factory: Any) -> Iterator[tuple[TestClient, Harness]]:
+    h = harness_factory(llm={"budget": {"turns_per_minute": 2, "sessions_per_minute": 3,
+                                        "ingest_requests_per_minute": 2, "ingest_items_per_minute": 3}})
+    with _client(h) as client:
+        yield client, h
+
+
+def _log(message: str) -> dict[str, Any]:
+    from kortex.timeparse import utcnow
+
+    return {"ts": utcnow().isoformat(), "product": "checkout", "level": "info", "message": message}
+
+
+def assert_422(response: Any, field: str) -> None:
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert set(error) == {"code", "message", "details"}
+    assert any(d.get("field") == field for d in error["details"]), error
+
+
+def check_nul_and_range(client: TestClient, key: str) -> None:
+    """Shared with the PostgreSQL run (tests/integration/test_admission.py)."""
+    h = bearer(key)
+    assert_422(client.post("/v1/sessions", json={"name": "a\x00b"}, headers=h), "name")
+    sid = client.post("/v1/sessions", json={"name": "ok"}, headers=h).json()["id"]
+    assert_422(client.post(f"/v1/sessions/{sid}/messages", json={"content": "why\x00"}, headers=h), "content")
+    bad = client.post("/v1/ingest/logs", json={"items": [_log("fine"), _log("nul \x00 here")]}, headers=h)
+    assert_422(bad, "message")
+    assert bad.json()["error"]["details"][0]["index"] == 1
+    assert_422(client.post("/v1/ingest/logs", json={"items": [{**_log("x"), "attrs\x00": 1}]}, headers=h),
+               "attrs\x00")
+    for after in ("99999999999.0.0", "1.99999999999999999999.0", "1.0.-3000000000"):
+        assert_422(client.get(f"/v1/sessions/{sid}/messages", params={"after": after}, headers=h), "after")
+    turn = client.post(f"/v1/sessions/{sid}/messages", json={"content": "hello"}, headers=h).json()
+    events = client.get(turn["events_url"], headers={**h, "Last-Event-ID": "18446744073709551615-18446744073709551615"})
+    assert_422(events, "Last-Event-ID")
+
+
+def test_nul_bytes_and_out_of_range_positions_are_422_naming_the_field(client: TestClient, harness: Harness) -> None:
+    check_nul_and_range(client, harness.api_key(harness.tenant("acme")))
+
+
+def test_refused_requests_do_not_use_up_the_turn_rate(tight: tuple[TestClient, Harness]) -> None:
+    client, h = tight
+    tenant = h.tenant("acme")
+    key = h.api_key(tenant)
+    sessions = [client.post("/v1/sessions", json={}, headers=bearer(key)).json()["id"] for _ in range(3)]
+    for _ in range(5):  # all refused before they could start a turn
+        assert client.post(f"/v1/sessions/{sessions[0]}/messages", json={"content": "\x00"},
+                           headers=bearer(key)).status_code == 422
+        assert client.post(f"/v1/sessions/{sessions[0]}/messages", json={"content": "hi"},
+                           headers=bearer("kx_000000000000_" + "A" * 40)).status_code == 401
+        assert client.post(f"/v1/sessions/{sessions[0]}/messages", json={"content": ""},
+                           headers=bearer(key)).status_code == 422
+    first = client.post(f"/v1/sessions/{sessions[0]}/messages", json={"content": "one"}, headers=bearer(key))
+    assert first.status_code == 202
+    busy = client.post(f"/v1/sessions/{sessions[0]}/messages", json={"content": "two"}, headers=bearer(key))
+    assert busy.status_code == 409  # a turn in progress: refused, so not counted either
+    assert client.post(f"/v1/sessions/{sessions[1]}/messages", json={"content": "two"},
+                       headers=bearer(key)).status_code == 202
+    third = client.post(f"/v1/sessions/{sessions[2]}/messages", json={"content": "three"}, headers=bearer(key))
+    assert third.status_code == 429 and third.json()["error"]["details"] == {"limit": "turns_per_minute"}
+    assert 1 <= int(third.headers["Retry-After"]) <= 60
+
+
+def test_session_creation_has_a_per_tenant_quota(tight: tuple[TestClient, Harness]) -> None:
+    client, h = tight
+    key = h.api_key(h.tenant("acme"))
+    other = h.api_key(h.tenant("other"))
+    assert client.post("/v1/sessions", json={"name": "\x00"}, headers=bearer(key)).status_code == 422
+    assert [client.post("/v1/sessions", json={}, headers=bearer(key)).status_code for _ in range(3)] == [201] * 3
+    refused = client.post("/v1/sessions", json={}, headers=bearer(key))
+    assert refused.status_code == 429 and refused.json()["error"]["details"] == {"limit": "sessions"}
+    assert 1 <= int(refused.headers["Retry-After"]) <= 60
+    assert client.post("/v1/sessions", json={}, headers=bearer(other)).status_code == 201  # per tenant
+
+
+def test_ingest_has_per_tenant_quotas_in_requests_and_items(tight: tuple[TestClient, Harness]) -> None:
+    client, h = tight
+    key = h.api_key(h.tenant("acme"), role="ingest")
+    assert client.post("/v1/ingest/logs", json={"items": [_log("\x00")]}, headers=bearer(key)).status_code == 422
+    too_many = client.post("/v1/ingest/logs", json={"items": [_log(str(n)) for n in range(4)]}, headers=bearer(key))
+    assert too_many.status_code == 429 and too_many.json()["error"]["details"] == {"limit": "ingest_items"}
+    assert int(too_many.headers["Retry-After"]) >= 1
+    ok = client.post("/v1/ingest/logs", json={"items": [_log("a"), _log("b")]}, headers=bearer(key))
+    assert ok.status_code == 200 and ok.json()["accepted"] == 2
+    assert client.post("/v1/ingest/logs", json={"items": [_log("c")]}, headers=bearer(key)).status_code == 200
+    third = client.post("/v1/ingest/logs", json={"items": [_log("d")]}, headers=bearer(key))
+    assert third.status_code == 429 and third.json()["error"]["details"] == {"limit": "ingest_requests"}
