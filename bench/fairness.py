@@ -1,0 +1,99 @@
+"""Fairness: tenant B's trivial turns, one at a time, first while the stack is idle and then
+while tenant A floods it with paced turns (A's concurrent-turn limit raised to cover them).
+
+B's figure is client POST -> first SSE event (and first text), p50 over its turns; the goal
+(issue 9) is B's p50 during the flood <= 1.5x idle. B keeps sending until it has its samples,
+A's flood ends, or the time runs out; a B turn that waits past ``B_TURN_LIMIT`` counts at
+that limit (a lower bound), so a starved tenant shows as a large ratio, not as no figure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any
+
+from bench.client import Batch, KortexClient, TurnTiming, send_at_once, session
+from bench.report import Report, Row
+from bench.scripts import QUESTION
+from bench.stack import BenchEnv, pct
+
+B_TURN_LIMIT = 60.0
+
+
+async def _b_turns(client: KortexClient, sessions: list[str], stop: asyncio.Event | None) -> list[TurnTiming]:
+    out: list[TurnTiming] = []
+    for sid in sessions:
+        if stop is not None and stop.is_set():
+            break
+        timing = TurnTiming()
+        try:
+            await asyncio.wait_for(client.turn(sid, "Anything wrong?", timing=timing), B_TURN_LIMIT)
+        except TimeoutError:
+            timing.error = f"no done within {B_TURN_LIMIT:.0f} s"
+        out.append(timing)
+    return out
+
+
+def _first(timings: list[TurnTiming], attr: str) -> list[float]:
+    return [getattr(t, attr) if getattr(t, attr) is not None else B_TURN_LIMIT for t in timings]
+
+
+async def _measure(url: str, key_a: str, key_b: str, flood: int, samples: int, budget: float
+                   ) -> dict[str, Any]:
+    async with session() as http:
+        a = KortexClient(http, url, key_a)
+        b = KortexClient(http, url, key_b)
+        for sid in await b.create_sessions("anthropic:bench-trivial", 3):  # warm-up
+            await b.turn(sid, "warm up")
+        idle = await _b_turns(b, await b.create_sessions("anthropic:bench-trivial", samples), None)
+        a_sessions = await a.create_sessions("anthropic:bench-paced", flood)
+        b_sessions = await b.create_sessions("anthropic:bench-trivial", samples)
+        stop = asyncio.Event()
+        started = time.perf_counter()
+        flood_task = asyncio.ensure_future(send_at_once(a, a_sessions, QUESTION, budget))
+        flood_task.add_done_callback(lambda _t: stop.set())
+        await asyncio.sleep(min(2.0, budget / 10))  # A's POSTs are in: B arrives behind a backlog
+        during = await _b_turns(b, b_sessions, stop)
+        b_span = time.perf_counter() - started
+        a_batch: Batch = await flood_task
+    return {"idle": idle, "during": during, "a": a_batch, "b_span_s": b_span}
+
+
+def run(env: BenchEnv, report: Report, flood: int, samples: int) -> None:
+    with contextlib.ExitStack() as local:
+        stack = env.kortex(local)
+        name_a, name_b = env.tenant_name("flood-a"), env.tenant_name("trivial-b")
+        key_a, key_b = stack.create_tenant(name_a), stack.create_tenant(name_b)
+        stack.seed(name_a)
+        budget = max(60.0, 0.3 * flood)  # the flood's own limit; B's turns stop when it ends
+        got = asyncio.run(_measure(stack.url, key_a, key_b, flood, samples, budget))
+    idle, during, a_batch = got["idle"], got["during"], got["a"]
+    figures = {
+        "idle_first_event_p50_s": pct(_first(idle, "first_event"), 0.5),
+        "flood_first_event_p50_s": pct(_first(during, "first_event"), 0.5),
+        "idle_first_text_p50_s": pct(_first(idle, "first_text"), 0.5),
+        "flood_first_text_p50_s": pct(_first(during, "first_text"), 0.5),
+        "b_idle_turns": len(idle), "b_flood_turns": len(during),
+        "b_flood_timeouts": sum(1 for t in during if t.error),
+        "a_turns": flood, "a_finished": len(a_batch.finished),
+    }
+    report.raw["fairness"] = figures
+    note = f"B: {len(during)} turns in the flood" + (f", {figures['b_flood_timeouts']} cut at {B_TURN_LIMIT:.0f} s"
+                                                     if figures["b_flood_timeouts"] else "")
+    report.add(
+        Row("fairness", "B first event p50 (flood/idle)", _ms(figures["flood_first_event_p50_s"]),
+            _ms(figures["idle_first_event_p50_s"]), "ms", "<= 1.5x", note),
+        Row("fairness", "B first text p50 (flood/idle)", _ms(figures["flood_first_text_p50_s"]),
+            _ms(figures["idle_first_text_p50_s"]), "ms"),
+    )
+    report.note("fairness", f"A flooded {flood} paced turns at once ({figures['a_finished']} finished within the "
+                            f"flood's limit); B sent {samples} trivial turns idle, then one at a time during the flood")
+    errors = a_batch.errors()
+    if errors:
+        report.note("fairness", f"A errors: {'; '.join(errors[:3])}")
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000
