@@ -37,7 +37,7 @@ if __package__ in (None, ""):  # `python bench/__main__.py`: make `bench` import
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import fairness, latency, paced  # noqa: E402
-from bench.report import Report  # noqa: E402
+from bench.report import Report, Row  # noqa: E402
 from bench.scripts import all_scripts  # noqa: E402
 from bench.stack import BenchEnv, Cleanup, Limits, bench_env, raise_nofile  # noqa: E402
 
@@ -82,6 +82,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--flood", type=int, help="fairness: tenant A's paced turns at once (default 500; quick 60)")
     parser.add_argument("--b-samples", type=int, help="fairness: tenant B's turns idle and again during the flood "
                                                        "(default 20; quick 6)")
+    parser.add_argument("--sse-streams", type=int, help="sse: open streams (default 2000; quick 200)")
+    parser.add_argument("--sse-rate", type=float, default=5.0, help="sse: events per second per stream (default 5)")
+    parser.add_argument("--sse-seconds", type=float, help="sse: measured window in seconds (default 10; quick 5)")
     parser.add_argument("--part-timeout", type=float, help="hard limit per part in seconds (default 1800; quick 240)")
     parser.add_argument("--json", type=Path, help="also write every figure (and the raw ones) to this file")
     parser.add_argument("--keep-logs", action="store_true", help="keep the services' logs (path printed at the end)")
@@ -96,19 +99,32 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     args.throughput_turns = args.throughput_turns or (30 if quick else 300)
     args.flood = args.flood or (60 if quick else 500)
     args.b_samples = args.b_samples or (6 if quick else 20)
+    args.sse_streams = args.sse_streams or (200 if quick else 2000)
+    args.sse_seconds = args.sse_seconds or (5.0 if quick else 10.0)
     args.part_timeout = args.part_timeout or (240.0 if quick else 1800.0)
     return args
 
 
 def run_sse(env: BenchEnv, report: Report, args: argparse.Namespace) -> None:
+    """bench/sse.py is written separately; its ``run(args)`` takes ``streams``, ``rate`` and
+    ``seconds`` and returns ``floor`` and ``hub`` figures."""
     try:
         module = importlib.import_module("bench.sse")
     except ImportError:
         report.note("sse", "not available")
         return
-    result: dict[str, Any] = module.run(args)
+    result: dict[str, Any] = module.run(argparse.Namespace(
+        streams=args.sse_streams, rate=args.sse_rate, seconds=args.sse_seconds, quick=args.quick))
     report.raw["sse"] = result
-    report.note("sse", json.dumps(result, default=str))
+    hub, floor = result.get("hub") or {}, result.get("floor") or {}
+    streams = result.get("streams", args.sse_streams)
+    report.add(
+        Row("sse", f"{streams} streams x {result.get('rate', args.sse_rate):g}/s delivered", hub.get("events_per_s"),
+            floor.get("events_per_s"), "events/s", ">= 0.8x"),
+        Row("sse", f"{streams} streams go live", hub.get("live_s"), floor.get("live_s"), "s", "<= 5",
+            f"{hub.get('live_streams', '?')}/{streams} live"),
+        Row("sse", "lag p99", hub.get("lag_p99_ms"), floor.get("lag_p99_ms"), "ms"),
+    )
 
 
 def main(argv: list[str] | None = None) -> Report:

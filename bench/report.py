@@ -14,7 +14,9 @@ class Row:
     kortex: float | None
     baseline: float | None
     unit: str = ""
-    goal: str = ""  # "<= 1.5x" (ratio at most) or ">= 0.5x" (ratio at least); empty: informative
+    # "<= 1.5x" / ">= 0.5x": the ratio at most / at least; "<= 5" (no x): Kortex's own figure
+    # at most (an absolute goal, in the row's unit); empty: informative.
+    goal: str = ""
     note: str = ""
 
     @property
@@ -25,11 +27,13 @@ class Row:
 
     @property
     def met(self) -> bool | None:
-        ratio = self.ratio
-        if ratio is None or not self.goal:
+        if not self.goal:
+            return None
+        value = self.ratio if self.goal.endswith("x") else self.kortex
+        if value is None:
             return None
         bound = float(self.goal.split()[1].rstrip("x"))
-        return ratio <= bound if self.goal.startswith("<=") else ratio >= bound
+        return value <= bound if self.goal.startswith("<=") else value >= bound
 
 
 @dataclass

@@ -33,7 +33,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PG_ADMIN = os.environ.get("KORTEX_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("KORTEX_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 PYTHON = sys.executable
-KORTEX = str(Path(PYTHON).with_name("kortex"))
+# `kortex` as the README runs it: the console script next to this interpreter (a venv's bin/).
+_SCRIPT = Path(PYTHON).with_name("kortex")
+KORTEX = [str(_SCRIPT)] if _SCRIPT.exists() else [PYTHON, "-c", "from kortex_cli.main import main; main()"]
 TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -112,6 +114,8 @@ class Cleanup(contextlib.ExitStack):
         super().__enter__()
         with contextlib.suppress(ValueError):  # not the main thread (a test calling a part)
             signal.signal(signal.SIGTERM, _interrupt)
+            # A shell starts background jobs with SIGINT ignored; Ctrl-C must still unwind.
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         return self
 
 
@@ -308,8 +312,7 @@ class KortexStack:
 
     def create_tenant(self, name: str) -> str:
         """The tenant's first API key, as an operator makes one: ``kortex admin create-tenant``."""
-        out = subprocess.run([KORTEX, "admin", "create-tenant", name], env=self.env, cwd=ROOT, capture_output=True,
-                             text=True, timeout=60, check=True).stdout
+        out = cli(["admin", "create-tenant", name], self.env)
         keys = [line.strip() for line in out.splitlines() if line.strip().startswith("kx_")]
         if not keys:
             raise RuntimeError(f"no API key in: {out!r}")
@@ -317,12 +320,19 @@ class KortexStack:
 
     def seed(self, tenant: str, scenario: str = "checkout-deploy-regression") -> None:
         """Telemetry for the tools to read, so a tool call returns a realistic result."""
-        subprocess.run([KORTEX, "seed", scenario, "--tenant", tenant], env=self.env, cwd=ROOT, capture_output=True,
-                       timeout=120, check=True)
+        cli(["seed", scenario, "--tenant", tenant], self.env)
+
+
+def cli(args: list[str], env: dict[str, str], timeout: float = 120) -> str:
+    """Run ``kortex <args>``; its output, or an error carrying what it printed."""
+    done = subprocess.run([*KORTEX, *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"kortex {' '.join(args)} failed ({done.returncode}): {(done.stdout + done.stderr)[-2000:]}")
+    return done.stdout
 
 
 def migrate(env: dict[str, str]) -> None:
-    subprocess.run([KORTEX, "migrate"], env=env, cwd=ROOT, capture_output=True, timeout=120, check=True)
+    cli(["migrate"], env)
 
 
 def kortex_stack(cleanup: contextlib.ExitStack, env: dict[str, str], logdir: Path) -> KortexStack:
@@ -332,11 +342,11 @@ def kortex_stack(cleanup: contextlib.ExitStack, env: dict[str, str], logdir: Pat
 
     port = free_port()
     commands = {
-        "api": [KORTEX, "api", "--port", str(port)],
-        "turns worker": [KORTEX, "worker", "--queues", "turns"],
-        "tools worker": [KORTEX, "worker", "--queues", "tools"],
-        **{f"{q} worker": [KORTEX, "worker", "--queues", q] for q in _extra_queues()},
-        "beat": [KORTEX, "beat"],
+        "api": [*KORTEX, "api", "--port", str(port)],
+        "turns worker": [*KORTEX, "worker", "--queues", "turns"],
+        "tools worker": [*KORTEX, "worker", "--queues", "tools"],
+        **{f"{q} worker": [*KORTEX, "worker", "--queues", q] for q in _extra_queues()},
+        "beat": [*KORTEX, "beat"],
     }
     procs = {name: start(cleanup, name.replace(" ", "-"), argv, env, logdir) for name, argv in commands.items()}
     url = f"http://127.0.0.1:{port}"
