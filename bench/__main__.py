@@ -75,7 +75,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                         help="a smoke run of a minute or two: small sizes everywhere (explicit flags still win)")
     parser.add_argument("--turns", help="paced: N turns at once, comma-separated (default 100,1000; quick 20)")
     parser.add_argument("--timeout", type=float,
-                        help="paced: seconds each side may take (default: floor 300 s, Kortex max(60 s, 4x floor))")
+                        help="paced: seconds each side may take (default: floor 300 s, Kortex max(60 s, 4x floor); "
+                             "quick: max(30 s, 4x floor))")
     parser.add_argument("--samples", type=int, help="latency: sequential turns per side (default 100; quick 15)")
     parser.add_argument("--throughput-turns", type=int,
                         help="latency: turns at once for throughput (default 300; quick 30)")
@@ -133,9 +134,9 @@ def main(argv: list[str] | None = None) -> Report:
     report = Report()
     limits = Limits(concurrent_turns=max(1000, *args.turns, args.flood + 10))
     parts: dict[str, Callable[[BenchEnv], None]] = {
-        "paced": lambda env: paced.run(env, report, args.turns, args.timeout),
+        "paced": lambda env: paced.run(env, report, args.turns, args.timeout, 30.0 if args.quick else 60.0),
         "latency": lambda env: latency.run(env, report, args.samples, args.throughput_turns),
-        "fairness": lambda env: fairness.run(env, report, args.flood, args.b_samples),
+        "fairness": lambda env: fairness.run(env, report, args.flood, args.b_samples, 30.0 if args.quick else 60.0),
         "sse": lambda env: run_sse(env, report, args),
     }
     started = time.monotonic()

@@ -114,18 +114,25 @@ def run(env: BenchEnv, report: Report, samples: int, n: int) -> None:
     ours = run_kortex(env, samples, n)
     report.raw["latency_kortex"] = ours
     chunks = max(1, ours["events_per_turn"] - 1)  # the bare task's entries plus its done: as many as Kortex's
-    bare = run_bare(env, samples, n, chunks)
-    report.raw["latency_bare"] = bare
+    bare: dict[str, Any] = {"cpu_ms_by_process": {}, "errors": ["cut short by the part's limit"]}
+    try:
+        bare = run_bare(env, samples, n, chunks)
+    finally:  # Kortex's figures are shown even when the part's limit stops the baseline
+        report.raw["latency_bare"] = bare
+        _rows(report, samples, n, chunks, ours, bare)
+
+
+def _rows(report: Report, samples: int, n: int, chunks: int, ours: dict[str, Any], bare: dict[str, Any]) -> None:
     cut = "" if ours["throughput_finished"] == n else f"{ours['throughput_finished']}/{n} done"
     report.add(
-        Row("latency", "POST->first event p50", _ms(ours["first_event_p50_s"]), _ms(bare["first_event_p50_s"]), "ms",
+        Row("latency", "POST->first event p50", _ms(ours["first_event_p50_s"]), _ms(bare.get("first_event_p50_s")), "ms",
             "<= 2x"),
-        Row("latency", "POST->first event p99", _ms(ours["first_event_p99_s"]), _ms(bare["first_event_p99_s"]), "ms"),
-        Row("latency", "POST->first text p50", _ms(ours["first_text_p50_s"]), _ms(bare["first_event_p50_s"]), "ms",
+        Row("latency", "POST->first event p99", _ms(ours["first_event_p99_s"]), _ms(bare.get("first_event_p99_s")), "ms"),
+        Row("latency", "POST->first text p50", _ms(ours["first_text_p50_s"]), _ms(bare.get("first_event_p50_s")), "ms",
             note="bare: first chunk"),
-        Row("latency", f"throughput, {n} at once", ours["turns_per_s"], bare["turns_per_s"], "turns/s", ">= 0.5x",
+        Row("latency", f"throughput, {n} at once", ours["turns_per_s"], bare.get("turns_per_s"), "turns/s", ">= 0.5x",
             cut),
-        Row("latency", "CPU per turn", ours["cpu_ms_per_turn"], bare["cpu_ms_per_turn"], "ms"),
+        Row("latency", "CPU per turn", ours["cpu_ms_per_turn"], bare.get("cpu_ms_per_turn"), "ms"),
     )
     report.note("latency", f"{samples} sequential turns per side; bare task writes {chunks} chunks + done "
                            f"(Kortex's client got {ours['events_per_turn']} events a turn)")
