@@ -77,12 +77,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--timeout", type=float,
                         help="paced: seconds each side may take (default: floor 300 s, Kortex max(60 s, 4x floor); "
                              "quick: max(30 s, 4x floor))")
-    parser.add_argument("--samples", type=int, help="latency: sequential turns per side (default 100; quick 15)")
+    parser.add_argument("--samples", type=int, help="latency: sequential turns per side (default 100; quick 10)")
     parser.add_argument("--throughput-turns", type=int,
-                        help="latency: turns at once for throughput (default 300; quick 30)")
-    parser.add_argument("--flood", type=int, help="fairness: tenant A's paced turns at once (default 500; quick 60)")
+                        help="latency: turns at once for throughput (default 300; quick 20)")
+    parser.add_argument("--flood", type=int, help="fairness: tenant A's paced turns at once (default 500; quick 40)")
     parser.add_argument("--b-samples", type=int, help="fairness: tenant B's turns idle and again during the flood "
-                                                       "(default 20; quick 6)")
+                                                       "(default 20; quick 5)")
     parser.add_argument("--sse-streams", type=int, help="sse: open streams (default 2000; quick 200)")
     parser.add_argument("--sse-rate", type=float, default=5.0, help="sse: events per second per stream (default 5)")
     parser.add_argument("--sse-seconds", type=float, help="sse: measured window in seconds (default 10; quick 5)")
@@ -96,10 +96,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown:
         parser.error(f"unknown part(s): {', '.join(unknown)}")
     args.turns = sizes(args.turns) if args.turns else ([20] if quick else [100, 1000])
-    args.samples = args.samples or (15 if quick else 100)
-    args.throughput_turns = args.throughput_turns or (30 if quick else 300)
-    args.flood = args.flood or (60 if quick else 500)
-    args.b_samples = args.b_samples or (6 if quick else 20)
+    args.samples = args.samples or (10 if quick else 100)
+    args.throughput_turns = args.throughput_turns or (20 if quick else 300)
+    args.flood = args.flood or (40 if quick else 500)
+    args.b_samples = args.b_samples or (5 if quick else 20)
     args.sse_streams = args.sse_streams or (200 if quick else 2000)
     args.sse_seconds = args.sse_seconds or (5.0 if quick else 10.0)
     args.part_timeout = args.part_timeout or (240.0 if quick else 1800.0)

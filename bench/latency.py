@@ -25,7 +25,7 @@ import httpx
 from bench.client import Batch, KortexClient, TurnTiming, posts_at_once, send_at_once, session
 from bench.report import Report, Row
 from bench.scripts import QUESTION
-from bench.stack import PYTHON, REDIS_URL, ROOT, BenchEnv, CpuMeter, delete_keys, free_port, pct, start
+from bench.stack import PYTHON, REDIS_URL, ROOT, BenchEnv, CpuMeter, delete_keys, free_port, pct, progress, start
 
 MODEL = "anthropic:bench-zero"
 WARMUP = 5
@@ -56,6 +56,7 @@ async def _kortex(url: str, key: str, meter: CpuMeter, samples: int, n: int, tim
     async with session() as http:
         client = KortexClient(http, url, key)
         sessions = await client.create_sessions(MODEL, WARMUP + samples)
+        progress(f"kortex: {samples} sequential zero-latency turns, then {n} at once")
         sequential = [await client.turn(sid, QUESTION) for sid in sessions]  # the clock starts before each POST
         many = await client.create_sessions(MODEL, n)
         before = meter.snapshot()
@@ -79,6 +80,7 @@ async def _bare(url: str, meter: CpuMeter, samples: int, n: int, chunks: int, ti
     async with session() as http:
         client = KortexClient(http, url, "bare")  # the bare endpoints ignore the key
         body = {"chunks": chunks}
+        progress(f"bare: {samples} sequential turns, then {n} at once")
         sequential = [await client.turn_at("/bare/turns", body) for _ in range(WARMUP + samples)]
         before = meter.snapshot()
         batch = await posts_at_once(client, [("/bare/turns", body)] * n, timeout)

@@ -24,7 +24,7 @@ from bench import floor
 from bench.client import Batch, KortexClient, send_at_once, session
 from bench.report import Report, Row
 from bench.scripts import QUESTION, all_scripts, model_time_s
-from bench.stack import PYTHON, REDIS_URL, ROOT, BenchEnv, CpuMeter, delete_keys, pct, start
+from bench.stack import PYTHON, REDIS_URL, ROOT, BenchEnv, CpuMeter, delete_keys, pct, progress, start
 
 KORTEX_PROCS = ("api", "turns worker", "tools worker", "beat")
 
@@ -32,15 +32,17 @@ KORTEX_PROCS = ("api", "turns worker", "tools worker", "beat")
 def summary(batch: Batch, cpu: dict[str, float], n: int, procs: tuple[str, ...]) -> dict[str, Any]:
     finished = batch.finished
     texts = [t.first_text for t in batch.timings if t.first_text is not None]
-    per_turn = max(1, len(finished))  # CPU is charged to the turns that finished
+    # CPU is charged to the turns that finished (with none, there is no figure)
+    per_turn = len(finished)
     own = sum(v for k, v in cpu.items() if k in procs)
     return {
         "n": n, "finished": len(finished), "timed_out": batch.timed_out,
         "completion_s": batch.wall,
         "last_done_s": max((t.done for t in finished if t.done is not None), default=None),
         "first_text_p50_s": pct(texts, 0.5), "first_text_p99_s": pct(texts, 0.99),
-        "cpu_ms_per_turn": own * 1000 / per_turn,
-        "cpu_ms_by_process": {k: v * 1000 / per_turn for k, v in sorted(cpu.items(), key=lambda kv: -kv[1])},
+        "cpu_ms_per_turn": own * 1000 / per_turn if per_turn else None,
+        "cpu_ms_by_process": {k: v * 1000 / per_turn for k, v in sorted(cpu.items(), key=lambda kv: -kv[1])}
+        if per_turn else {},
         "errors": batch.errors()[:5],
     }
 
@@ -54,6 +56,7 @@ def run_floor(env: BenchEnv, n: int, timeout: float) -> dict[str, Any]:
         proc = start(local, f"floor-{n}", argv, {**os.environ, "PYTHONPATH": str(ROOT)}, env.logdir,
                      stdin=subprocess.PIPE)
         proc.wait_for(lambda: "ready" in proc.output(), timeout=60)
+        progress(f"floor: {n} paced turns at once")
         meter = CpuMeter({"floor": [proc.pid]})
         before = meter.snapshot()
         batch = asyncio.run(floor.measure(proc.proc.stdin, REDIS_URL, prefix, n, timeout))
@@ -70,6 +73,7 @@ async def _kortex_batch(env: BenchEnv, url: str, key: str, meter: CpuMeter, n: i
         for sid in await client.create_sessions("anthropic:bench-zero", 3):  # warm every process's paths
             await client.turn(sid, QUESTION)
         sessions = await client.create_sessions("anthropic:bench-paced", n)
+        progress(f"kortex: {n} paced turns at once (limit {timeout:.0f} s)")
         before = meter.snapshot()
         batch = await send_at_once(client, sessions, QUESTION, timeout)
         return batch, CpuMeter.delta(before, meter.snapshot())
@@ -111,7 +115,7 @@ def _rows(report: Report, n: int, base: dict[str, Any], ours: dict[str, Any], li
             partial),
     )
     by = ", ".join(f"{k} {v:.1f}" for k, v in ours["cpu_ms_by_process"].items())
-    report.note("paced", f"N={n} kortex CPU ms/turn: {by}")
+    report.note("paced", f"N={n} kortex CPU ms/turn: {by or '- (no turn finished)'}")
     report.note("paced", f"N={n} floor CPU ms/turn: "
                          + ", ".join(f"{k} {v:.1f}" for k, v in base["cpu_ms_by_process"].items()))
     for side, res in (("kortex", ours), ("floor", base)):

@@ -49,6 +49,14 @@ def raise_nofile(want: int = 65536) -> int:
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
+_T0 = time.monotonic()
+
+
+def progress(message: str) -> None:
+    """A line on stderr while a part runs, so a slow phase shows where the time goes."""
+    print(f"   [{time.monotonic() - _T0:6.0f} s] {message}", file=sys.stderr, flush=True)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -348,6 +356,7 @@ def kortex_stack(cleanup: contextlib.ExitStack, env: dict[str, str], logdir: Pat
         **{f"{q} worker": [*KORTEX, "worker", "--queues", q] for q in _extra_queues()},
         "beat": [*KORTEX, "beat"],
     }
+    progress("starting Kortex: " + ", ".join(commands))
     procs = {name: start(cleanup, name.replace(" ", "-"), argv, env, logdir) for name, argv in commands.items()}
     url = f"http://127.0.0.1:{port}"
 
@@ -364,6 +373,7 @@ def kortex_stack(cleanup: contextlib.ExitStack, env: dict[str, str], logdir: Pat
             proc.wait_for(lambda p=proc: "beat: Starting" in p.output() or "Scheduler:" in p.output())
         else:
             proc.wait_for(lambda p=proc: " ready." in p.output())
+    progress("Kortex is ready")
     return KortexStack(url=url, env=env, procs=procs)
 
 
