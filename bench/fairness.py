@@ -65,10 +65,8 @@ async def _measure(url: str, key_a: str, key_b: str, flood: int, samples: int, b
 
 def run(env: BenchEnv, report: Report, flood: int, samples: int, min_budget: float = 60.0) -> None:
     with contextlib.ExitStack() as local:
-        stack = env.kortex(local)
-        name_a, name_b = env.tenant_name("flood-a"), env.tenant_name("trivial-b")
-        key_a, key_b = stack.create_tenant(name_a), stack.create_tenant(name_b)
-        stack.seed(name_a)
+        stack = env.kortex(local, {"flood-a": True, "trivial-b": False})
+        key_a, key_b = stack.keys["flood-a"], stack.keys["trivial-b"]
         budget = max(min_budget, 0.3 * flood)  # the flood's own limit; B's turns stop when it ends
         got = asyncio.run(_measure(stack.url, key_a, key_b, flood, samples, budget))
     idle, during, a_batch = got["idle"], got["during"], got["a"]

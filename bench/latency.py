@@ -66,10 +66,8 @@ async def _kortex(url: str, key: str, meter: CpuMeter, samples: int, n: int, tim
 
 def run_kortex(env: BenchEnv, samples: int, n: int) -> dict[str, Any]:
     with contextlib.ExitStack() as local:
-        stack = env.kortex(local)
-        tenant = env.tenant_name("latency")
-        key = stack.create_tenant(tenant)
-        stack.seed(tenant)
+        stack = env.kortex(local, {"latency": True})
+        key = stack.keys["latency"]
         sequential, batch, cpu = asyncio.run(_kortex(stack.url, key, stack.meter(env.pg_db), samples, n,
                                                      timeout=max(120.0, n * 1.0)))
         return _figures(sequential, batch, cpu, tuple(stack.procs))

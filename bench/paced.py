@@ -81,10 +81,8 @@ async def _kortex_batch(env: BenchEnv, url: str, key: str, meter: CpuMeter, n: i
 
 def run_kortex(env: BenchEnv, n: int, timeout: float) -> dict[str, Any]:
     with contextlib.ExitStack() as local:
-        stack = env.kortex(local)
-        tenant = env.tenant_name("paced")
-        key = stack.create_tenant(tenant)
-        stack.seed(tenant)
+        stack = env.kortex(local, {"paced": True})
+        key = stack.keys["paced"]
         batch, cpu = asyncio.run(_kortex_batch(env, stack.url, key, stack.meter(env.pg_db), n, timeout))
         return summary(batch, cpu, n, tuple(stack.procs))
 

@@ -22,6 +22,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,12 +102,16 @@ class Proc:
         raise RuntimeError(f"{self.name} was not ready after {timeout:.0f} s:\n{self.output()[-3000:]}")
 
     def stop(self, grace: float = 10) -> None:
+        self.terminate()
+        self.reap(time.monotonic() + grace)
+
+    def terminate(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()  # warm shutdown first: Celery's main process stops its children
-            try:
-                self.proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                pass
+
+    def reap(self, deadline: float) -> None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(max(0.0, deadline - time.monotonic()))
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, signal.SIGKILL)  # whatever is left in the session (a wedged child)
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -131,11 +136,21 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def start(cleanup: contextlib.ExitStack, name: str, argv: list[str], env: dict[str, str], logdir: Path,
+def start(cleanup: contextlib.ExitStack | None, name: str, argv: list[str], env: dict[str, str], logdir: Path,
           stdin: int | None = None) -> Proc:
     proc = Proc(name, argv, env, logdir, stdin=stdin)
-    cleanup.callback(proc.stop)
+    if cleanup is not None:
+        cleanup.callback(proc.stop)
     return proc
+
+
+def stop_all(procs: list[Proc], grace: float = 10) -> None:
+    """Warm shutdowns side by side: one grace period for the lot, not one each."""
+    for proc in procs:
+        proc.terminate()
+    deadline = time.monotonic() + grace
+    for proc in procs:
+        proc.reap(deadline)
 
 
 # ---- PostgreSQL and Redis ---------------------------------------------------------------------
@@ -318,17 +333,19 @@ class KortexStack:
     def meter(self, postgres_db: str | None) -> CpuMeter:
         return CpuMeter({name: [p.pid] for name, p in self.procs.items()}, postgres_db=postgres_db)
 
-    def create_tenant(self, name: str) -> str:
-        """The tenant's first API key, as an operator makes one: ``kortex admin create-tenant``."""
-        out = cli(["admin", "create-tenant", name], self.env)
-        keys = [line.strip() for line in out.splitlines() if line.strip().startswith("kx_")]
-        if not keys:
-            raise RuntimeError(f"no API key in: {out!r}")
-        return keys[-1]
+    keys: dict[str, str] = field(default_factory=dict)  # tenant role -> API key
 
-    def seed(self, tenant: str, scenario: str = "checkout-deploy-regression") -> None:
-        """Telemetry for the tools to read, so a tool call returns a realistic result."""
-        cli(["seed", scenario, "--tenant", tenant], self.env)
+
+def create_tenant(env: dict[str, str], name: str, seed: bool) -> str:
+    """The tenant's first API key, as an operator makes one (``kortex admin create-tenant``),
+    and with ``seed`` telemetry for the tools to read, so a tool call returns a realistic result."""
+    out = cli(["admin", "create-tenant", name], env)
+    keys = [line.strip() for line in out.splitlines() if line.strip().startswith("kx_")]
+    if not keys:
+        raise RuntimeError(f"no API key in: {out!r}")
+    if seed:
+        cli(["seed", "checkout-deploy-regression", "--tenant", name], env)
+    return keys[-1]
 
 
 def cli(args: list[str], env: dict[str, str], timeout: float = 120) -> str:
@@ -343,9 +360,11 @@ def migrate(env: dict[str, str]) -> None:
     cli(["migrate"], env)
 
 
-def kortex_stack(cleanup: contextlib.ExitStack, env: dict[str, str], logdir: Path) -> KortexStack:
+def kortex_stack(cleanup: contextlib.ExitStack, env: dict[str, str], logdir: Path,
+                 tenants: dict[str, tuple[str, bool]]) -> KortexStack:
     """``kortex api``, ``kortex worker --queues turns``, ``kortex worker --queues tools`` and
-    ``kortex beat``, exactly as the README lists them, waited on until each is ready."""
+    ``kortex beat``, exactly as the README lists them, waited on until each is ready.
+    ``tenants`` (role -> (name, seeded)) are created meanwhile: they need only the database."""
     import httpx
 
     port = free_port()
@@ -357,8 +376,13 @@ def kortex_stack(cleanup: contextlib.ExitStack, env: dict[str, str], logdir: Pat
         "beat": [*KORTEX, "beat"],
     }
     progress("starting Kortex: " + ", ".join(commands))
-    procs = {name: start(cleanup, name.replace(" ", "-"), argv, env, logdir) for name, argv in commands.items()}
+    procs: dict[str, Proc] = {}
+    cleanup.callback(lambda: stop_all(list(procs.values())))
+    for name, argv in commands.items():
+        procs[name] = start(None, name.replace(" ", "-"), argv, env, logdir)
     url = f"http://127.0.0.1:{port}"
+    pool = cleanup.enter_context(ThreadPoolExecutor(max(1, len(tenants))))
+    pending = {role: pool.submit(create_tenant, env, name, seed) for role, (name, seed) in tenants.items()}
 
     def api_ready() -> bool:
         try:
@@ -373,8 +397,9 @@ def kortex_stack(cleanup: contextlib.ExitStack, env: dict[str, str], logdir: Pat
             proc.wait_for(lambda p=proc: "beat: Starting" in p.output() or "Scheduler:" in p.output())
         else:
             proc.wait_for(lambda p=proc: " ready." in p.output())
+    keys = {role: job.result(timeout=180) for role, job in pending.items()}
     progress("Kortex is ready")
-    return KortexStack(url=url, env=env, procs=procs)
+    return KortexStack(url=url, env=env, procs=procs, keys=keys)
 
 
 @contextlib.contextmanager
@@ -409,18 +434,17 @@ class BenchEnv:
         self._count += 1
         return f"{self.prefix}-{self._count}"
 
-    def kortex(self, local: contextlib.ExitStack, limits: Limits | None = None) -> KortexStack:
-        """A fresh Kortex stack, stopped (and its keys deleted) when ``local`` closes."""
+    def kortex(self, local: contextlib.ExitStack, tenants: dict[str, bool]) -> KortexStack:
+        """A fresh Kortex stack, stopped (and its keys deleted) when ``local`` closes, with a new
+        tenant for each role in ``tenants`` (True: seeded with a scenario's telemetry); their
+        API keys are in ``stack.keys[role]``."""
         prefix = self.new_prefix()
         local.callback(delete_keys, prefix)  # registered first, so it runs after the processes stop
         logs = self.logdir / prefix
         logs.mkdir()
-        env = kortex_env(self.pg_url, prefix, self.fake_url, logs, limits or self.limits)
-        return kortex_stack(local, env, logs)
-
-    def tenant_name(self, role: str) -> str:
-        self._count += 1
-        return f"bench-{role}-{self._count}"
+        env = kortex_env(self.pg_url, prefix, self.fake_url, logs, self.limits)
+        names = {role: (f"bench-{role}-{prefix.rsplit('-', 1)[1]}", seed) for role, seed in tenants.items()}
+        return kortex_stack(local, env, logs, names)
 
 
 @contextlib.contextmanager
