@@ -68,7 +68,7 @@ def run_kortex(env: BenchEnv, samples: int, n: int) -> dict[str, Any]:
     with contextlib.ExitStack() as local:
         stack = env.kortex(local, {"latency": True})
         key = stack.keys["latency"]
-        sequential, batch, cpu = asyncio.run(_kortex(stack.url, key, stack.meter(env.pg_db), samples, n,
+        sequential, batch, cpu = asyncio.run(_kortex(stack.url, key, stack.meter(), samples, n,
                                                      timeout=max(120.0, n * 1.0)))
         return _figures(sequential, batch, cpu, tuple(stack.procs))
 

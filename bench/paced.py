@@ -43,6 +43,7 @@ def summary(batch: Batch, cpu: dict[str, float], n: int, procs: tuple[str, ...])
         "cpu_ms_per_turn": own * 1000 / per_turn if per_turn else None,
         "cpu_ms_by_process": {k: v * 1000 / per_turn for k, v in sorted(cpu.items(), key=lambda kv: -kv[1])}
         if per_turn else {},
+        "cpu_s_in_window": {k: round(v, 2) for k, v in sorted(cpu.items(), key=lambda kv: -kv[1])},
         "errors": batch.errors()[:5],
     }
 
@@ -83,7 +84,7 @@ def run_kortex(env: BenchEnv, n: int, timeout: float) -> dict[str, Any]:
     with contextlib.ExitStack() as local:
         stack = env.kortex(local, {"paced": True})
         key = stack.keys["paced"]
-        batch, cpu = asyncio.run(_kortex_batch(env, stack.url, key, stack.meter(env.pg_db), n, timeout))
+        batch, cpu = asyncio.run(_kortex_batch(env, stack.url, key, stack.meter(), n, timeout))
         return summary(batch, cpu, n, tuple(stack.procs))
 
 
@@ -113,7 +114,11 @@ def _rows(report: Report, n: int, base: dict[str, Any], ours: dict[str, Any], li
             partial),
     )
     by = ", ".join(f"{k} {v:.1f}" for k, v in ours["cpu_ms_by_process"].items())
-    report.note("paced", f"N={n} kortex CPU ms/turn: {by or '- (no turn finished)'}")
+    if by:
+        report.note("paced", f"N={n} kortex CPU ms/turn: {by}")
+    elif ours.get("cpu_s_in_window"):  # no turn to charge it to: what the stack burnt while it tried
+        report.note("paced", f"N={n} kortex CPU s over the {limit:.0f} s window (no turn finished): "
+                             + ", ".join(f"{k} {v:.1f}" for k, v in ours["cpu_s_in_window"].items()))
     report.note("paced", f"N={n} floor CPU ms/turn: "
                          + ", ".join(f"{k} {v:.1f}" for k, v in base["cpu_ms_by_process"].items()))
     for side, res in (("kortex", ours), ("floor", base)):

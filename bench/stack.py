@@ -1,5 +1,5 @@
-"""What every benchmark part stands on: a throwaway PostgreSQL database, a private Redis key
-prefix, processes started in their own sessions (so a prefork worker's children are found,
+"""What every benchmark part stands on: a throwaway PostgreSQL database per Kortex stack, a
+private Redis key prefix, processes started in their own sessions (so a prefork worker's children are found,
 measured and killed with it), the fake LLM server, Kortex started with the README's default
 commands, and CPU read from /proc.
 
@@ -329,11 +329,11 @@ class KortexStack:
     url: str
     env: dict[str, str]
     procs: dict[str, Proc]
-
-    def meter(self, postgres_db: str | None) -> CpuMeter:
-        return CpuMeter({name: [p.pid] for name, p in self.procs.items()}, postgres_db=postgres_db)
-
+    pg_db: str
     keys: dict[str, str] = field(default_factory=dict)  # tenant role -> API key
+
+    def meter(self) -> CpuMeter:
+        return CpuMeter({name: [p.pid] for name, p in self.procs.items()}, postgres_db=self.pg_db)
 
 
 def create_tenant(env: dict[str, str], name: str, seed: bool) -> str:
@@ -360,7 +360,7 @@ def migrate(env: dict[str, str]) -> None:
     cli(["migrate"], env)
 
 
-def kortex_stack(cleanup: contextlib.ExitStack, env: dict[str, str], logdir: Path,
+def kortex_stack(cleanup: contextlib.ExitStack, env: dict[str, str], logdir: Path, pg_db: str,
                  tenants: dict[str, tuple[str, bool]]) -> KortexStack:
     """``kortex api``, ``kortex worker --queues turns``, ``kortex worker --queues tools`` and
     ``kortex beat``, exactly as the README lists them, waited on until each is ready.
@@ -399,7 +399,7 @@ def kortex_stack(cleanup: contextlib.ExitStack, env: dict[str, str], logdir: Pat
             proc.wait_for(lambda p=proc: " ready." in p.output())
     keys = {role: job.result(timeout=180) for role, job in pending.items()}
     progress("Kortex is ready")
-    return KortexStack(url=url, env=env, procs=procs, keys=keys)
+    return KortexStack(url=url, env=env, procs=procs, pg_db=pg_db, keys=keys)
 
 
 @contextlib.contextmanager
@@ -417,14 +417,13 @@ def logs_dir(keep: bool = False) -> Iterator[Path]:
 
 @dataclass
 class BenchEnv:
-    """What the parts share: the database, the fake LLM, the log folder and the root prefix.
-    Each Kortex stack gets a prefix of its own, so one part's leftovers (a backlog of queued
-    turns after a timeout) never load the next part."""
+    """What the parts share: the fake LLM, the log folder and the root prefix. Each Kortex
+    stack gets a database and a prefix of its own, so one part's leftovers never load the next
+    (a backlog of queued turns cut off by a time limit would be re-enqueued by the next
+    stack's watchdog, which sweeps the whole database)."""
 
     cleanup: contextlib.ExitStack
     logdir: Path
-    pg_url: str
-    pg_db: str
     fake_url: str
     prefix: str
     limits: Limits
@@ -439,21 +438,21 @@ class BenchEnv:
         tenant for each role in ``tenants`` (True: seeded with a scenario's telemetry); their
         API keys are in ``stack.keys[role]``."""
         prefix = self.new_prefix()
-        local.callback(delete_keys, prefix)  # registered first, so it runs after the processes stop
+        # Entered before the processes start, so undone after they stop.
+        pg_url, pg_db = local.enter_context(throwaway_database())
+        local.callback(delete_keys, prefix)
         logs = self.logdir / prefix
         logs.mkdir()
-        env = kortex_env(self.pg_url, prefix, self.fake_url, logs, self.limits)
-        names = {role: (f"bench-{role}-{prefix.rsplit('-', 1)[1]}", seed) for role, seed in tenants.items()}
-        return kortex_stack(local, env, logs, names)
+        env = kortex_env(pg_url, prefix, self.fake_url, logs, self.limits)
+        migrate(env)
+        names = {role: (f"bench-{role}", seed) for role, seed in tenants.items()}
+        return kortex_stack(local, env, logs, pg_db, names)
 
 
 @contextlib.contextmanager
 def bench_env(cleanup: contextlib.ExitStack, scripts: dict[str, dict[str, Any]], limits: Limits,
               keep_logs: bool = False) -> Iterator[BenchEnv]:
     logdir = cleanup.enter_context(logs_dir(keep_logs))
-    pg_url, pg_db = cleanup.enter_context(throwaway_database())
     prefix = cleanup.enter_context(redis_prefix())
     _fake, fake_url = fake_server(cleanup, scripts, logdir)
-    env = BenchEnv(cleanup, logdir, pg_url, pg_db, fake_url, prefix, limits)
-    migrate(kortex_env(pg_url, prefix, fake_url, logdir, limits))
-    yield env
+    yield BenchEnv(cleanup, logdir, fake_url, prefix, limits)
