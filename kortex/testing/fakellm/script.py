@@ -22,6 +22,13 @@ sent verbatim after the text (the JSON of an SSE ``data:`` or an NDJSON line): m
 OpenAI only: ``tool_call_style`` ``"interleaved"`` sends one fragment of every call per chunk
 (several indexes in one chunk), ``"no_index"`` omits ``index`` as some compatible servers do;
 ``usage_with_finish`` puts usage in the chunk with ``finish_reason``.
+
+Pacing, to stand in for a real model in benchmarks: ``first_token_ms`` holds the first text
+piece back (time to first token; the headers and ``message_start`` go out at once, as the
+vendors send them), then text pieces follow at ``tokens_per_s``, each piece counting as
+``piece_tokens`` tokens. The schedule is measured from the start of the stream, not from the
+previous write, so a busy server catches up instead of drifting slower than the model would.
+Unset, the fake writes as fast as it can (``delay_ms`` still adds a fixed pause per piece).
 """
 
 from __future__ import annotations
@@ -79,6 +86,18 @@ class FakeStep(_Model):
     extra_frames: list[Any] = Field(default_factory=list)
     tool_call_style: Literal["sequential", "interleaved", "no_index"] = "sequential"
     usage_with_finish: bool = False
+    first_token_ms: float = Field(0, ge=0, le=600_000)
+    tokens_per_s: float | None = Field(None, gt=0, le=1_000_000)
+    piece_tokens: int = Field(1, ge=1, le=10_000)
+
+    @property
+    def paced(self) -> bool:
+        return self.first_token_ms > 0 or self.tokens_per_s is not None
+
+    def text_due_s(self, index: int) -> float:
+        """When text piece ``index`` (0-based) is due, in seconds after the stream started."""
+        gap = self.piece_tokens / self.tokens_per_s if self.tokens_per_s else 0.0
+        return self.first_token_ms / 1000.0 + index * gap
 
     def stop(self) -> str:
         return self.stop_reason or ("tool_use" if self.tool_calls else "end_turn")

@@ -270,6 +270,7 @@ class FakeLLM:
                 "transfer-encoding: chunked\r\nconnection: keep-alive\r\n\r\n")
         delay = step.delay_ms / 1000.0
         texts = 0
+        started = asyncio.get_running_loop().time()
         try:
             writer.write(head.encode())
             for piece in pieces:
@@ -281,12 +282,15 @@ class FakeLLM:
                         half = piece.data[:max(1, len(piece.data) // 2)]
                         writer.write(b"%x\r\n%s\r\n" % (len(half), half))
                     break
+                if piece.text and step.paced:
+                    await writer.drain()  # what is due now (headers, message_start) goes out first
+                    await self._pause_until(started, step.text_due_s(texts))
                 if delay:
                     await writer.drain()
                     await asyncio.sleep(delay)
                 await self._write(writer, piece.data, step.split_bytes if piece.text else None)
                 texts += piece.text
-                if delay or writer.transport.get_write_buffer_size() > 65536:
+                if delay or step.paced or writer.transport.get_write_buffer_size() > 65536:
                     await writer.drain()
             if step.after_end == "reset":
                 await writer.drain()
@@ -305,6 +309,12 @@ class FakeLLM:
             self.stats.streams_completed += 1
         return True
 
+    @staticmethod
+    async def _pause_until(started: float, offset: float) -> None:
+        """Sleep until ``offset`` seconds after ``started`` (loop time); tests replace it."""
+        wait = started + offset - asyncio.get_running_loop().time()
+        if wait > 0:
+            await asyncio.sleep(wait)
 
     @staticmethod
     async def _write(writer: asyncio.StreamWriter, data: bytes, split: int | None) -> None:

@@ -128,3 +128,35 @@ def test_the_fake_runs_as_its_own_process_for_benchmarks(tmp_path) -> None:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_pacing_schedules_text_like_a_model_and_old_scripts_stay_unpaced() -> None:
+    from kortex.testing.fakellm import FakeStep
+
+    step = FakeStep(text=["t"] * 50, first_token_ms=300, tokens_per_s=60, piece_tokens=4)
+    assert step.paced and step.text_due_s(0) == pytest.approx(0.3)
+    assert step.text_due_s(1) == pytest.approx(0.3 + 4 / 60)
+    assert step.text_due_s(49) == pytest.approx(0.3 + 49 * 4 / 60)  # 200 tokens at 60/s after the first
+    only_first = FakeStep(text=["a", "b"], first_token_ms=50)
+    assert only_first.paced and only_first.text_due_s(1) == pytest.approx(0.05)
+    plain = FakeStep.model_validate({"text": ["a"], "delay_ms": 5})  # a script written before pacing existed
+    assert not plain.paced and plain.text_due_s(3) == 0
+
+
+def test_a_paced_stream_waits_on_the_schedule_for_text_only(served: FakeLLM) -> None:
+    offsets: list[float] = []
+
+    async def record(started: float, offset: float) -> None:
+        offsets.append(offset)  # no real sleep: the schedule is what is checked, not the clock
+
+    served._pause_until = record  # type: ignore[method-assign]
+    served.add("paced", {"steps": [{"text": ["one ", "two ", "three"], "first_token_ms": 300, "tokens_per_s": 60,
+                                    "piece_tokens": 4,
+                                    "tool_calls": [{"id": "toolu_9", "name": "get_logs", "arguments": ARGS}]}]})
+    client = anthropic.Anthropic(base_url=served.url, api_key="test-key", max_retries=0)
+    with client.messages.stream(model="paced", max_tokens=64, messages=[{"role": "user", "content": "q"}],
+                                tools=[TOOL]) as stream:
+        deltas = [e.delta.text for e in stream if e.type == "content_block_delta" and e.delta.type == "text_delta"]
+        message = stream.get_final_message()
+    assert deltas == ["one ", "two ", "three"] and message.content[1].input == ARGS
+    assert offsets == pytest.approx([0.3, 0.3 + 4 / 60, 0.3 + 8 / 60])

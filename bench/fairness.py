@@ -1,0 +1,100 @@
+"""Fairness: tenant B's trivial turns, one at a time, first while the stack is idle and then
+while tenant A floods it with paced turns (A's concurrent-turn limit raised to cover them).
+
+B's figure is client POST -> first SSE event (and first text), p50 over its turns; the goal
+(issue 9) is B's p50 during the flood <= 1.5x idle. B keeps sending until it has its samples,
+A's flood ends, or the time runs out; a B turn that waits past ``B_TURN_LIMIT`` (or the flood's
+own limit, if shorter) counts at that limit (a lower bound), so a starved tenant shows as a large ratio, not as no figure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any
+
+from bench.client import Batch, KortexClient, TurnTiming, send_at_once, session
+from bench.report import Report, Row
+from bench.scripts import QUESTION
+from bench.stack import BenchEnv, pct, progress
+
+B_TURN_LIMIT = 60.0
+
+
+async def _b_turns(client: KortexClient, sessions: list[str], stop: asyncio.Event | None,
+                   limit: float = B_TURN_LIMIT) -> list[TurnTiming]:
+    out: list[TurnTiming] = []
+    for sid in sessions:
+        if stop is not None and stop.is_set():
+            break
+        timing = TurnTiming()
+        try:
+            await asyncio.wait_for(client.turn(sid, "Anything wrong?", timing=timing), limit)
+        except TimeoutError:
+            timing.error = f"no done within {limit:.0f} s"
+        out.append(timing)
+    return out
+
+
+def _first(timings: list[TurnTiming], attr: str, limit: float) -> list[float]:
+    return [getattr(t, attr) if getattr(t, attr) is not None else limit for t in timings]
+
+
+async def _measure(url: str, key_a: str, key_b: str, flood: int, samples: int, budget: float
+                   ) -> dict[str, Any]:
+    async with session() as http:
+        a = KortexClient(http, url, key_a)
+        b = KortexClient(http, url, key_b)
+        for sid in await b.create_sessions("anthropic:bench-trivial", 3):  # warm-up
+            await b.turn(sid, "warm up")
+        idle = await _b_turns(b, await b.create_sessions("anthropic:bench-trivial", samples), None)
+        a_sessions = await a.create_sessions("anthropic:bench-paced", flood)
+        b_sessions = await b.create_sessions("anthropic:bench-trivial", samples)
+        stop = asyncio.Event()
+        started = time.perf_counter()
+        flood_task = asyncio.ensure_future(send_at_once(a, a_sessions, QUESTION, budget))
+        flood_task.add_done_callback(lambda _t: stop.set())
+        await asyncio.sleep(min(2.0, budget / 10))  # A's POSTs are in: B arrives behind a backlog
+        progress(f"fairness: A floods {flood} paced turns (limit {budget:.0f} s); B sends one turn at a time")
+        during = await _b_turns(b, b_sessions, stop, min(B_TURN_LIMIT, budget))
+        b_span = time.perf_counter() - started
+        a_batch: Batch = await flood_task
+    return {"idle": idle, "during": during, "a": a_batch, "b_span_s": b_span}
+
+
+def run(env: BenchEnv, report: Report, flood: int, samples: int, min_budget: float = 60.0) -> None:
+    with contextlib.ExitStack() as local:
+        stack = env.kortex(local, {"flood-a": True, "trivial-b": False})
+        key_a, key_b = stack.keys["flood-a"], stack.keys["trivial-b"]
+        budget = max(min_budget, 0.3 * flood)  # the flood's own limit; B's turns stop when it ends
+        got = asyncio.run(_measure(stack.url, key_a, key_b, flood, samples, budget))
+    idle, during, a_batch = got["idle"], got["during"], got["a"]
+    cap = min(B_TURN_LIMIT, budget)
+    figures = {
+        "idle_first_event_p50_s": pct(_first(idle, "first_event", B_TURN_LIMIT), 0.5),
+        "flood_first_event_p50_s": pct(_first(during, "first_event", cap), 0.5),
+        "idle_first_text_p50_s": pct(_first(idle, "first_text", B_TURN_LIMIT), 0.5),
+        "flood_first_text_p50_s": pct(_first(during, "first_text", cap), 0.5),
+        "b_idle_turns": len(idle), "b_flood_turns": len(during),
+        "b_flood_timeouts": sum(1 for t in during if t.error),
+        "a_turns": flood, "a_finished": len(a_batch.finished),
+    }
+    report.raw["fairness"] = figures
+    note = f"B: {len(during)} turns in the flood" + (f", {figures['b_flood_timeouts']} cut at {cap:.0f} s"
+                                                     if figures["b_flood_timeouts"] else "")
+    report.add(
+        Row("fairness", "B first event p50 (flood/idle)", _ms(figures["flood_first_event_p50_s"]),
+            _ms(figures["idle_first_event_p50_s"]), "ms", "<= 1.5x", note),
+        Row("fairness", "B first text p50 (flood/idle)", _ms(figures["flood_first_text_p50_s"]),
+            _ms(figures["idle_first_text_p50_s"]), "ms"),
+    )
+    report.note("fairness", f"A flooded {flood} paced turns at once ({figures['a_finished']} finished within the "
+                            f"flood's limit); B sent {samples} trivial turns idle, then one at a time during the flood")
+    errors = a_batch.errors()
+    if errors:
+        report.note("fairness", f"A errors: {'; '.join(errors[:3])}")
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000

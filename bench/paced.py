@@ -1,0 +1,126 @@
+"""Paced concurrency: N turns sent at once through the real stack, the fake LLM paced like a
+real model, beside the asyncio floor (``bench/floor.py``) doing the same turns, the same N.
+
+Figures per N: completion time (clock start -> last ``done`` at the client), first-text
+p50/p99 (every turn's clock is the batch's, started before the first POST) and CPU per turn:
+Kortex's processes summed (API, turns worker, tools worker, beat, with prefork children)
+against the floor's one process; PostgreSQL (this run's backends) and Redis (shared, whole)
+beside them. Goals (issue 9): completion <= 1.5x floor, first-text p99 <= 2x, CPU <= 1.5x.
+
+Each side has a time limit: the floor ``--timeout`` (default 300 s), Kortex the larger of
+60 s (30 s with ``--quick``) and 4x the floor's completion time (enough to judge a 1.5x goal). A side cut short
+reports how many turns finished and the figures of those.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+from typing import Any
+
+from bench import floor
+from bench.client import Batch, KortexClient, send_at_once, session
+from bench.report import Report, Row
+from bench.scripts import QUESTION, all_scripts, model_time_s
+from bench.stack import PYTHON, REDIS_URL, ROOT, BenchEnv, CpuMeter, delete_keys, pct, progress, start
+
+KORTEX_PROCS = ("api", "turns worker", "tools worker", "beat")
+
+
+def summary(batch: Batch, cpu: dict[str, float], n: int, procs: tuple[str, ...]) -> dict[str, Any]:
+    finished = batch.finished
+    texts = [t.first_text for t in batch.timings if t.first_text is not None]
+    # CPU is charged to the turns that finished (with none, there is no figure)
+    per_turn = len(finished)
+    own = sum(v for k, v in cpu.items() if k in procs)
+    return {
+        "n": n, "finished": len(finished), "timed_out": batch.timed_out,
+        "completion_s": batch.wall,
+        "last_done_s": max((t.done for t in finished if t.done is not None), default=None),
+        "first_text_p50_s": pct(texts, 0.5), "first_text_p99_s": pct(texts, 0.99),
+        "cpu_ms_per_turn": own * 1000 / per_turn if per_turn else None,
+        "cpu_ms_by_process": {k: v * 1000 / per_turn for k, v in sorted(cpu.items(), key=lambda kv: -kv[1])}
+        if per_turn else {},
+        "cpu_s_in_window": {k: round(v, 2) for k, v in sorted(cpu.items(), key=lambda kv: -kv[1])},
+        "errors": batch.errors()[:5],
+    }
+
+
+def run_floor(env: BenchEnv, n: int, timeout: float) -> dict[str, Any]:
+    with contextlib.ExitStack() as local:
+        prefix = env.new_prefix()
+        local.callback(delete_keys, prefix)
+        argv = [PYTHON, "-m", "bench.floor", "--fake", env.fake_url, "--redis", REDIS_URL, "--prefix", prefix,
+                "--n", str(n)]
+        proc = start(local, f"floor-{n}", argv, {**os.environ, "PYTHONPATH": str(ROOT)}, env.logdir,
+                     stdin=subprocess.PIPE)
+        proc.wait_for(lambda: "ready" in proc.output(), timeout=60)
+        progress(f"floor: {n} paced turns at once")
+        meter = CpuMeter({"floor": [proc.pid]})
+        before = meter.snapshot()
+        batch = asyncio.run(floor.measure(proc.proc.stdin, REDIS_URL, prefix, n, timeout))
+        cpu = CpuMeter.delta(before, meter.snapshot())
+        assert proc.proc.stdin is not None
+        proc.proc.stdin.close()  # the floor exits once its CPU has been read
+        return summary(batch, cpu, n, ("floor",))
+
+
+async def _kortex_batch(env: BenchEnv, url: str, key: str, meter: CpuMeter, n: int, timeout: float
+                        ) -> tuple[Batch, dict[str, float]]:
+    async with session() as http:
+        client = KortexClient(http, url, key)
+        for sid in await client.create_sessions("anthropic:bench-zero", 3):  # warm every process's paths
+            await client.turn(sid, QUESTION)
+        sessions = await client.create_sessions("anthropic:bench-paced", n)
+        progress(f"kortex: {n} paced turns at once (limit {timeout:.0f} s)")
+        before = meter.snapshot()
+        batch = await send_at_once(client, sessions, QUESTION, timeout)
+        return batch, CpuMeter.delta(before, meter.snapshot())
+
+
+def run_kortex(env: BenchEnv, n: int, timeout: float) -> dict[str, Any]:
+    with contextlib.ExitStack() as local:
+        stack = env.kortex(local, {"paced": True})
+        key = stack.keys["paced"]
+        batch, cpu = asyncio.run(_kortex_batch(env, stack.url, key, stack.meter(), n, timeout))
+        return summary(batch, cpu, n, tuple(stack.procs))
+
+
+def run(env: BenchEnv, report: Report, sizes: list[int], timeout: float | None, min_limit: float = 60.0) -> None:
+    report.note("paced", f"model time per turn alone {model_time_s(all_scripts()['bench-paced']):.1f} s "
+                         "(300 ms to first token, 60 tokens/s in pieces of 4, 200 tokens x 2 steps, 1 tool call)")
+    for n in sizes:
+        base = run_floor(env, n, timeout or 300.0)
+        report.raw[f"paced_floor_{n}"] = base
+        limit = timeout or max(min_limit, 4 * (base["completion_s"] or base["last_done_s"] or min_limit))
+        ours: dict[str, Any] = {"finished": 0, "cpu_ms_by_process": {}, "errors": ["cut short by the part's limit"]}
+        try:
+            ours = run_kortex(env, n, limit)
+        finally:  # the floor's figures are shown even when the part's limit stops Kortex's side
+            report.raw[f"paced_kortex_{n}"] = ours
+            _rows(report, n, base, ours, limit)
+
+
+def _rows(report: Report, n: int, base: dict[str, Any], ours: dict[str, Any], limit: float) -> None:
+    cut = "" if ours["finished"] == n else f"{ours['finished']}/{n} done in {limit:.0f} s"
+    partial = "" if ours["finished"] == n else "over finished turns: an upper bound"
+    report.add(
+        Row("paced", f"N={n} completion", ours.get("completion_s"), base["completion_s"], "s", "<= 1.5x", cut),
+        Row("paced", f"N={n} first text p50", ours.get("first_text_p50_s"), base["first_text_p50_s"], "s"),
+        Row("paced", f"N={n} first text p99", ours.get("first_text_p99_s"), base["first_text_p99_s"], "s", "<= 2x"),
+        Row("paced", f"N={n} CPU per turn", ours.get("cpu_ms_per_turn"), base["cpu_ms_per_turn"], "ms", "<= 1.5x",
+            partial),
+    )
+    by = ", ".join(f"{k} {v:.1f}" for k, v in ours["cpu_ms_by_process"].items())
+    if by:
+        report.note("paced", f"N={n} kortex CPU ms/turn: {by}")
+    elif ours.get("cpu_s_in_window"):  # no turn to charge it to: what the stack burnt while it tried
+        report.note("paced", f"N={n} kortex CPU s over the {limit:.0f} s window (no turn finished): "
+                             + ", ".join(f"{k} {v:.1f}" for k, v in ours["cpu_s_in_window"].items()))
+    report.note("paced", f"N={n} floor CPU ms/turn: "
+                         + ", ".join(f"{k} {v:.1f}" for k, v in base["cpu_ms_by_process"].items()))
+    for side, res in (("kortex", ours), ("floor", base)):
+        if res["errors"]:
+            report.note("paced", f"N={n} {side} errors: {'; '.join(res['errors'])}")
