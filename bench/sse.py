@@ -391,7 +391,7 @@ def run(args: Any) -> dict[str, Any]:
             else float("nan")
     finally:
         _stop(server)
-        keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))  # the sides' and the joins' streams
         if keys:
             client.delete(*keys)
         client.close()
