@@ -89,7 +89,8 @@ def create_app(settings: Settings | None = None, *, dispatch: Callable[[Handoff]
         else:
             app.state.dispatch = dispatch
         k = Kortex.create(settings)
-        hub = StreamHub(redis_factory(settings))
+        hub = StreamHub(redis_factory(settings), shards=settings.turn.stream_readers,
+                        round_ms=settings.turn.stream_round_ms)
         await hub.start()
         app.state.kortex = k
         app.state.hub = hub

@@ -360,8 +360,14 @@ def _side(side: str, port: int, server: subprocess.Popen[bytes], args: Any, pref
 
 
 def run(args: Any) -> dict[str, Any]:
-    """Both sides, floor first; a dict of figures (also what ``main`` prints)."""
+    """Both sides, floor first; a dict of figures (also what ``main`` prints). ``args`` may lack
+    any of ``streams``, ``rate``, ``seconds``, ``sides`` (an umbrella's namespace): defaults apply."""
     import redis
+
+    args = argparse.Namespace(streams=int(getattr(args, "streams", None) or 2000),
+                              rate=float(getattr(args, "rate", None) or 5.0),
+                              seconds=float(getattr(args, "seconds", None) or 10.0),
+                              sides=getattr(args, "sides", None) or "floor,hub")
 
     _raise_fd_limit()
     prefix = f"kxbench-sse-{uuid.uuid4().hex[:8]}"
@@ -376,7 +382,7 @@ def run(args: Any) -> dict[str, Any]:
             if time.monotonic() > deadline or server.poll() is not None:
                 raise RuntimeError("the benchmark server did not start")
             time.sleep(0.1)
-        sides = getattr(args, "sides", "floor,hub").split(",")
+        sides = args.sides.split(",")
         empty = {"live_s": float("nan"), "live_streams": 0, "events_per_s": float("nan"),
                  "lag_p50_ms": float("nan"), "lag_p99_ms": float("nan"), "server_cpu_pct": float("nan")}
         floor = _side("floor", port, server, args, prefix) if "floor" in sides else empty
@@ -385,7 +391,7 @@ def run(args: Any) -> dict[str, Any]:
             else float("nan")
     finally:
         _stop(server)
-        keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))  # the sides' and the joins' streams
         if keys:
             client.delete(*keys)
         client.close()

@@ -259,6 +259,10 @@ class TurnSettings(_Section):
     stream_maxlen: int = Field(20_000, ge=100)
     heartbeat: Seconds = 15.0
     max_streams_per_tenant: int = Field(500, ge=1)  # open event streams per tenant, per API process
+    # The API's stream hub: reader connections per process, and the least time between two reads
+    # of one reader (under load each read carries more entries; idle streams are not delayed).
+    stream_readers: int = Field(2, ge=1, le=64)
+    stream_round_ms: int = Field(20, ge=0, le=1000)
     text_flush_ms: int = Field(25, ge=0, le=1000)  # coalescing window for text deltas
     requeue_after: Seconds = 30.0           # a queued turn or tool untouched this long is re-enqueued
     watchdog_every: Seconds = 10.0          # how often the watchdog process sweeps

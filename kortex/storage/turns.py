@@ -64,7 +64,10 @@ _ADMIT_LOCK = (
     .select_from(tenants.outerjoin(chat_sessions, and_(chat_sessions.c.id == bindparam("p_session"),
                                                        chat_sessions.c.tenant_id == tenants.c.id)))
     .where(tenants.c.id == bindparam("p_tenant"))
-    .with_for_update(of=tenants)
+    # NO KEY UPDATE: it serialises admissions, yet leaves alone the key-share locks that every
+    # insert referencing the tenant takes (audit rows, tool calls), which a plain FOR UPDATE
+    # would make wait on posts, and posts on them.
+    .with_for_update(of=tenants, key_share=True)
 )
 # After the lock, one round trip reads everything admission decides on. It must be a separate
 # statement from the lock: PostgreSQL evaluates a statement against the snapshot taken when it

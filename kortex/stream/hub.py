@@ -198,6 +198,7 @@ class _Shard:
     async def _interrupt(self, target: int) -> None:
         """Make sure a read built before generation ``target`` is not left blocking."""
         hub = self.hub
+        unblocked = False
         try:
             for _ in range(200):
                 if self.read_gen >= target or not self.reading or not hub._running:
@@ -206,6 +207,7 @@ class _Shard:
                     return
                 try:
                     if await hub._control.client_unblock(self.client_id):
+                        unblocked = True
                         return
                 except ResponseError:
                     hub._can_unblock = False  # no CLIENT UNBLOCK: rely on a short block instead
@@ -215,6 +217,12 @@ class _Shard:
                 await asyncio.sleep(0.002)  # the reader is between building and sending its read
         finally:
             self.unblocking = False
+            # Readers added while this interrupt was in flight, after the reader had built its
+            # next read, are not in that read: interrupt that one too rather than wait out its
+            # block.
+            if unblocked and self.reading and self.read_gen < self.gen and hub._running:
+                self.unblocking = True
+                hub._spawn(self._interrupt(self.gen))
 
     async def _drop_reader(self) -> None:
         reader, self.reader, self.client_id = self.reader, None, None
@@ -410,7 +418,13 @@ class StreamHub:
                 backoff = 0.05
             except asyncio.CancelledError:
                 raise
-            except (RedisError, OSError) as exc:
+            except Exception as exc:
+                if not isinstance(exc, RedisError | OSError):  # a bug: end these readers, keep the hub
+                    log.exception("stream hub catch-up failed; ending %d subscriptions", len(batch))
+                    self._catching_up = 0
+                    for sub in batch:
+                        sub._fail(ConnectionError("stream catch-up failed; reconnect"))
+                    continue
                 log.warning("stream hub catch-up failed (%s); retrying", exc.__class__.__name__)
                 self._joining.extendleft(reversed(batch))  # positions are unchanged: retry as they are
                 self._catching_up = 0

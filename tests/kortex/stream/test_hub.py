@@ -74,3 +74,25 @@ def test_stop_ends_the_reader_even_when_its_client_swallows_the_cancellation() -
         return time.monotonic() - started
 
     assert asyncio.run(go()) < 1
+
+
+def test_get_many_hands_over_everything_buffered_and_times_out_empty() -> None:
+    async def go() -> tuple[list[str], list[str], list[str]]:
+        server = fakeredis.FakeServer()
+        factory = lambda: fakeredis.FakeAsyncRedis(server=server, decode_responses=True)  # noqa: E731
+        store = EventStore(fakeredis.FakeRedis(server=server, decode_responses=True), prefix="h")
+        hub = StreamHub(factory, block_ms=200)
+        await hub.start()
+        try:
+            ids = store.append("t", [TextEvent(step=0, delta=str(i)) for i in range(5)])
+            async with hub.subscribe(store.key("t")) as sub:
+                got: list[str] = []
+                while len(got) < 5:
+                    got += [e.id for e in await sub.get_many(timeout=2)]
+                idle = await sub.get_many(timeout=0.1)  # nothing more: an empty hand, not an error
+            return ids, got, [e.id for e in idle]
+        finally:
+            await hub.stop()
+
+    ids, got, idle = asyncio.run(go())
+    assert got == ids and idle == []
