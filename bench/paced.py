@@ -8,8 +8,8 @@ against the floor's one process; PostgreSQL (this run's backends) and Redis (sha
 beside them. Goals (issue 9): completion <= 1.5x floor, first-text p99 <= 2x, CPU <= 1.5x.
 
 Each side has a time limit: the floor ``--timeout`` (default 300 s), Kortex the larger of
-60 s (30 s with ``--quick``) and 4x the floor's completion time (enough to judge a 1.5x goal). A side cut short
-reports how many turns finished and the figures of those.
+60 s (30 s with ``--quick``) and 4x the floor's completion time (enough to judge a 1.5x
+goal). A side cut short reports how many turns finished and the figures of those.
 """
 
 from __future__ import annotations
@@ -25,8 +25,6 @@ from bench.client import Batch, KortexClient, send_at_once, session
 from bench.report import Report, Row
 from bench.scripts import QUESTION, all_scripts, model_time_s
 from bench.stack import PYTHON, REDIS_URL, ROOT, BenchEnv, CpuMeter, delete_keys, pct, progress, start
-
-KORTEX_PROCS = ("api", "turns worker", "tools worker", "beat")
 
 
 def summary(batch: Batch, cpu: dict[str, float], n: int, procs: tuple[str, ...]) -> dict[str, Any]:
