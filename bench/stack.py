@@ -394,7 +394,7 @@ def kortex_stack(cleanup: contextlib.ExitStack, env: dict[str, str], logdir: Pat
         if name == "api":
             proc.wait_for(api_ready)
         elif name == "beat":
-            proc.wait_for(lambda p=proc: "beat: Starting" in p.output() or "Scheduler:" in p.output())
+            proc.wait_for(lambda p=proc: "watchdog process started" in p.output())
         else:
             proc.wait_for(lambda p=proc: " ready." in p.output())
     keys = {role: job.result(timeout=180) for role, job in pending.items()}
