@@ -284,6 +284,7 @@ class Limits:
         return {
             "KORTEX_LLM__BUDGET__MAX_CONCURRENT_TURNS_PER_TENANT": str(self.concurrent_turns),
             "KORTEX_LLM__BUDGET__TURNS_PER_MINUTE": "1000000",
+            "KORTEX_LLM__BUDGET__SESSIONS_PER_MINUTE": "1000000",
             "KORTEX_LLM__BUDGET__DAILY_USD_LIMIT": "1000000",
             "KORTEX_TURN__MAX_STREAMS_PER_TENANT": str(self.streams),
         }
