@@ -30,6 +30,8 @@ from bench.stack import PYTHON, REDIS_URL, ROOT, BenchEnv, CpuMeter, delete_keys
 def summary(batch: Batch, cpu: dict[str, float], n: int, procs: tuple[str, ...]) -> dict[str, Any]:
     finished = batch.finished
     texts = [t.first_text for t in batch.timings if t.first_text is not None]
+    posted = [t.posted for t in batch.timings if t.posted is not None]
+    firsts = [t.first_event for t in batch.timings if t.first_event is not None]
     # CPU is charged to the turns that finished (with none, there is no figure)
     per_turn = len(finished)
     own = sum(v for k, v in cpu.items() if k in procs)
@@ -38,6 +40,9 @@ def summary(batch: Batch, cpu: dict[str, float], n: int, procs: tuple[str, ...])
         "completion_s": batch.wall,
         "last_done_s": max((t.done for t in finished if t.done is not None), default=None),
         "first_text_p50_s": pct(texts, 0.5), "first_text_p99_s": pct(texts, 0.99),
+        # Where the wait before the first text is: the POST's answer, then the first event.
+        "posted_p50_s": pct(posted, 0.5), "posted_p99_s": pct(posted, 0.99),
+        "first_event_p50_s": pct(firsts, 0.5), "first_event_p99_s": pct(firsts, 0.99),
         "cpu_ms_per_turn": own * 1000 / per_turn if per_turn else None,
         "cpu_ms_by_process": {k: v * 1000 / per_turn for k, v in sorted(cpu.items(), key=lambda kv: -kv[1])}
         if per_turn else {},
@@ -111,6 +116,10 @@ def _rows(report: Report, n: int, base: dict[str, Any], ours: dict[str, Any], li
         Row("paced", f"N={n} CPU per turn", ours.get("cpu_ms_per_turn"), base["cpu_ms_per_turn"], "ms", "<= 1.5x",
             partial),
     )
+    if ours.get("posted_p50_s") is not None:
+        report.note("paced", f"N={n} kortex: POST answered p50 {ours['posted_p50_s']:.2f} s / p99 "
+                             f"{ours['posted_p99_s']:.2f} s; first event p50 {ours['first_event_p50_s'] or 0:.2f} s / "
+                             f"p99 {ours['first_event_p99_s'] or 0:.2f} s")
     by = ", ".join(f"{k} {v:.1f}" for k, v in ours["cpu_ms_by_process"].items())
     if by:
         report.note("paced", f"N={n} kortex CPU ms/turn: {by}")

@@ -84,7 +84,8 @@ class ProviderSettings(_Section):
     base_url: Annotated[str | None, BeforeValidator(resolve_env_refs)] = None
     endpoint: Annotated[str | None, BeforeValidator(resolve_env_refs)] = None  # ollama's name for base_url
     max_retries: int = Field(3, ge=0, le=10)
-    max_connections: int = Field(256, ge=1, le=10_000)  # open streams to this provider at once
+    # open streams to this provider at once, per process: as many as the step engine runs
+    max_connections: int = Field(1000, ge=1, le=10_000)
     retry_base: Seconds = Field(0.5, ge=0)        # first backoff; doubles per retry, with jitter
     retry_max_wait: Seconds = Field(30.0, ge=0)   # a longer Retry-After gives up on this provider
     retry_budget: Seconds = Field(60.0, ge=0)     # total time one call may spend waiting to retry
