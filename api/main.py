@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -105,9 +106,14 @@ def create_app(settings: Settings | None = None, *, dispatch: Callable[[Handoff]
                 worker.stop()
             await run_in_threadpool(k.close)
 
+    extra: dict[str, Any] = {}
+    if "telemetry" in inspect.signature(FastAPI.__init__).parameters:
+        # FastAPI's built-in OpenTelemetry hooks look the providers up in os.environ on every
+        # request: 16% of the API's CPU in a POST burst (py-spy). Kortex has no tracing yet.
+        extra["telemetry"] = {"tracing": False, "metrics": False, "logs": False}
     app = FastAPI(title="Kortex", version="0.1.0", lifespan=lifespan,
                   description="An LLM investigates production problems with read-only tools and answers "
-                              "with evidence, streamed as Server-Sent Events.")
+                              "with evidence, streamed as Server-Sent Events.", **extra)
     errors.install(app)
 
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
