@@ -54,49 +54,55 @@ def get_turn(conn: Connection, tenant_id: str, turn_id: str) -> TurnRecord:
     return TurnRecord.from_row(row)
 
 
-# Admission takes the tenant's row lock before it counts: every new turn of a tenant goes
-# through that lock, so the concurrent-turn cap and the one-active-turn-per-session rule hold
-# under concurrent posts (PostgreSQL; SQLite has one writer at a time). The same statement
-# finds the session and its default model. Only the tenants side is locked: the session is
-# read, not locked, as every post to it also takes its tenant's lock.
-_ADMIT_LOCK = (
-    select(tenants.c.id, tenants.c.settings, chat_sessions.c.id.label("session_id"), chat_sessions.c.model)
+# Admission reads everything it decides on in one unlocked statement, writes the turn, and
+# only then takes the tenant's row lock to count: the lock, which serialises every post of a
+# tenant, is held for one statement and the commit instead of the whole transaction. The
+# count includes the turn just written, so the cap and the one-active-turn-per-session rule
+# hold under concurrent posts (PostgreSQL; SQLite has one writer at a time); a post that the
+# count refuses rolls back. Posts to one session also queue on the session row's update.
+_ADMIT_READ = (
+    select(
+        tenants.c.settings, chat_sessions.c.id.label("session_id"), chat_sessions.c.model,
+        select(_t.id).where(_t.tenant_id == bindparam("p_tenant"), _t.session_id == bindparam("p_session"),
+                            _t.status.in_(ACTIVE)).limit(1).scalar_subquery().label("busy"),
+        select(_t.id).where(_t.tenant_id == bindparam("p_tenant"), _t.idempotency_key == bindparam("p_key"))
+        .scalar_subquery().label("earlier"),
+        # What the budget checks need (kortex/budget.py), read in the same round trip.
+        select(tenant_spend.c.cost_usd)
+        .where(tenant_spend.c.tenant_id == bindparam("p_tenant"), tenant_spend.c.day == bindparam("p_day"))
+        .scalar_subquery().label("usd"),
+        select(func.coalesce(func.sum(_t.input_tokens + _t.output_tokens), 0))
+        .where(_t.tenant_id == bindparam("p_tenant"), _t.session_id == bindparam("p_session"))
+        .scalar_subquery().label("tokens"),
+    )
     .select_from(tenants.outerjoin(chat_sessions, and_(chat_sessions.c.id == bindparam("p_session"),
                                                        chat_sessions.c.tenant_id == tenants.c.id)))
     .where(tenants.c.id == bindparam("p_tenant"))
-    # NO KEY UPDATE: it serialises admissions, yet leaves alone the key-share locks that every
-    # insert referencing the tenant takes (audit rows, tool calls), which a plain FOR UPDATE
-    # would make wait on posts, and posts on them.
-    .with_for_update(of=tenants, key_share=True)
 )
-# After the lock, one round trip reads everything admission decides on. It must be a separate
-# statement from the lock: PostgreSQL evaluates a statement against the snapshot taken when it
-# began, so counts read by the locking statement itself would miss the turn inserted by the
-# transaction it waited for.
-_ADMIT_STATE = select(
-    select(_t.id).where(_t.tenant_id == bindparam("p_tenant"), _t.session_id == bindparam("p_session"),
-                        _t.status.in_(ACTIVE)).limit(1).scalar_subquery().label("busy"),
+# NO KEY UPDATE: it serialises admissions, yet leaves alone the key-share locks that every
+# insert referencing the tenant takes (audit rows, tool calls), which a plain FOR UPDATE would
+# make wait on posts, and posts on them.
+_ADMIT_LOCK = select(tenants.c.id).where(tenants.c.id == bindparam("p_tenant")).with_for_update(key_share=True)
+# A separate statement from the lock: PostgreSQL evaluates a statement against the snapshot
+# taken when it began, so counts read by the locking statement itself would miss the turn
+# committed by the transaction it waited for.
+_ADMIT_COUNT = select(
     select(func.count()).select_from(turns)
     .where(_t.tenant_id == bindparam("p_tenant"), _t.status.in_(ACTIVE)).scalar_subquery().label("active"),
-    select(_t.id).where(_t.tenant_id == bindparam("p_tenant"), _t.idempotency_key == bindparam("p_key"))
-    .scalar_subquery().label("earlier"),
-    # What the budget checks need (kortex/budget.py), read in the same round trip.
-    select(tenant_spend.c.cost_usd)
-    .where(tenant_spend.c.tenant_id == bindparam("p_tenant"), tenant_spend.c.day == bindparam("p_day"))
-    .scalar_subquery().label("usd"),
-    select(func.coalesce(func.sum(_t.input_tokens + _t.output_tokens), 0))
-    .where(_t.tenant_id == bindparam("p_tenant"), _t.session_id == bindparam("p_session"))
-    .scalar_subquery().label("tokens"),
+    select(_t.id).where(_t.tenant_id == bindparam("p_tenant"), _t.session_id == bindparam("p_session"),
+                        _t.status.in_(ACTIVE), _t.id != bindparam("p_id")).limit(1).scalar_subquery().label("busy"),
 )
 
 
 @dataclass(frozen=True, slots=True)
 class Admission:
-    """What admission read under the tenant's lock, handed to ``create_turn``'s ``admit``."""
+    """What admission read, handed to ``create_turn``'s ``admit``."""
 
     usd_today: float
     session_tokens: int
     tenant_settings: dict[str, Any] | None
+
+
 _EARLIER = select(turns).where(_t.id == bindparam("p_id"))
 _NEXT_TURN_NO = (
     update(chat_sessions)
@@ -105,6 +111,11 @@ _NEXT_TURN_NO = (
     .returning(chat_sessions.c.turn_count)
 )
 _INSERT_TURN = turns.insert()
+
+
+def _busy(turn_id: str) -> Conflict:
+    return Conflict("a turn is already in progress in this session", code="turn_in_progress",
+                    details={"turn_id": turn_id})
 
 
 def create_turn(
@@ -121,29 +132,24 @@ def create_turn(
 ) -> NewTurn:
     """Store the user message and a queued turn in the caller's transaction. ``model`` None
     means the session's model. ``admit`` runs only when a new turn is about to be created (not
-    for a replay), after every other check, and may refuse it."""
+    for a replay), after the checks that need no lock, and may refuse it."""
     now = utcnow()
-    locked = conn.execute(_ADMIT_LOCK, {"p_tenant": tenant_id, "p_session": session_id}).first()
-    if locked is None or locked.session_id is None:
+    state = conn.execute(_ADMIT_READ, {"p_tenant": tenant_id, "p_session": session_id, "p_key": idempotency_key,
+                                       "p_day": now.date()}).first()
+    if state is None or state.session_id is None:
         raise NotFound("session not found")
-    model = model or locked.model
+    model = model or state.model
     digest = request_hash(content, model)
-    state = conn.execute(_ADMIT_STATE, {"p_tenant": tenant_id, "p_session": session_id,
-                                        "p_key": idempotency_key, "p_day": now.date()}).one()
     if idempotency_key and state.earlier is not None:
         earlier = conn.execute(_EARLIER, {"p_id": state.earlier}).one()
         if earlier.session_id != session_id or earlier.request_hash != digest:
             raise Conflict("this Idempotency-Key was used for a different request", code="idempotency_mismatch")
         return NewTurn(TurnRecord.from_row(earlier), created=False)  # a replay changes nothing
     if state.busy:
-        raise Conflict("a turn is already in progress in this session", code="turn_in_progress",
-                       details={"turn_id": state.busy})
-    if max_active_per_tenant is not None and int(state.active or 0) >= max_active_per_tenant:
-        raise RateLimited(f"at most {max_active_per_tenant} turns may run at once for this tenant",
-                          details={"limit": "max_concurrent_turns_per_tenant"})
+        raise _busy(state.busy)
     if admit is not None:
         admit(conn, Admission(usd_today=float(state.usd or 0.0), session_tokens=int(state.tokens or 0),
-                              tenant_settings=locked.settings))
+                              tenant_settings=state.settings))
     turn_no = conn.scalar(_NEXT_TURN_NO, {"p_session": session_id, "p_tenant": tenant_id, "p_now": now})
     row: dict[str, Any] = {
         "id": uuid7(), "tenant_id": tenant_id, "session_id": session_id, "turn_no": turn_no,
@@ -156,6 +162,13 @@ def create_turn(
     conn.execute(_INSERT_TURN, row)
     conn.execute(INSERT_MESSAGE, message_row(tenant_id=tenant_id, session_id=session_id, turn_id=row["id"],
                                              turn_no=turn_no, step=-1, ord=0, message=UserMessage(content=content)))
+    conn.execute(_ADMIT_LOCK, {"p_tenant": tenant_id})
+    counted = conn.execute(_ADMIT_COUNT, {"p_tenant": tenant_id, "p_session": session_id, "p_id": row["id"]}).one()
+    if counted.busy:  # another post to this session committed first
+        raise _busy(counted.busy)
+    if max_active_per_tenant is not None and int(counted.active or 0) > max_active_per_tenant:
+        raise RateLimited(f"at most {max_active_per_tenant} turns may run at once for this tenant",
+                          details={"limit": "max_concurrent_turns_per_tenant"})
     row.pop("idempotency_key")
     row.pop("request_hash")
     return NewTurn(TurnRecord(**row), created=True)
