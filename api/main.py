@@ -80,7 +80,9 @@ def create_app(settings: Settings | None = None, *, dispatch: Callable[[Handoff]
         if dispatch is None:
             from workers.app import app as celery_app
             from workers.dispatch import dispatch as celery_dispatch
+            from workers.dispatch import warm
 
+            warm(celery_app)
             app.state.dispatch = lambda handoff: celery_dispatch(celery_app, handoff)
             if embedded_worker if embedded_worker is not None else settings.embedded:
                 from workers.embedded import EmbeddedWorker

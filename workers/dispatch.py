@@ -9,6 +9,14 @@ from kortex.turns.ports import Work
 from workers.queues import Queue, TaskName
 
 
+def warm(app: Celery) -> None:
+    """Resolve what ``send_task`` resolves on first use, once, before traffic: Celery looks up
+    its result backend lazily and, until one thread has stored it, every thread that sends
+    scans all installed packages' entry points for it (py-spy: a burst of POSTs on a fresh API
+    spent most of its time there)."""
+    _ = app.backend
+
+
 def send_step(app: Celery, step: StepDispatch) -> None:
     app.send_task(TaskName.STEP.value, kwargs={"tenant_id": step.tenant_id, "turn_id": step.turn_id,
                                                 "step": step.step}, queue=Queue.TURNS.value)

@@ -34,6 +34,10 @@ def kortex(settings: Settings) -> Kortex:
                 _kortex.close()  # settings swapped in this process (embedded mode): release the old one
             _kortex = Kortex.create(settings)
             _pid = os.getpid()
+            from workers.app import app
+            from workers.dispatch import warm
+
+            warm(app)  # before the engine's threads hand steps on
         return _kortex
 
 
