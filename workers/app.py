@@ -46,6 +46,9 @@ def make_celery(settings: Settings) -> Celery:
         task_serializer="json",
         accept_content=["json"],
         result_backend=None,
+        # The (disabled) backend is shared by all threads: otherwise Celery resolves it once per
+        # thread that sends a task, each time scanning every installed package's entry points.
+        result_backend_thread_safe=True,
         task_ignore_result=True,
         task_acks_late=True,               # a task lost with its worker is redelivered ...
         task_reject_on_worker_lost=True,   # ... and every task is safe to run twice

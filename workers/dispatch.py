@@ -11,9 +11,9 @@ from workers.queues import Queue, TaskName
 
 def warm(app: Celery) -> None:
     """Resolve what ``send_task`` resolves on first use, once, before traffic: Celery looks up
-    its result backend lazily and, until one thread has stored it, every thread that sends
-    scans all installed packages' entry points for it (py-spy: a burst of POSTs on a fresh API
-    spent most of its time there)."""
+    its result backend lazily, scanning every installed package's entry points (py-spy: a
+    burst of POSTs on a fresh API spent most of its time there); with
+    ``result_backend_thread_safe`` (workers/app.py) all threads then share it."""
     _ = app.backend
 
 
