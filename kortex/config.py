@@ -264,7 +264,10 @@ class TurnSettings(_Section):
     # of one reader (under load each read carries more entries; idle streams are not delayed).
     stream_readers: int = Field(2, ge=1, le=64)
     stream_round_ms: int = Field(20, ge=0, le=1000)
-    text_flush_ms: int = Field(25, ge=0, le=1000)  # coalescing window for text deltas
+    # Coalescing window for text deltas after the first (which goes at once): a model streams a
+    # piece every 15-70 ms, so 100 ms halves the stream writes and SSE events of a turn while
+    # text still reaches the reader ten times a second.
+    text_flush_ms: int = Field(100, ge=0, le=1000)
     requeue_after: Seconds = 30.0           # a queued turn or tool untouched this long is re-enqueued
     watchdog_every: Seconds = 10.0          # how often the watchdog process sweeps
     max_message_chars: int = Field(32_000, ge=100)

@@ -14,6 +14,7 @@ from celery.signals import worker_init
 from kombu import Queue as KombuQueue
 
 from kortex.config import Settings, load_settings
+from workers.broker import TRANSPORT
 from workers.queues import Queue, TaskName
 
 
@@ -21,6 +22,9 @@ def make_celery(settings: Settings) -> Celery:
     app = Celery("kortex", broker=settings.effective_broker_url, include=["workers.tasks"])
     broker = settings.effective_broker_url
     transport: dict[str, object] = {}
+    transport_class: str | None = None
+    if broker.startswith(("redis://", "rediss://")):
+        transport_class = TRANSPORT  # kombu's, keeping one client per channel (workers/broker.py)
     if broker.startswith(("redis://", "rediss://", "unix://")):
         transport = {
             # Namespaces every broker key, so several deployments (or test runs) share a Redis.
@@ -63,6 +67,7 @@ def make_celery(settings: Settings) -> Celery:
             TaskName.TOOL.value: {"queue": Queue.TOOLS.value},
         },
         broker_transport_options=transport,
+        broker_transport=transport_class,
         # Reconnect forever, at start and after a loss: a Redis restart is a pause, not an exit.
         broker_connection_retry=True,
         broker_connection_retry_on_startup=True,
