@@ -12,6 +12,9 @@ from kortex.messages import Usage
 class _Event(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    #: the SSE event name; each event narrows it to its own literal
+    type: str
+
     # Stamped by the stream store as it appends (see kortex/stream/store.py), never by the
     # publisher: ``attempt`` is the step attempt that wrote the event (the turn's fence at that
     # moment) and ``seq`` counts the turn's events from 1. A client drops events whose attempt

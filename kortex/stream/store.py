@@ -8,7 +8,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
@@ -146,7 +146,7 @@ class EventStore:
             raw = self.redis.xrange(self.key(turn_id), min=f"({after}", max="+", count=count)
         except RedisError as exc:
             raise StreamError(f"could not read {self.key(turn_id)}: {exc.__class__.__name__}") from exc
-        return entries_from_redis(raw)
+        return entries_from_redis(cast(list[tuple[str, dict[str, str]]], raw))
 
     def exists(self, turn_id: str) -> bool:
         try:

@@ -8,7 +8,7 @@ import dataclasses
 import json
 import logging
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from pydantic import TypeAdapter
 from redis.exceptions import RedisError
@@ -57,7 +57,7 @@ def get(k: Kortex, invocation_id: str) -> Spooled | None:
         return None
     if raw is None:
         return None
-    data = json.loads(raw)
+    data = json.loads(cast(str, raw))
     entries = [AuditEntry(**{**e, "created_at": datetime.fromisoformat(e["created_at"])}) for e in data["entries"]]
     return Spooled(ToolResult.model_validate(data["result"]), entries, _EVENTS.validate_python(data["events"]))
 

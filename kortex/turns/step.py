@@ -291,7 +291,7 @@ async def _consume(
 
     async def read() -> None:
         nonlocal done
-        async with aclosing(routed.stream()) as chunks:
+        async with aclosing(routed.stream()) as chunks:  # type: ignore[type-var]
             async for chunk in chunks:
                 if isinstance(chunk, TextChunk):
                     text.append(chunk.text)
@@ -307,7 +307,8 @@ async def _consume(
     # read at once (closing the vendor's HTTP stream), not when a stalled vendor next sends.
     reader = asyncio.ensure_future(read())
     try:
-        await asyncio.wait({reader, hold.ended}, return_when=asyncio.FIRST_COMPLETED)
+        racers: set[asyncio.Future[Any]] = {reader, hold.ended}
+        await asyncio.wait(racers, return_when=asyncio.FIRST_COMPLETED)
         if not reader.done():
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

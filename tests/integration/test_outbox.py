@@ -6,10 +6,6 @@ that the test kills and restarts on its own port, and on PostgreSQL."""
 from __future__ import annotations
 
 import json
-import shutil
-import socket
-import subprocess
-import tempfile
 import threading
 import time
 import uuid
@@ -17,7 +13,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
 from sqlalchemy import func, select
 
 from kortex.storage.schema import stream_outbox
@@ -25,54 +20,19 @@ from kortex.turns import chat, watchdog
 from kortex.turns.step import run_step
 from kortex.turns.toolrun import run_tool
 from tests.conftest import Harness, make_settings
-
-
-class PrivateRedis:
-    def __init__(self) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="kortex-redis-"))
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.start()
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--dir", str(self.dir), "--save", "",
-             "--appendonly", "yes", "--appendfsync", "always"], stdout=subprocess.DEVNULL)
-        client = redis.Redis(port=self.port)
-        for _ in range(100):
-            try:
-                client.ping()
-                return
-            except redis.ConnectionError:
-                time.sleep(0.05)
-        raise RuntimeError("private redis-server did not start")
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.kill()
-        self.proc.wait(10)
-
-    def close(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.kill()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+from tests.integration.redisproc import RedisServer
 
 
 @pytest.fixture
-def outage(pg_url: str, tmp_path: Path) -> Iterator[tuple[Harness, PrivateRedis]]:
-    server = PrivateRedis()
+def outage(pg_url: str, tmp_path: Path) -> Iterator[tuple[Harness, RedisServer]]:
+    server = RedisServer(tmp_path / "redis")  # AOF on: its streams survive the kill, as deployed
+    server.start()
     h = Harness(make_settings(tmp_path, pg_url, redis_url=server.url, redis_prefix=f"kxob-{uuid.uuid4().hex[:6]}"))
     try:
         yield h, server
     finally:
         h.close()
-        server.close()
+        server.stop()
 
 
 def test_a_result_stored_while_redis_is_down_reaches_the_client_when_it_is_back(outage) -> None:

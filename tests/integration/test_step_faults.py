@@ -9,22 +9,20 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 
 from kortex.storage import audit
-from kortex.storage.migrate import upgrade
 from kortex.turns import chat, watchdog
 from kortex_cli.attempts import AttemptFilter
 from tests.conftest import Harness, make_settings
 from tests.integration.conftest import PG_ADMIN, REDIS_URL, Service, service_env
+from tests.integration.redisproc import kortex_command, private_database
 from workers.app import make_celery
 from workers.dispatch import dispatch
 
@@ -34,39 +32,31 @@ ANSWER = "".join(f"tok{i:02d} " for i in range(1, 21))  # tests/scripts/long_tex
 
 @pytest.fixture
 def stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
-    name = f"kortex_faults_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    url = PG_ADMIN.rsplit("/", 1)[0] + f"/{name}"
     prefix = f"kxfault-{uuid.uuid4().hex[:8]}"
     services: list[Service] = []
-    h: Harness | None = None
-    try:
-        upgrade(url)
+    # A database of its own: the watchdog sweeps system-wide, and nobody else's turns belong here.
+    with private_database(PG_ADMIN) as url:
         # requeue_after is long: only the lapsed lease hands the step on, as after a real pause.
         turn = {"step_lease": LEASE, "requeue_after": 600, "text_flush_ms": 0}
         h = Harness(make_settings(tmp_path, url, redis_url=REDIS_URL, redis_prefix=prefix, turn=turn))
         env = service_env(url, prefix, KORTEX_TURN__STEP_LEASE=str(LEASE), KORTEX_TURN__REQUEUE_AFTER="600")
 
         def start(label: str) -> Service:
-            argv = [sys.executable, "-c", "from kortex_cli.main import main; main()", "worker", "--queues", "turns"]
-            service = Service(label, argv, env, tmp_path / f"{label}.log")
+            service = Service(label, kortex_command("worker", "--queues", "turns"), env, tmp_path / f"{label}.log")
             services.append(service)
             service.wait_for(lambda: " ready." in service.output())
             return service
 
-        yield {"h": h, "app": make_celery(h.settings), "start": start}
-    finally:
-        for service in services:
-            if service.proc.poll() is None:
-                os.killpg(service.proc.pid, signal.SIGCONT)
-            service.stop()
-        if h is not None:
+        try:
+            yield {"h": h, "app": make_celery(h.settings), "start": start}
+        finally:
+            for service in services:
+                if service.proc.poll() is None:
+                    os.killpg(service.proc.pid, signal.SIGCONT)
+                service.stop()
             for key in h.k.redis.scan_iter(f"{prefix}:*"):
                 h.k.redis.delete(key)
             h.close()
-        with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def _post(stack: dict[str, Any]) -> tuple[str, str]:
