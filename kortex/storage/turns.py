@@ -192,21 +192,6 @@ def claim_step(conn: Connection, tenant_id: str, turn_id: str, step: int, *, lea
     return TurnRecord.from_row(row) if row else None
 
 
-_RENEW = (
-    update(turns)
-    .where(_t.id == bindparam("p_id"), _t.tenant_id == bindparam("p_tenant"), _t.attempt == bindparam("p_attempt"),
-           _t.status == "running")
-    .values(lease_until=bindparam("p_lease"))
-)
-
-
-def renew_lease(conn: Connection, turn: TurnRecord, *, lease: float) -> bool:
-    """Extend the running attempt's lease; False if the step is no longer this attempt's."""
-    moved = conn.execute(_RENEW, {"p_id": turn.id, "p_tenant": turn.tenant_id, "p_attempt": turn.attempt,
-                                  "p_lease": utcnow() + timedelta(seconds=lease)})
-    return moved.rowcount == 1
-
-
 def renew_leases(conn: Connection, held: list[tuple[str, str, int]], *, lease: float) -> set[str]:
     """Extend, in one statement, the leases of the step attempts (turn id, tenant id, attempt)
     that one process runs; returns the turn ids still held (a missing one was handed on)."""
