@@ -143,3 +143,36 @@ def test_worker_survives_a_redis_restart_while_a_step_streams(pg_url, fake_llm, 
         assert kinds[0] == "turn" and kinds[-1] == "done", kinds
     finally:
         stack.stop()
+
+
+def test_the_broker_channel_pool_holds_every_pool_thread(redis_server, tmp_path) -> None:
+    """Every pool thread acks through the consumer channel's Redis pool. Sized below the
+    worker's concurrency it raises ("Couldn't ack ... MaxConnectionsError"); a worker raises it."""
+    from types import SimpleNamespace
+
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from workers import app as app_module
+
+    settings = make_settings(tmp_path, "sqlite://", redis_url=redis_server.url, redis_prefix="kxpool",
+                             pools={"broker_max_connections": 16})
+    concurrency = 64
+
+    def hold_all(app) -> None:  # type: ignore[no-untyped-def]
+        with app.connection_for_read() as conn:
+            pool = conn.default_channel.pool
+            held = []
+            try:
+                for _ in range(concurrency):  # every thread acking at the same moment
+                    held.append(pool.get_connection())
+            finally:
+                for c in held:
+                    pool.release(c)
+
+    unsized = make_celery(settings)
+    with pytest.raises(RedisConnectionError, match="Too many connections"):
+        hold_all(unsized)
+
+    sized = make_celery(settings)
+    app_module._size_broker_pool(SimpleNamespace(concurrency=concurrency, app=sized))  # what worker_init does
+    hold_all(sized)
