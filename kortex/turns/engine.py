@@ -132,9 +132,9 @@ class StepEngine:
             if self._closing:
                 raise KortexError("the step engine is stopping", code="shutting_down")
             self._enqueue_locked(job)
+            start, self._started = not self._started, True  # one lease renewer, however many threads submit
         loop = self.k.loop.loop
-        if not self._started:
-            self._started = True
+        if start:
             loop.call_soon_threadsafe(self._start)
         loop.call_soon_threadsafe(self._pump)
 
