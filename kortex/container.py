@@ -46,6 +46,11 @@ log = logging.getLogger(__name__)
 DEFAULT_ENABLED_EXTRA: tuple[str, ...] = ("propose_action",)
 
 
+#: seconds a Redis command may wait for its reply (a blocking read waits its block time on top)
+REDIS_READ_TIMEOUT = 10.0
+REDIS_CONNECT_TIMEOUT = 5.0
+
+
 def redis_factory(settings: Settings) -> Callable[[], AsyncRedis]:
     """Makes single-connection asyncio clients (one per blocking reader, e.g. the SSE hub)."""
     if settings.embedded:
@@ -54,10 +59,12 @@ def redis_factory(settings: Settings) -> Callable[[], AsyncRedis]:
         return embedded_async_redis
     url = settings.redis_url or ""
     name = f"{settings.redis_prefix}:hub"  # visible in CLIENT LIST
-    # No socket timeout: a blocking XREAD legitimately waits the whole block time, and redis-py's
-    # default (5 s) would fire first and turn every idle read into a reconnect.
+    # The socket timeout is well above the hub's XREAD block time (5 s), which an idle read
+    # legitimately waits out; it only fires when Redis stops answering (a paused or cut-off
+    # server), and the hub reconnects instead of waiting forever.
     return lambda: AsyncRedis.from_url(url, decode_responses=True, single_connection_client=True,
-                                       client_name=name, socket_timeout=None, socket_keepalive=True)
+                                       client_name=name, socket_timeout=REDIS_READ_TIMEOUT * 3,
+                                       socket_connect_timeout=REDIS_CONNECT_TIMEOUT, socket_keepalive=True)
 
 
 def _stream_redis(settings: Settings) -> Callable[[], AsyncRedis]:
@@ -70,9 +77,12 @@ def _stream_redis(settings: Settings) -> Callable[[], AsyncRedis]:
     url = settings.redis_url or ""
 
     def make() -> AsyncRedis:
-        pool = AsyncBlockingConnectionPool.from_url(url, decode_responses=True,
-                                                    max_connections=settings.pools.redis_max_connections, timeout=20,
-                                               health_check_interval=30)
+        # Timeouts bound a write to a Redis that stopped answering: the publisher retries, and
+        # a step never hangs on it past the retries.
+        pool = AsyncBlockingConnectionPool.from_url(
+            url, decode_responses=True, max_connections=settings.pools.redis_max_connections, timeout=20,
+            health_check_interval=30, socket_timeout=REDIS_READ_TIMEOUT,
+            socket_connect_timeout=REDIS_CONNECT_TIMEOUT, socket_keepalive=True)
         return AsyncRedis(connection_pool=pool)
 
     return make
@@ -89,6 +99,8 @@ def _shared_redis(settings: Settings) -> Redis:
     pool = BlockingConnectionPool.from_url(settings.redis_url or "", decode_responses=True,
                                            max_connections=pools.redis_max_connections,
                                            timeout=pools.redis_pool_timeout, health_check_interval=30,
+                                           socket_timeout=REDIS_READ_TIMEOUT,
+                                           socket_connect_timeout=REDIS_CONNECT_TIMEOUT,
                                            socket_keepalive=True, retry_on_timeout=True)
     return Redis(connection_pool=pool)
 
@@ -217,8 +229,9 @@ class Kortex:
             providers=ProviderRegistry(settings, providers or BUILTIN_PROVIDERS),
             tools=registry, policy=policy, pipeline=pipeline, sources=build_sources(settings, telemetry_db), cursors=cursors,
             proposals=proposals, services={"cursors": cursors, "proposals": proposals},
-            # As many I/O threads as the pool has connections: a thread never waits for one.
-            io=ThreadPoolExecutor(db.max_connections, thread_name_prefix="kortex-io"),
+            # As many I/O threads as the pool has connections, but one: a thread never waits
+            # for a connection, and the step engine's lease renewal always finds one.
+            io=ThreadPoolExecutor(max(1, db.max_connections - 1), thread_name_prefix="kortex-io"),
         )
 
     async def aclose(self) -> None:

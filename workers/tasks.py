@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import logging
+import random
 from typing import Any
 
+from celery import Task
 from celery.exceptions import SoftTimeLimitExceeded
 
 from kortex.config import Settings
-from kortex.errors import StorageError, StreamError
+from kortex.errors import KortexError, StorageError, StreamError
+from kortex.turns.engine import EngineBusy
 from kortex.turns.handoff import Handoff, StepDispatch
 from kortex.turns.toolrun import run_tool
 from kortex.turns.watchdog import sweep
@@ -21,26 +24,33 @@ log = logging.getLogger(__name__)
 # Decorator limits are fixed when the module loads; everything else reads the settings the
 # app carries at call time (the embedded mode swaps them in before its worker starts).
 TRANSIENT = (StorageError, StreamError)
+BUSY_BACKOFF = 0.5  # seconds (jittered up to twice that) before a step the engine had no room for is offered again
 
 
 def _settings() -> Settings:
     return app.conf.kortex_settings  # type: ignore[no-any-return]
 
 
-@app.task(name=TaskName.STEP.value, queue=Queue.TURNS.value, ignore_result=True, acks_late=True,
-          soft_time_limit=60, time_limit=90)
-def step(*, tenant_id: str, turn_id: str, step: int) -> None:
+@app.task(bind=True, name=TaskName.STEP.value, queue=Queue.TURNS.value, ignore_result=True, acks_late=True,
+          soft_time_limit=60, time_limit=90, max_retries=None)
+def step(self: Task, *, tenant_id: str, turn_id: str, step: int) -> None:
     """Hand the step to this process's step engine and return: the LLM stream waits on the
     engine's event loop, not in a worker slot. The message is acked once the engine has the
     step; if the process dies before the step ends, the watchdog runs it again (its lease
-    lapses, or a waiting step stops being touched). The time limits here bound only the
-    hand-over (it blocks while the engine is full); the step's own limit is enforced on the
-    loop."""
+    lapses, or a waiting step stops being touched). When the engine's waiting room is full
+    (or this tenant's share of it), the step goes back to the queue for a moment rather than
+    hold the slot that another tenant's step needs to get in; the step's own time limit is
+    enforced on the loop."""
     k = runtime.kortex(_settings())
-    k.engine.submit(StepDispatch(tenant_id=tenant_id, turn_id=turn_id, step=step), _hand_on)
+    try:
+        k.engine.submit(StepDispatch(tenant_id=tenant_id, turn_id=turn_id, step=step), _hand_on, block=False)
+    except EngineBusy:
+        raise self.retry(countdown=BUSY_BACKOFF * (1 + random.random())) from None
 
 
 def _hand_on(outcome: Handoff | BaseException) -> None:
+    if isinstance(outcome, KortexError) and outcome.code == "shutting_down":
+        return  # the process is stopping: it hands the step back itself (workers/runtime.py)
     if isinstance(outcome, BaseException):
         log.error("a step ended with %s", outcome.__class__.__name__, exc_info=outcome)
         return

@@ -32,9 +32,20 @@ def keep(conn: Connection, *, tenant_id: str, turn_id: str, attempt: int, final:
 
 
 def due(conn: Connection, before: datetime, limit: int = 500) -> list[OutboxRow]:
-    """Rows kept before ``before``, oldest first (system-wide: the watchdog publishes them)."""
-    rows = conn.execute(select(stream_outbox).where(_o.created_at < before).order_by(_o.id).limit(limit)).all()
+    """Rows kept before ``before``, oldest first (system-wide: the watchdog publishes them),
+    locked for the caller's transaction; rows another transaction holds are skipped."""
+    rows = conn.execute(select(stream_outbox).where(_o.created_at < before).order_by(_o.id).limit(limit)
+                        .with_for_update(skip_locked=True)).all()
     return [OutboxRow(r.id, r.tenant_id, r.turn_id, r.attempt, r.final, r.events) for r in rows]
+
+
+def take_turn(conn: Connection, tenant_id: str, turn_id: str) -> list[OutboxRow]:
+    """Remove and return the rows of one turn, oldest first (its next step publishes them);
+    a rollback keeps them."""
+    rows = conn.execute(delete(stream_outbox).where(_o.turn_id == turn_id, _o.tenant_id == tenant_id)
+                        .returning(*stream_outbox.c)).all()
+    return sorted((OutboxRow(r.id, r.tenant_id, r.turn_id, r.attempt, r.final, r.events) for r in rows),
+                  key=lambda r: r.id)
 
 
 def forget(conn: Connection, ids: list[int]) -> None:

@@ -61,6 +61,8 @@ class TurnRecord(_Record):
     updated_at: datetime
     finished_at: datetime | None
     done_event_id: str | None = None
+    #: the outbox holds events of this turn that Redis refused (known when a step is claimed)
+    kept_events: bool = False
 
     @property
     def finished(self) -> bool:

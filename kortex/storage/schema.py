@@ -211,6 +211,7 @@ stream_outbox = Table(
     Column("events", JSONType, nullable=False),
     Column("created_at", UTCDateTime(), nullable=False),
     Index(None, "created_at"),
+    Index(None, "turn_id"),  # a claim asks whether its turn has kept events (storage/turns.py)
 )
 
 # ---- embedded telemetry store -------------------------------------------------------------

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, bindparam, case, func, select, tuple_, update
+from sqlalchemy import and_, bindparam, case, exists, func, select, tuple_, update
 from sqlalchemy.engine import Connection
 
 from kortex.errors import Conflict, NotFound, RateLimited
@@ -27,7 +27,7 @@ from kortex.ids import uuid7
 from kortex.messages import AssistantMessage, ToolCall, ToolMessage, ToolResult, Usage, UserMessage
 from kortex.storage.chats import INSERT_MESSAGE, message_row
 from kortex.storage.records import TERMINAL, InvocationRecord, TurnRecord
-from kortex.storage.schema import chat_sessions, tenant_spend, tenants, tool_invocations, turns
+from kortex.storage.schema import chat_sessions, stream_outbox, tenant_spend, tenants, tool_invocations, turns
 from kortex.timeparse import utcnow
 
 ACTIVE = ("queued", "running", "waiting_tools")
@@ -179,7 +179,8 @@ _CLAIM_STEP = (
     .where(_t.id == bindparam("p_id"), _t.tenant_id == bindparam("p_tenant"), _t.step == bindparam("p_step"),
            _t.status == "queued")
     .values(status="running", attempt=_t.attempt + 1, lease_until=bindparam("p_lease"), updated_at=bindparam("p_now"))
-    .returning(*turns.c)
+    # Kept events of the turn (an outage) go out before the step's own, in the same round trip.
+    .returning(*turns.c, exists().where(stream_outbox.c.turn_id == _t.id).label("kept_events"))
 )
 
 

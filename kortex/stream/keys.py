@@ -11,7 +11,8 @@ def turn_events(prefix: str, turn_id: str) -> str:
 
 def turn_fence(prefix: str, turn_id: str) -> str:
     """A hash beside a turn's stream: the highest step attempt that wrote to it (``a``), the
-    last sequence number given out (``s``) and, once ``done`` is in, ``closed``."""
+    last sequence number given out (``s``) and, once ``done`` is in, ``closed`` (the attempt that
+    wrote it)."""
     return f"{prefix}:turn:{turn_id}:fence"
 
 

@@ -22,16 +22,22 @@ from kortex.stream.keys import turn_events, turn_fence
 log = logging.getLogger(__name__)
 
 # KEYS: stream, fence. ARGV: attempt (0: an unfenced writer such as a tool task, which takes the
-# current attempt), maxlen, ttl (0: leave it), final (1: close the stream), then type/body pairs.
+# current attempt), maxlen, ttl, final (1: close the stream), then type/body pairs.
 # The body is the event's JSON without ``attempt`` and ``seq``; they are spliced in before its
 # closing brace, so no JSON is parsed or re-encoded here.
 # Returns {1, id...} when written, {0, fence attempt} when ``attempt`` is stale, {-1} once closed.
+# ``closed`` holds the attempt that closed the stream: only a strictly later attempt (the step
+# ran again because the transaction that published ``done`` never committed) opens it again.
+# The TTL is set when the stream is born (the fence has none yet) and again at ``done``.
 _APPEND = """
 local st = redis.call('HMGET', KEYS[2], 'a', 's', 'closed')
-if st[3] then return {-1} end
 local cur = tonumber(st[1]) or 0
 local seq = tonumber(st[2]) or 0
 local a = tonumber(ARGV[1])
+if st[3] then
+  if a <= tonumber(st[3]) then return {-1} end
+  redis.call('HDEL', KEYS[2], 'closed')
+end
 if a == 0 then a = cur elseif a < cur then return {0, cur} end
 local out = {1}
 for i = 5, #ARGV, 2 do
@@ -40,14 +46,15 @@ for i = 5, #ARGV, 2 do
   out[#out + 1] = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*', 't', ARGV[i], 'd', body)
 end
 if ARGV[4] == '1' then
-  redis.call('HSET', KEYS[2], 'a', a, 's', seq, 'closed', 1)
+  redis.call('HSET', KEYS[2], 'a', a, 's', seq, 'closed', a)
+  redis.call('EXPIRE', KEYS[1], ARGV[3])
+  redis.call('EXPIRE', KEYS[2], ARGV[3])
 else
   redis.call('HSET', KEYS[2], 'a', a, 's', seq)
-end
-local ttl = tonumber(ARGV[3])
-if ttl > 0 then
-  redis.call('EXPIRE', KEYS[1], ttl)
-  redis.call('EXPIRE', KEYS[2], ttl)
+  if redis.call('TTL', KEYS[2]) < 0 then
+    redis.call('EXPIRE', KEYS[1], ARGV[3])
+    redis.call('EXPIRE', KEYS[2], ARGV[3])
+  end
 end
 return out
 """
@@ -95,9 +102,7 @@ class EventStore:
         return turn_events(self.prefix, turn_id)
 
     def _args(self, turn_id: str, events: Sequence[_Event], attempt: int, final: bool) -> tuple[list[str], list[Any]]:
-        # The TTL is set when a stream is born (a step starts) and when it ends: enough to
-        # bound an abandoned stream without an EXPIRE on every write.
-        ttl = self.done_ttl if final else (self.active_ttl if events[0].type == "turn" else 0)
+        ttl = self.done_ttl if final else self.active_ttl  # the script sets it at birth and at done
         argv: list[Any] = [attempt, self.maxlen, ttl, 1 if final else 0]
         for event in events:
             argv.append(event.type)

@@ -13,13 +13,16 @@ from kortex.storage.records import TurnRecord
 from kortex.turns.outbox import publish_in
 
 
-def publish_done(k: Kortex, conn: Connection, turn: TurnRecord, events: Sequence[_Event]) -> None:
+def publish_done(k: Kortex, conn: Connection, turn: TurnRecord, events: Sequence[_Event], *,
+                 attempt: int | None = None) -> None:
     """Publish ``events`` (ending with ``done``) inside the transaction that finished the turn,
     after its compare-and-set won: durable there if Redis refuses them (kortex/turns/outbox.py).
 
     The done's stream id is stored on the turn so a client reconnecting after the stream
-    expired can be told it already has everything."""
-    ids = publish_in(k, conn, tenant_id=turn.tenant_id, turn_id=turn.id, events=events, attempt=turn.attempt,
-                     final=True)
+    expired can be told it already has everything. ``attempt`` defaults to the turn's (the step
+    that finished it); a writer outside any attempt (the watchdog) passes 0, as its record of
+    the turn may be older than the stream."""
+    ids = publish_in(k, conn, tenant_id=turn.tenant_id, turn_id=turn.id, events=events,
+                     attempt=turn.attempt if attempt is None else attempt, final=True)
     if ids:
         turns.record_done_event(conn, turn.tenant_id, turn.id, ids[-1])

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import threading
 import time
@@ -42,6 +43,14 @@ T = TypeVar("T")
 #: what a submitted step reports: what to hand on, or the exception that stopped it
 StepOutcome = Handoff | BaseException
 RETRIES = (0.5, 1.0, 2.0, 4.0, 8.0)  # a step whose claim hit a database error is tried again
+
+
+class EngineBusy(KortexError):
+    """The process holds as many waiting steps as it may (or its tenant's share of them): the
+    caller gives the step back to its queue for a while instead of waiting in a worker slot."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code="engine_busy")
 
 
 class StepHold:
@@ -98,6 +107,9 @@ class StepEngine:
         self.max_inflight = cfg.max_inflight_steps
         self.max_per_tenant = cfg.max_inflight_per_tenant or max(1, self.max_inflight * 3 // 4)
         self.max_waiting = cfg.max_waiting_steps
+        # One tenant may fill at most this share of the waiting room, so another tenant's step
+        # always finds a place to wait for its fair pick.
+        self.max_waiting_per_tenant = max(1, self.max_waiting * 3 // 4)
         self.weights = dict(cfg.tenant_weights)
         self._cv = threading.Condition()
         self._waiting: dict[str, deque[_Job]] = {}
@@ -106,8 +118,16 @@ class StepEngine:
         self._n_waiting = 0
         self._busy: dict[str, int] = {}      # steps in flight per tenant
         self._inflight: set[_Job] = set()
+        self._retrying: set[_Job] = set()    # waiting out a database error before trying again
+        self._reporting: set[asyncio.Future[None]] = set()
         self._holds: dict[str, StepHold] = {}
+        # The lease renewal has a thread (and so a database connection) of its own: behind a
+        # burst of step SQL on the shared I/O threads, leases would lapse under live steps.
+        self._lease_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kortex-leases")
+        # Handing on (publishing to the broker) must not wait behind step SQL either.
+        self._handoff_threads = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="kortex-handoff")
         self._renewer: asyncio.Task[None] | None = None
+        self._released: list[StepDispatch] = []  # given back by steps stopped at close()
         self._closing = False
         self._started = False
 
@@ -121,13 +141,18 @@ class StepEngine:
     def inflight(self) -> int:
         return len(self._inflight)
 
-    def submit(self, step: StepDispatch, done: Callable[[StepOutcome], None]) -> None:
-        """Take ``step``; ``done`` gets what it hands on, on an I/O thread. Blocks while the
-        process already holds ``max_waiting_steps`` (the backpressure that stops a worker from
-        taking more messages than it can start)."""
+    def submit(self, step: StepDispatch, done: Callable[[StepOutcome], None], *, block: bool = True) -> None:
+        """Take ``step``; ``done`` gets what it hands on, on a hand-off thread, exactly once.
+
+        The waiting room is bounded (``max_waiting_steps``, and ¾ of it per tenant): past it,
+        ``block`` waits for room (tests, the inline driver) and otherwise ``EngineBusy`` is
+        raised at once, so a worker slot is never held by a step that cannot start."""
         job = _Job(step, done)
+        tenant = step.tenant_id
         with self._cv:
-            while self._n_waiting >= self.max_waiting and not self._closing:
+            while not self._closing and not self._has_room_locked(tenant):
+                if not block:
+                    raise EngineBusy(f"this process already holds {self._n_waiting} waiting steps")
                 self._cv.wait(1.0)
             if self._closing:
                 raise KortexError("the step engine is stopping", code="shutting_down")
@@ -137,6 +162,12 @@ class StepEngine:
         if start:
             loop.call_soon_threadsafe(self._start)
         loop.call_soon_threadsafe(self._pump)
+
+    def _has_room_locked(self, tenant: str) -> bool:
+        if self._n_waiting >= self.max_waiting:
+            return False
+        queue = self._waiting.get(tenant)
+        return queue is None or len(queue) < self.max_waiting_per_tenant
 
     def run(self, step: StepDispatch, timeout: float | None = None) -> Handoff:
         """Submit and wait (tests, the inline driver, the CLI)."""
@@ -153,24 +184,29 @@ class StepEngine:
 
     def close(self, grace: float | None = None) -> list[StepDispatch]:
         """Stop taking steps; let those in flight finish for ``grace`` seconds, then give the
-        rest back (their claims are released, so another worker runs them at once). Returns
-        every step this process will not run, for the caller to hand back to the queue."""
+        rest back (their claims are released). Returns every step this process will not run,
+        for the caller to hand back to the queue; their ``done`` callbacks hear
+        ``shutting_down``, so nobody waits on them."""
         grace = self.k.settings.turn.shutdown_grace if grace is None else grace
         with self._cv:
             self._closing = True
-            left = [job.step for q in self._waiting.values() for job in q]
+            dropped = [job for q in self._waiting.values() for job in q] + list(self._retrying)
             self._waiting.clear()
             self._ring.clear()
+            self._retrying.clear()
             self._n_waiting = 0
             self._cv.notify_all()
-        if not self._started or not self.k.loop.started:
-            return left
-        try:
-            released = self.k.loop.run(self._drain(grace), timeout=grace + 30)
-        except Exception:  # stopping anyway; leases lapse and the watchdog hands them on
-            log.warning("step engine did not drain", exc_info=True)
-            released = []
-        return left + released
+        for job in dropped:
+            self._report(job, KortexError("the step engine stopped before the step started", code="shutting_down"))
+        left = [job.step for job in dropped]
+        if self._started and self.k.loop.started:
+            try:
+                left += self.k.loop.run(self._drain(grace), timeout=grace + 30)
+            except Exception:  # stopping anyway; leases lapse and the watchdog hands them on
+                log.warning("step engine did not drain", exc_info=True)
+        self._lease_thread.shutdown(wait=False, cancel_futures=True)
+        self._handoff_threads.shutdown(wait=True)
+        return left
 
     # ---- the loop ---------------------------------------------------------------------------
 
@@ -228,16 +264,20 @@ class StepEngine:
         from kortex.turns.step import step_async
 
         s = job.step
+        hold = StepHold(self)
         outcome: StepOutcome
         try:
-            outcome = await step_async(self.k, s.tenant_id, s.turn_id, s.step, StepHold(self))
-        except StorageError as exc:  # before the claim: the database did not answer
-            if job.tries < len(RETRIES) and not self._closing:
+            outcome = await step_async(self.k, s.tenant_id, s.turn_id, s.step, hold)
+        except StorageError as exc:
+            # Before the claim the database did not answer: try again. After it, the lease
+            # lapses and the watchdog runs the step again.
+            if hold.turn is None and job.tries < len(RETRIES) and not self._closing:
                 delay = RETRIES[job.tries]
                 job.tries += 1
                 log.warning("step %s of turn %s could not start (%s); trying again in %.1fs",
                             s.step, s.turn_id, exc.code, delay)
                 self._finished(job)
+                self._retrying.add(job)
                 asyncio.get_running_loop().call_later(delay, self._retry, job)
                 return
             outcome = exc
@@ -246,8 +286,16 @@ class StepEngine:
         except BaseException as exc:
             log.exception("step %s of turn %s broke the engine", s.step, s.turn_id)
             outcome = exc
+        finally:
+            hold.detach()  # whatever happened, this process stops renewing the step's lease
         self._finished(job)
-        self.k.io.submit(self._report, job, outcome)
+        if self._closing and isinstance(outcome, Handoff) and outcome.steps and not outcome.tools:
+            # Given back while stopping: the caller of close() re-enqueues it with the rest.
+            self._released.extend(outcome.steps)
+            outcome = KortexError("the step was given back to the queue", code="shutting_down")
+        report = asyncio.get_running_loop().run_in_executor(self._handoff_threads, self._report, job, outcome)
+        self._reporting.add(report)
+        report.add_done_callback(self._reporting.discard)
 
     def _finished(self, job: _Job) -> None:
         self._inflight.discard(job)
@@ -261,8 +309,9 @@ class StepEngine:
 
     def _retry(self, job: _Job) -> None:
         with self._cv:
-            if self._closing:
-                return
+            if self._closing or job not in self._retrying:
+                return  # close() took it
+            self._retrying.discard(job)
             self._enqueue_locked(job)
         self._pump()
 
@@ -288,7 +337,7 @@ class StepEngine:
             started = time.monotonic()
             try:
                 kept = await asyncio.get_running_loop().run_in_executor(
-                    self.k.io, self._renew, held, waiting, lease)
+                    self._lease_thread, self._renew, held, waiting, lease)
             except Exception:  # a database blip: the leases still run; the next tick tries again
                 log.warning("could not renew %d step leases", len(held), exc_info=True)
                 continue
@@ -315,13 +364,18 @@ class StepEngine:
         unfinished = [job for job in self._inflight if job.task is not None and not job.task.done()]
         for hold in list(self._holds.values()):
             hold.release()
-        # A released step writes its own hand-back (to the done callback); wait for that too.
+        # A released step gives its claim back (running -> queued) before it ends; wait for that.
         pending = {job.task for job in unfinished if job.task is not None}
         if pending:
             await asyncio.wait(pending, timeout=10)
         for job in unfinished:
             if job.task is not None and not job.task.done():
                 job.task.cancel()
+                with contextlib.suppress(BaseException):
+                    await job.task
+        if self._reporting:  # what finished steps hand on reaches the broker before we stop
+            await asyncio.wait(set(self._reporting), timeout=10)
         if self._renewer is not None:
             self._renewer.cancel()
-        return []
+        released, self._released = self._released, []
+        return released

@@ -22,7 +22,7 @@ from pydantic import TypeAdapter
 from sqlalchemy.engine import Connection
 
 from kortex.container import Kortex
-from kortex.errors import KortexError, StaleAttempt, StreamError
+from kortex.errors import StaleAttempt, StreamError
 from kortex.events import Event, _Event
 from kortex.storage import outbox, turns
 from kortex.stream.store import StreamClosed
@@ -54,29 +54,42 @@ def publish_in(k: Kortex, conn: Connection, *, tenant_id: str, turn_id: str, eve
 
 def republish(k: Kortex, *, settle_s: float = 2.0, limit: int = 500) -> int:
     """Publish kept events, oldest first; stops at the first that Redis still refuses. Rows
-    younger than ``settle_s`` are left to the transaction that may still be writing them."""
-    with k.db.connect() as conn:
+    younger than ``settle_s`` are left to the transaction that may still be writing them, and
+    rows a step is publishing itself (``publish_kept``) are skipped."""
+    with k.db.begin() as conn:
         rows = outbox.due(conn, utcnow() - timedelta(seconds=settle_s), limit)
+        sent = _publish(k, conn, rows)
+        outbox.forget(conn, sent)
+    return len(sent)
+
+
+def publish_kept(k: Kortex, tenant_id: str, turn_id: str) -> int:
+    """Publish one turn's kept events; its next step calls this when its claim saw some, before
+    its own events, so a result kept during an outage reaches clients before the text that
+    follows it (and before ``done`` closes the stream)."""
+    with k.db.begin() as conn:
+        rows = outbox.take_turn(conn, tenant_id, turn_id)
+        sent = _publish(k, conn, rows)
+        if len(sent) < len(rows):
+            raise StreamError(f"Redis still refuses the kept events of turn {turn_id}")  # rolls back: kept
+    return len(sent)
+
+
+def _publish(k: Kortex, conn: Connection, rows: Sequence[outbox.OutboxRow]) -> list[int]:
+    """Publish ``rows`` in order, until Redis refuses one; returns the ids of those sent."""
     sent: list[int] = []
-    done_ids: list[tuple[str, str, str]] = []
     for row in rows:
         try:
-            ids = k.events.append(row.turn_id, _EVENTS.validate_python(row.events), attempt=row.attempt,
-                                  final=row.final)
-        except (StaleAttempt, StreamClosed):
-            ids = []  # superseded meanwhile: dropping them is what a client would do
+            # Unfenced (attempt 0): a kept row was committed, so what it says is true whichever
+            # attempt now runs the turn; under its own attempt a later step's claim would fence
+            # it out (a tool result kept while Redis was down, republished after step 2 began).
+            ids = k.events.append(row.turn_id, _EVENTS.validate_python(row.events), attempt=0, final=row.final)
+        except StreamClosed:
+            ids = []  # the turn is over and its client has gone: nothing may follow done
         except StreamError:
             log.warning("Redis still refuses kept events; %d wait", len(rows) - len(sent))
             break
         sent.append(row.id)
         if row.final and ids:
-            done_ids.append((row.tenant_id, row.turn_id, ids[-1]))
-    if sent:
-        try:
-            with k.db.begin() as conn:
-                outbox.forget(conn, sent)
-                for tenant_id, turn_id, entry_id in done_ids:
-                    turns.record_done_event(conn, tenant_id, turn_id, entry_id)
-        except KortexError:  # published but not forgotten: a later sweep's attempt is refused or harmless
-            log.warning("could not clear %d published outbox rows", len(sent), exc_info=True)
-    return len(sent)
+            turns.record_done_event(conn, row.tenant_id, row.turn_id, ids[-1])
+    return sent

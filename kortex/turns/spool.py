@@ -29,6 +29,9 @@ class Spooled:
     result: ToolResult
     entries: list[AuditEntry]
     events: list[Any]
+    #: Redis already has the result's events (published inside a transaction whose commit
+    #: failed): storing it must not announce it a second time
+    published: bool = False
 
 
 def _entry_json(entry: AuditEntry) -> dict[str, Any]:
@@ -37,10 +40,11 @@ def _entry_json(entry: AuditEntry) -> dict[str, Any]:
     return data
 
 
-def put(k: Kortex, invocation_id: str, result: ToolResult, entries: list[AuditEntry], events: list[Any]) -> bool:
+def put(k: Kortex, invocation_id: str, result: ToolResult, entries: list[AuditEntry], events: list[Any], *,
+        published: bool = False) -> bool:
     """Keep a result the database refused; False if Redis refused it too (then it is lost)."""
     body = json.dumps({"result": result.model_dump(mode="json"), "entries": [_entry_json(e) for e in entries],
-                       "events": [e.model_dump(mode="json") for e in events]})
+                       "events": [e.model_dump(mode="json") for e in events], "published": published})
     try:
         k.redis.set(tool_spool(k.settings.redis_prefix, invocation_id), body, ex=TTL)
     except RedisError:
@@ -59,7 +63,8 @@ def get(k: Kortex, invocation_id: str) -> Spooled | None:
         return None
     data = json.loads(cast(str, raw))
     entries = [AuditEntry(**{**e, "created_at": datetime.fromisoformat(e["created_at"])}) for e in data["entries"]]
-    return Spooled(ToolResult.model_validate(data["result"]), entries, _EVENTS.validate_python(data["events"]))
+    return Spooled(ToolResult.model_validate(data["result"]), entries, _EVENTS.validate_python(data["events"]),
+                   published=bool(data.get("published")))
 
 
 def drop(k: Kortex, invocation_id: str) -> None:

@@ -4,7 +4,6 @@ either finish the turn or park it with its tool calls for the tool tasks."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
@@ -26,12 +25,13 @@ from kortex.stream.store import StepPublisher
 from kortex.timeparse import utcnow
 from kortex.turns.closing import publish_done
 from kortex.turns.handoff import NOTHING, Handoff, StepDispatch, ToolDispatch
-from kortex.turns.outbox import publish_in
+from kortex.turns.outbox import publish_in, publish_kept
 
 if TYPE_CHECKING:
     from kortex.turns.engine import StepHold
 
 log = logging.getLogger(__name__)
+FLUSH_LIMIT = 30.0  # seconds the streamed text may take to reach Redis once the model is done
 
 
 def tool_dispatch(k: Kortex, tenant_id: str, invocation_id: str, tool: str) -> ToolDispatch:
@@ -79,6 +79,11 @@ async def step_async(k: Kortex, tenant_id: str, turn_id: str, step: int, hold: S
         return NOTHING  # another delivery of this step has it, or the turn moved on
     hold.attach(turn)
     try:
+        if turn.kept_events:  # an outage kept events of the step before: they go out first
+            try:
+                await hold.io(publish_kept, k, turn.tenant_id, turn.id)
+            except KortexError:  # still down: the watchdog publishes them later
+                log.warning("kept events of turn %s are still waiting", turn.id, exc_info=True)
         try:
             candidates = plan(k.providers, turn.model)
         except KortexError as exc:
@@ -196,7 +201,11 @@ async def _settle_text(publisher: StepPublisher) -> bool:
     attempt has the turn. Text that Redis still refuses is in the stored message, so the turn
     goes on (clients that missed it read it from the message)."""
     try:
-        await publisher.flush()
+        async with asyncio.timeout(FLUSH_LIMIT):
+            await publisher.flush()
+    except TimeoutError:
+        publisher.abandon()
+        log.warning("text of turn %s could not be published within %.0fs", publisher.turn_id, FLUSH_LIMIT)
     except StaleAttempt:
         return False
     except StreamError:
@@ -307,19 +316,18 @@ async def _consume(
     # read at once (closing the vendor's HTTP stream), not when a stalled vendor next sends.
     reader = asyncio.ensure_future(read())
     try:
-        racers: set[asyncio.Future[Any]] = {reader, hold.ended}
-        await asyncio.wait(racers, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({reader, hold.ended}, return_when=asyncio.FIRST_COMPLETED)
         if not reader.done():
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await reader
             raise hold.ended.result()
         reader.result()  # the provider's failure, if any
     finally:
-        if not reader.done():  # this step itself was cancelled (its time limit)
+        if not reader.done():  # the hold ended, or this step itself was cancelled (its time limit)
             reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await reader
+            # wait() never raises what the reader raised, and a cancel of this task still
+            # propagates (suppressing CancelledError here would swallow it).
+            await asyncio.wait({reader})
+            if not reader.cancelled():
+                reader.exception()  # retrieved: the reader's own failure is moot once stopped
     if done is None:
         raise ProviderError("stream ended without a final chunk", retryable=True, code="stream_truncated")
     return "".join(text), _unique_calls(calls, taken), done

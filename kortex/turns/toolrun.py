@@ -57,7 +57,8 @@ def run_tool(k: Kortex, tenant_id: str, invocation_id: str, tool: str, hard_limi
 
 
 def settle(k: Kortex, inv: InvocationRecord, result: ToolResult, entries: list[AuditEntry],
-           from_status: tuple[str, ...] = ("running",), events: Sequence[Event] = ()) -> Handoff:
+           from_status: tuple[str, ...] = ("running",), events: Sequence[Event] = (), *,
+           published: bool = False) -> Handoff:
     """Store a result with its audit rows, publish it (with ``events`` a tool raised), and
     advance the turn if it was the last of its step.
 
@@ -65,14 +66,14 @@ def settle(k: Kortex, inv: InvocationRecord, result: ToolResult, entries: list[A
     last sibling commits, the next step may start streaming, and a result published after that
     would reach clients after the next step's text, or after ``done``. A result that lost the
     race (the watchdog answered the call first) is never published, so clients see one
-    ``tool_result`` per call: the one the model sees.
+    ``tool_result`` per call: the one the model sees. ``published``: Redis already has them.
     """
     def publish(conn: Connection) -> bool:
         """True once Redis has the events; otherwise they are kept in this transaction."""
         return bool(publish_in(k, conn, tenant_id=inv.tenant_id, turn_id=inv.turn_id,
                                events=[result_event(inv, result), *events]))
 
-    completion = _store(k, inv, result, entries, from_status, publish, events)
+    completion = _store(k, inv, result, entries, from_status, publish, events, published)
     if completion is None:
         log.info("tool call %s was settled before its result arrived", inv.call_id)
         return NOTHING
@@ -84,16 +85,17 @@ def settle(k: Kortex, inv: InvocationRecord, result: ToolResult, entries: list[A
 def settle_spooled(k: Kortex, inv: InvocationRecord, spooled: spool.Spooled) -> Handoff:
     """Store a result an earlier run computed but could not store (see kortex/turns/spool.py)."""
     log.info("storing the spooled result of tool call %s", inv.call_id)
-    handoff = settle(k, inv, spooled.result, spooled.entries, events=spooled.events)
+    handoff = settle(k, inv, spooled.result, spooled.entries, events=spooled.events, published=spooled.published)
     spool.drop(k, inv.id)
     return handoff
 
 
 def _store(k: Kortex, inv: InvocationRecord, result: ToolResult, entries: list[AuditEntry],
            from_status: tuple[str, ...], publish: Callable[[Connection], bool],
-           events: Sequence[Event]) -> turns.Completion | None:
-    """A result is worth a few retries, and then the spool: it is never thrown away."""
-    published = False  # a retry after a failed commit must not announce the result twice
+           events: Sequence[Event], published: bool) -> turns.Completion | None:
+    """A result is worth a few retries, and then the spool: it is never thrown away.
+    ``published`` stays set once Redis has the events: a retry after a failed commit, or the
+    store of a spooled result, must not announce the result twice."""
     for delay in (0.2, 0.5, 1.0, None):
         try:
             with k.db.begin() as conn:
@@ -106,7 +108,7 @@ def _store(k: Kortex, inv: InvocationRecord, result: ToolResult, entries: list[A
         except StorageError:
             if delay is None:
                 # Keep what the tool computed: the task's retry (or the watchdog) stores it.
-                spool.put(k, inv.id, result, entries, list(events))
+                spool.put(k, inv.id, result, entries, list(events), published=published)
                 raise
             log.warning("storing the result of %s failed; retrying", inv.call_id, exc_info=True)
             time.sleep(delay)

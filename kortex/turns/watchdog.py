@@ -147,8 +147,10 @@ def _expire(k: Kortex, turn: TurnRecord) -> int:
     with k.db.begin() as conn:
         moved = turns.fail_turn(conn, turn, error)
         if moved:
+            # Unfenced: the compare-and-set above won, so whichever attempt last wrote is over.
             publish_done(k, conn, turn, [ErrorEvent(code="deadline_exceeded", message=error["message"]),
-                                         DoneEvent(status="failed", usage=usage, error="deadline_exceeded")])
+                                         DoneEvent(status="failed", usage=usage, error="deadline_exceeded")],
+                         attempt=0)
     return 1 if moved else 0
 
 

@@ -63,3 +63,33 @@ def test_a_result_stored_while_redis_is_down_reaches_the_client_when_it_is_back(
     (result,) = [b for t, b in events if t == "tool_result"]
     assert not result["is_error"] and result["content"]["slept_s"] == 2.5
     assert [b["seq"] for _, b in events] == list(range(1, len(events) + 1))
+
+
+def test_the_next_step_publishes_a_kept_result_before_its_own_events(outage) -> None:
+    """Redis is back before the watchdog's sweep and the next step starts at once: its claim
+    sees the kept result and publishes it first. Kept under the tool's attempt, it would be
+    fenced out by the step's higher attempt, or refused once ``done`` closed the stream."""
+    h, server = outage
+    tenant = h.tenant("acme")
+    session = chat.create_session(h.k, tenant, "outbox-next", "scripted:slow_tool")
+    posted = chat.post_message(h.k, tenant, session.id, "go")
+    (tool,) = run_step(h.k, tenant, posted.turn.id, 0).tools
+    handoffs = []
+    runner = threading.Thread(target=lambda: handoffs.append(
+        run_tool(h.k, tool.tenant_id, tool.invocation_id, tool.tool, tool.hard_limit)))
+    runner.start()
+    time.sleep(0.5)
+    server.kill()
+    runner.join(30)
+    (handoff,) = handoffs
+    server.start()
+    run_step(h.k, tenant, posted.turn.id, handoff.steps[0].step)  # no sweep in between
+    with h.k.db.connect() as conn:
+        assert conn.scalar(select(func.count()).where(stream_outbox.c.turn_id == posted.turn.id)) == 0
+    assert watchdog.sweep(h.k).republished_events == 0  # nothing left, nothing sent twice
+    events = [(e.type, json.loads(e.data)) for e in h.events(posted.turn.id)]
+    assert [t for t, _ in events] == ["turn", "text", "tool_call", "tool_result", "turn", "text", "done"]
+    attempts = [b["attempt"] for _, b in events]
+    assert attempts == sorted(attempts)  # a client dropping superseded attempts keeps them all
+    assert [b["seq"] for _, b in events] == list(range(1, len(events) + 1))
+    assert chat.get_turn(h.k, tenant, posted.turn.id).status == "done"

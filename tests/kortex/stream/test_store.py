@@ -12,6 +12,7 @@ import pytest
 
 from kortex.errors import StaleAttempt, StreamError
 from kortex.events import DoneEvent, TextEvent, TurnEvent
+from kortex.stream.keys import turn_fence
 from kortex.stream.store import EventStore, StepPublisher, StreamClosed
 
 
@@ -99,6 +100,30 @@ def test_a_superseded_attempt_cannot_write_and_nothing_follows_done() -> None:
         store.append("u5", [TextEvent(step=0, delta="late")])
     assert [(e.type, json.loads(e.data)["attempt"]) for e in store.read("u5")] == [
         ("turn", 1), ("text", 1), ("turn", 2), ("text", 2), ("done", 2)]
+
+
+def test_only_a_later_attempt_reopens_a_closed_stream() -> None:
+    """``done`` went out inside a transaction that never committed: the step runs again under
+    a higher attempt, and its events must reach the stream; nothing else may follow done."""
+    store = _store()
+    store.append("u8", [TurnEvent(turn_id="u8", status="running", step=0)], attempt=3)
+    store.append("u8", [DoneEvent(status="done")], attempt=3, final=True)
+    for attempt in (0, 3):
+        with pytest.raises(StreamClosed):
+            store.append("u8", [TextEvent(step=0, delta="late")], attempt=attempt)
+    store.append("u8", [TurnEvent(turn_id="u8", status="running", step=0)], attempt=4)
+    store.append("u8", [TextEvent(step=0, delta="again"), DoneEvent(status="done")], attempt=4, final=True)
+    with pytest.raises(StreamClosed):
+        store.append("u8", [TextEvent(step=0, delta="late")], attempt=4)
+    assert [(e.type, json.loads(e.data)["attempt"]) for e in store.read("u8")] == [
+        ("turn", 3), ("done", 3), ("turn", 4), ("text", 4), ("done", 4)]
+
+
+def test_a_stream_gets_its_ttl_whatever_event_comes_first() -> None:
+    store = _store(active_ttl=600, done_ttl=60)
+    store.append("u9", [TextEvent(step=0, delta="a tool's progress before any step event")])
+    assert store.redis.ttl(store.key("u9")) == 600
+    assert store.redis.ttl(turn_fence("t", "u9")) == 600  # the fence hash goes with its stream
 
 
 def test_a_fenced_publisher_stops_and_says_so() -> None:

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 import kortex.turns.step as step_module
-from kortex.errors import KortexError
+from kortex.errors import KortexError, StorageError
 from kortex.turns import chat
-from kortex.turns.engine import StepEngine, _Job
+from kortex.turns.engine import EngineBusy, StepEngine, _Job
 from kortex.turns.handoff import Handoff, StepDispatch
 
 
@@ -106,6 +106,62 @@ def test_submit_blocks_while_the_process_holds_its_limit_of_waiting_steps(harnes
     assert not third.is_alive() and len(rec.outcomes) == 3
 
 
+def test_a_worker_slot_is_never_held_by_a_step_without_room(harness_factory) -> None:
+    """The Celery task submits without blocking: past the waiting room, or past its tenant's
+    share of it, the step is refused at once (the task offers it again later), while another
+    tenant's step still gets in to wait for its fair pick."""
+    h = harness_factory(turn={"max_inflight_steps": 1, "max_waiting_steps": 4, "text_flush_ms": 0},
+                        llm={"budget": {"max_concurrent_turns_per_tenant": 50}})
+    a, b = h.tenant("a"), h.tenant("b")
+    flood = _post(h, a, "scripted:slow_text", 5)
+    (other,) = _post(h, b, "scripted:text_only", 1)
+    engine = StepEngine(h.k)
+    rec = _Recorder()
+    rec.expected = 5
+    try:
+        engine.submit(flood[0], rec, block=False)
+        deadline = time.monotonic() + 5
+        while engine.inflight < 1:  # the first one is streaming; the rest wait
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        for s in flood[1:4]:
+            engine.submit(s, rec, block=False)  # a's share of a room of 4 is 3
+        with pytest.raises(EngineBusy):
+            engine.submit(flood[4], rec, block=False)
+        engine.submit(other, rec, block=False)  # b still gets a place
+        with pytest.raises(EngineBusy):
+            engine.submit(flood[4], rec, block=False)  # and now the room is full
+        assert rec.done.wait(60)
+    finally:
+        engine.close(0)
+    assert all(isinstance(o, Handoff) for o in rec.outcomes)
+
+
+def test_a_step_whose_closing_writes_fail_stops_holding_its_lease(harness_factory, monkeypatch) -> None:
+    """The database refuses the write that fails the turn: the step ends with that error, the
+    engine no longer renews its lease (so it lapses and the watchdog runs the step again) and
+    does not retry a step it already claimed."""
+    h = harness_factory(turn={"text_flush_ms": 0})
+    a = h.tenant("a")
+    (s,) = _post(h, a, "scripted:fail", 1)
+    calls = []
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        calls.append(args)
+        raise StorageError("the database went away")
+
+    monkeypatch.setattr(step_module, "_fail", refuse)
+    engine = StepEngine(h.k)
+    try:
+        with pytest.raises(StorageError):
+            engine.run(s, timeout=30)
+        assert engine._holds == {} and engine.inflight == 0 and not engine._retrying
+        assert 1 <= len(calls) <= 2  # the failure path tries once more, then gives up
+    finally:
+        engine.close(0)
+    assert chat.get_turn(h.k, a, s.turn_id).status == "running"  # left to its lease and the watchdog
+
+
 def test_stopping_gives_unfinished_steps_back_at_once(harness_factory) -> None:
     h = harness_factory(turn={"max_inflight_steps": 1, "text_flush_ms": 0},
                         llm={"budget": {"max_concurrent_turns_per_tenant": 50}})
@@ -113,7 +169,7 @@ def test_stopping_gives_unfinished_steps_back_at_once(harness_factory) -> None:
     running, waiting = _post(h, a, "scripted:stall", 2)  # the first stalls in its model call
     engine = StepEngine(h.k)
     rec = _Recorder()
-    rec.expected = 1
+    rec.expected = 2
     engine.submit(running, rec)
     engine.submit(waiting, rec)
     deadline = time.monotonic() + 5
@@ -121,10 +177,11 @@ def test_stopping_gives_unfinished_steps_back_at_once(harness_factory) -> None:
         assert time.monotonic() < deadline
         time.sleep(0.02)
     left = engine.close(grace=0.2)
-    assert left == [waiting]  # never started: the caller puts it back on the queue
-    assert rec.done.wait(10)
-    (outcome,) = rec.outcomes
-    assert outcome.steps == (running,)  # claimed, then released: another worker runs it now
+    # The waiting one never started; the running one was claimed, then released. Both come
+    # back to the caller, which puts them on the queue; another worker runs them now.
+    assert left == [waiting, running]
     assert chat.get_turn(h.k, a, running.turn_id).status == "queued"
+    assert rec.done.wait(10)  # nobody is left waiting on a step the engine will not run
+    assert all(isinstance(o, KortexError) and o.code == "shutting_down" for o in rec.outcomes)
     with pytest.raises(KortexError, match="stopping"):
         engine.submit(waiting, rec)
