@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-import re2
+import re2  # type: ignore[import-untyped]  # google-re2 ships neither a py.typed marker nor stubs
 
 from kortex.errors import InvalidInput
 

@@ -33,7 +33,7 @@ class RetryPolicy:
         if retry_after is not None:
             # The server said when; a little jitter keeps many clients from returning at once.
             return max(0.0, retry_after) * (1.0 + 0.1 * rand())
-        return min(self.cap, self.base * (2 ** retry)) * (0.5 + 0.5 * rand())
+        return min(self.cap, self.base * 2.0 ** retry) * (0.5 + 0.5 * rand())
 
     def next_wait(self, retry: int, retry_after: float | None, waited: float) -> float | None:
         """The wait before the next try, or None when the policy says stop."""

@@ -69,13 +69,14 @@ def create_once(conn: Connection, tenant_id: str, new: NewProposal, *, session_i
                 ttl: timedelta = EXPIRES_AFTER) -> tuple[ProposalRecord, bool]:
     """``create``, and whether this call inserted the row (False: an earlier run of the same
     tool call did, and announced it)."""
-    row = {"id": uuid7(), "tenant_id": tenant_id, "session_id": session_id, "turn_id": turn_id, "call_id": call_id,
+    proposal_id = uuid7()
+    row = {"id": proposal_id, "tenant_id": tenant_id, "session_id": session_id, "turn_id": turn_id, "call_id": call_id,
            "action": new.action, "product": new.product, "params": new.params, "rationale": new.rationale,
            "blast_radius": new.blast_radius, "reversible": new.reversible, "status": "pending", "created_at": now,
            "expires_at": now + ttl}
     if turn_id is None or call_id is None:
         conn.execute(proposals.insert().values(**row))
-        return get(conn, tenant_id, row["id"]), True
+        return get(conn, tenant_id, proposal_id), True
     dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
     inserted = conn.execute(dialect.insert(proposals).values(**row)
                             .on_conflict_do_nothing(index_elements=["tenant_id", "turn_id", "call_id"])).rowcount

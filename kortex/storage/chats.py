@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from sqlalchemy import bindparam, select, tuple_
@@ -21,12 +22,11 @@ def create_session(
     conn: Connection, tenant_id: str, name: str, model: str | None = None
 ) -> SessionRecord:
     now = utcnow()
-    row = {
-        "id": uuid7(), "tenant_id": tenant_id, "name": name, "model": model, "turn_count": 0,
-        "created_at": now, "updated_at": now,
-    }
-    conn.execute(chat_sessions.insert().values(**row))
-    return SessionRecord(**row)
+    session = SessionRecord(
+        id=uuid7(), tenant_id=tenant_id, name=name, model=model, turn_count=0, created_at=now, updated_at=now,
+    )
+    conn.execute(chat_sessions.insert().values(**asdict(session)))
+    return session
 
 
 def get_session(conn: Connection, tenant_id: str, session_id: str) -> SessionRecord:
@@ -79,8 +79,8 @@ def load_history(conn: Connection, tenant_id: str, session_id: str, *, limit: in
     The window never starts with a tool result whose call fell outside it (providers reject
     orphaned results), so it is widened back to the preceding user message.
     """
-    rows = conn.execute(_HISTORY, {"p_tenant": tenant_id, "p_session": session_id, "p_limit": limit}).all()
-    rows.reverse()
+    rows = list(reversed(conn.execute(_HISTORY, {"p_tenant": tenant_id, "p_session": session_id,
+                                                  "p_limit": limit}).all()))
     while rows and rows[0].role != "user":
         rows.pop(0)
     return [_to_message(r) for r in rows]

@@ -58,7 +58,7 @@ def _pg_statement_timeout(engine: Engine, seconds: float) -> None:
     default_ms = int(seconds * 1000)
 
     def before(conn: Connection, cursor: Any, statement: str, params: Any, context: Any, many: bool) -> None:
-        info = conn.connection._connection_record.info  # type: ignore[union-attr]
+        info = conn.connection.info  # the pool entry's, which checkin below reads as record.info
         wanted = _remaining_ms(seconds)
         # Within 50 ms of the current value is close enough: no round trip for every statement.
         if abs(wanted - info.get("statement_ms", default_ms)) > 50 or wanted < 50:
@@ -120,7 +120,7 @@ def _sqlite_statement_timeout(engine: Engine, seconds: float) -> None:
         dbapi_connection.set_progress_handler(check, 10_000)
 
     def before(conn: Connection, cursor: Any, statement: str, params: Any, context: Any, many: bool) -> None:
-        info = conn.connection._connection_record.info  # type: ignore[union-attr]
+        info = conn.connection.info  # the pool entry's, which check above reads as record.info
         info["deadline"] = time.monotonic() + _remaining_ms(seconds) / 1000
 
     event.listen(engine, "connect", on_connect)

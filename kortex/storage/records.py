@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import Field, dataclass, fields
 from datetime import datetime
-from typing import Any, Self
+from typing import Any, ClassVar, Self
 
 from sqlalchemy.engine import Row
 
 
 class _Record:
+    # Every record is a dataclass; this tells the type checker so (dataclasses.fields takes it).
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
+
     @classmethod
     def from_row(cls, row: Row[Any]) -> Self:
         mapping = row._mapping
-        return cls(**{f.name: mapping[f.name] for f in fields(cls) if f.name in mapping})  # type: ignore[call-arg, arg-type]
+        return cls(**{f.name: mapping[f.name] for f in fields(cls) if f.name in mapping})
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,7 +31,7 @@ metadata = MetaData(
 )
 
 
-def _tenant(ondelete: str | None = "CASCADE") -> Column:
+def _tenant(ondelete: str | None = "CASCADE") -> Column[str]:
     return Column("tenant_id", UUIDStr(), ForeignKey("tenants.id", ondelete=ondelete), nullable=False)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
@@ -50,9 +50,9 @@ def create_tenant(conn: Connection, name: str) -> TenantRecord:
     exists = conn.scalar(select(tenants.c.id).where(tenants.c.name == name))
     if exists:
         raise Conflict(f"tenant {name!r} already exists", code="tenant_exists")
-    row = {"id": uuid7(), "name": name, "disabled": False, "settings": {}, "created_at": utcnow()}
-    conn.execute(tenants.insert().values(**row))
-    return TenantRecord(**row)
+    tenant = TenantRecord(id=uuid7(), name=name, disabled=False, settings={}, created_at=utcnow())
+    conn.execute(tenants.insert().values(**asdict(tenant)))
+    return tenant
 
 
 def get_tenant_by_name(conn: Connection, name: str) -> TenantRecord | None:

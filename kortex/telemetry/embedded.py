@@ -10,6 +10,7 @@ from typing import Any
 
 from sqlalchemy import and_, case, func, literal, not_, or_, select, tuple_
 from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.functions import Function
 
 from kortex.errors import InvalidInput, StorageError
 from kortex.regex import SQLITE_FUNCTION, anchored
@@ -87,12 +88,12 @@ class EmbeddedTelemetry:
             return func.instr(column, text) > 0
         return func.strpos(column, text) > 0
 
-    def _matches(self, column: Any, pattern: str) -> ColumnElement[bool]:
+    def _matches(self, column: ColumnElement[Any], pattern: str) -> ColumnElement[bool]:
         # SQLite: RE2 through our own SQL function (linear time, so the statement timeout's
         # progress handler gets control between rows). PostgreSQL: its own engine, bounded by
         # statement_timeout; patterns it rejects become validation errors (query_logs).
         if self.db.is_sqlite:
-            return getattr(func, SQLITE_FUNCTION)(pattern, column) == 1
+            return Function(SQLITE_FUNCTION, pattern, column) == 1  # what func.<name>(...) builds
         return column.regexp_match(postgres_pattern(pattern))
 
     def _log_filter(self, flt: LogFilter) -> list[ColumnElement[bool]]:

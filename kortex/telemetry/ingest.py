@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from abc import abstractmethod
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal
@@ -75,6 +76,10 @@ SmallJSON = Annotated[dict[str, Any] | None, AfterValidator(_small_json)]
 
 class _Item(BaseModel):
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+
+    @abstractmethod
+    def row(self) -> dict[str, Any]:
+        """The item as its table's row."""
 
 
 class LogItem(_Item):

@@ -39,8 +39,8 @@ def cap_result(
         return result, bool(result.get("truncated", False))
     out = dict(result)
     field = spec.list_field or _largest_list(out)
-    if field and isinstance(out.get(field), list) and len(out[field]) > 1:
-        items = out[field]
+    items = out.get(field) if field else None
+    if field and isinstance(items, list) and len(items) > 1:
         tail = spec.keep == "tail"
 
         def first(n: int) -> list[Any]:

@@ -125,15 +125,19 @@ class ToolSpec:
         return max(0.05, min(value, self.limits.max_timeout))
 
 
-def _clean_schema(node: Any, names: bool = False) -> Any:
+def _clean_schema(schema: dict[str, Any], names: bool = False) -> dict[str, Any]:
     """Drop pydantic's ``title`` annotations (they only cost prompt tokens). ``names`` marks a
     ``properties`` mapping, whose keys are argument names and must all stay."""
+    return {
+        k: _clean_node(v, names=(k in ("properties", "$defs") and not names))
+        for k, v in schema.items()
+        if names or not (k == "title" and isinstance(v, str))
+    }
+
+
+def _clean_node(node: Any, names: bool = False) -> Any:
     if isinstance(node, dict):
-        return {
-            k: _clean_schema(v, names=(k in ("properties", "$defs") and not names))
-            for k, v in node.items()
-            if names or not (k == "title" and isinstance(v, str))
-        }
+        return _clean_schema(node, names)
     if isinstance(node, list):
-        return [_clean_schema(v) for v in node]
+        return [_clean_node(v) for v in node]
     return node

@@ -21,7 +21,7 @@ RECENT = "1 hour ago"
 def focus(intent: Intent, view: View) -> dict[str, Any] | None:
     """The deployment the question is about: the one an asked-about request used, else the worst
     of those the question names, else the worst unhealthy one."""
-    deployments = view.content("llm:deployments").get("deployments") or []
+    deployments: list[dict[str, Any]] = view.content("llm:deployments").get("deployments") or []
     asked = view.content("llm:request").get("request")
     if asked:
         return next((d for d in deployments if d["id"] == asked["deployment_id"]),
@@ -265,10 +265,10 @@ def evidence_lines(intent: Intent, view: View, found: PlatformFindings) -> list[
                 text += f"; busiest user {user} ({tier}) with {count} ({share:.0%})"
             out.append(text + ".")
         elif key == "llm:user":
-            user = content.get("user") or {}
-            out.append(f"- {cite} get_user_context {user.get('id')}: {user.get('tier')} tier, "
-                       f"{user.get('requests_today')} requests today, ${user.get('daily_budget_used_usd')} of a "
-                       f"${user.get('daily_budget_usd')} daily budget used.")
+            account = content.get("user") or {}
+            out.append(f"- {cite} get_user_context {account.get('id')}: {account.get('tier')} tier, "
+                       f"{account.get('requests_today')} requests today, ${account.get('daily_budget_used_usd')} of a "
+                       f"${account.get('daily_budget_usd')} daily budget used.")
         elif key in ("llm:failed", "llm:request"):
             related = content.get("related_incident")
             text = f"- {cite} get_request_detail: {_routing_text(content)}"
@@ -314,11 +314,11 @@ def summary(intent: Intent, view: View, found: PlatformFindings) -> str:
             user, tier, share, count = reqs.top_user
             text += f", and {count} ({share:.0%}) came from one user, {user} ({tier} tier)"
         sentences.append(text + f" [{recent.call.id}].")
-    user = view.get("llm:user")
-    if user is not None and user.ok:
-        info = user.content.get("user") or {}
+    account = view.get("llm:user")
+    if account is not None and account.ok:
+        info = account.content.get("user") or {}
         sentences.append(f"{info.get('id')} has sent {info.get('requests_today')} requests today "
-                         f"[{user.call.id}].")
+                         f"[{account.call.id}].")
     volume = view.get("llm:volume")
     if found.spikes and volume is not None:
         group, n, median, ratio, period = max(found.spikes, key=lambda s: s[3])

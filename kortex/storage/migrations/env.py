@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from alembic import context
 from sqlalchemy import create_engine, pool
+from sqlalchemy.engine import Connection
 
 from kortex.storage.db import sync_url
 from kortex.storage.schema import metadata
@@ -16,13 +17,16 @@ def run_migrations_online() -> None:
     if connection is not None:
         _run(connection)
         return
-    engine = create_engine(sync_url(config.get_main_option("sqlalchemy.url")), poolclass=pool.NullPool)
+    url = config.get_main_option("sqlalchemy.url")
+    if url is None:  # kortex.storage.migrate.alembic_config always sets it
+        raise RuntimeError("the Alembic configuration has no sqlalchemy.url")
+    engine = create_engine(sync_url(url), poolclass=pool.NullPool)
     with engine.connect() as conn:
         _run(conn)
     engine.dispose()
 
 
-def _run(connection) -> None:  # type: ignore[no-untyped-def]
+def _run(connection: Connection) -> None:
     context.configure(
         connection=connection,
         target_metadata=metadata,

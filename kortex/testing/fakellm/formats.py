@@ -11,7 +11,7 @@ import json
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from kortex.testing.fakellm.script import FakeCall, FakeStep, FakeStreamError
 
@@ -67,6 +67,28 @@ def _conversation(messages: list[dict[str, Any]], is_user_turn: Any) -> Conversa
             step += 1
     first = next((_text_of(m.get("content")) for m in messages if is_user_turn(m)), "")
     return Conversation(first, step, chars)
+
+
+class WireFormat(Protocol):
+    """What the server needs of a format; the format classes below are used as such, never instantiated."""
+
+    name: str
+    content_type: str
+
+    @staticmethod
+    def check(headers: dict[str, str], body: dict[str, Any]) -> tuple[int, str] | None: ...
+
+    @staticmethod
+    def conversation(body: dict[str, Any]) -> Conversation: ...
+
+    @staticmethod
+    def error(status: int, message: str) -> bytes: ...
+
+    @staticmethod
+    def stream_error(error: FakeStreamError) -> bytes: ...
+
+    @staticmethod
+    def render(step: FakeStep, model: str, body: dict[str, Any], conv: Conversation) -> list[Piece]: ...
 
 
 class Anthropic:
@@ -201,8 +223,8 @@ class OpenAI:
             j = i - 1
             while j >= 0 and messages[j].get("role") == "tool":
                 j -= 1
-            calls = {c.get("id") for c in (messages[j].get("tool_calls") or [])} if j >= 0 else set()
-            if j < 0 or messages[j].get("role") != "assistant" or message.get("tool_call_id") not in calls:
+            asked = {c.get("id") for c in (messages[j].get("tool_calls") or [])} if j >= 0 else set()
+            if j < 0 or messages[j].get("role") != "assistant" or message.get("tool_call_id") not in asked:
                 return 400, (f"Invalid parameter: messages with role 'tool' must be a response to a preceeding "
                              f"message with 'tool_calls' (messages[{i}]).")
         return None
@@ -338,5 +360,5 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())
 
 
-FORMATS = {"/v1/messages": Anthropic, "/v1/chat/completions": OpenAI, "/chat/completions": OpenAI,
-           "/api/chat": Ollama}
+FORMATS: dict[str, WireFormat] = {"/v1/messages": Anthropic, "/v1/chat/completions": OpenAI,
+                                  "/chat/completions": OpenAI, "/api/chat": Ollama}

@@ -16,7 +16,7 @@ import socket
 import struct
 import threading
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,7 +52,7 @@ class Stats:
 
 
 class FakeLLM:
-    def __init__(self, scripts: dict[str, FakeScript | dict[str, Any]] | None = None, *, default: str | None = None,
+    def __init__(self, scripts: Mapping[str, FakeScript | dict[str, Any]] | None = None, *, default: str | None = None,
                  host: str = "127.0.0.1", port: int = 0, ollama_models: Iterable[str] = (),
                  keep_requests: int = 1000) -> None:
         self._lock = threading.Lock()

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, Literal
 
 from pydantic import Field
 
 from kortex.errors import InvalidInput
-from kortex.telemetry.llmops import TrendFilter
+from kortex.telemetry.llmops import LatencyBucket, TrendFilter
 from kortex.timeparse import isoformat
 from kortex.tools.builtin.common import DeploymentId, Identifier, Since, Until, since_until
 from kortex.tools.spec import ToolContext, ToolInput, ToolSpec
@@ -37,15 +38,15 @@ def run(args: GetLatencyTrendsInput, ctx: ToolContext) -> dict[str, Any]:
             for b in buckets]
     total = sum(b.request_count for b in buckets)
 
-    def weighted(field: str) -> float | None:
+    def weighted(latency: Callable[[LatencyBucket], float]) -> float | None:
         if not total:
             return None
-        return round(sum(getattr(b, field) * b.request_count for b in buckets) / total, 1)
+        return round(sum(latency(b) * b.request_count for b in buckets) / total, 1)
 
     result: dict[str, Any] = {
         "data": data,
-        "summary": {"total_requests": total, "avg_latency_p50_ms": weighted("latency_p50_ms"),
-                    "avg_latency_p95_ms": weighted("latency_p95_ms")},
+        "summary": {"total_requests": total, "avg_latency_p50_ms": weighted(lambda b: b.latency_p50_ms),
+                    "avg_latency_p95_ms": weighted(lambda b: b.latency_p95_ms)},
         "since": isoformat(start), "until": isoformat(end), "truncated": False,
     }
     if cut:

@@ -82,7 +82,7 @@ def on_truncate(result: dict[str, Any], args: GetLogsInput, kept: int, ctx: Tool
     keys = result.get("_keys") or []
     if kept and kept <= len(keys):
         start, end = (ensure_utc(datetime.fromisoformat(v)) for v in result["_window"])
-        result["next_cursor"] = _cursor(ctx, args, start, end, tuple(keys[kept - 1]))  # type: ignore[arg-type]
+        result["next_cursor"] = _cursor(ctx, args, start, end, tuple(keys[kept - 1]))
     return result
 
 

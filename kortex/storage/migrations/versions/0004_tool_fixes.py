@@ -8,6 +8,7 @@ Create Date: 2026-11-22
 from __future__ import annotations
 
 import json
+from typing import Any
 from urllib.parse import quote
 
 import sqlalchemy as sa
@@ -23,11 +24,11 @@ depends_on = None
 _BATCH = 5000
 
 
-def _labels_key(labels: object) -> str:
+def _labels_key(labels: Any) -> str:  # the JSON column's value: a dict, None, or (some drivers) its text
     """A frozen copy of kortex.telemetry.embedded_metrics.labels_key (migrations must not change)."""
     if isinstance(labels, str):
         labels = json.loads(labels or "{}")
-    items = sorted((str(k), str(v)) for k, v in (labels or {}).items())  # type: ignore[union-attr]
+    items = sorted((str(k), str(v)) for k, v in (labels or {}).items())
     return "," + "".join(f"{k}={quote(v, safe='')}," for k, v in items)
 
 
