@@ -45,6 +45,5 @@ def replay_events(k: Kortex, turn: TurnRecord) -> list[Entry]:
     if error:
         events.append(ErrorEvent(code=str(error.get("code", "error")), message=str(error.get("message", ""))))
     usage = Usage(input_tokens=turn.input_tokens, output_tokens=turn.output_tokens, cost_usd=turn.cost_usd)
-    status = "failed" if turn.status == "failed" else "done"
-    events.append(DoneEvent(status=status, usage=usage, error=error.get("code") if error else None))
+    events.append(DoneEvent(status="failed" if turn.status == "failed" else "done", usage=usage, error=error.get("code") if error else None))
     return [Entry(id=f"0-{i}", type=e.type, data=e.model_dump_json()) for i, e in enumerate(events, 1)]

@@ -316,7 +316,8 @@ async def _consume(
     # read at once (closing the vendor's HTTP stream), not when a stalled vendor next sends.
     reader = asyncio.ensure_future(read())
     try:
-        await asyncio.wait({reader, hold.ended}, return_when=asyncio.FIRST_COMPLETED)
+        racers: set[asyncio.Future[Any]] = {reader, hold.ended}
+        await asyncio.wait(racers, return_when=asyncio.FIRST_COMPLETED)
         if not reader.done():
             raise hold.ended.result()
         reader.result()  # the provider's failure, if any
