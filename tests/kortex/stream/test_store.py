@@ -164,3 +164,28 @@ def test_a_publisher_keeps_text_through_a_failed_write() -> None:
         assert "".join(json.loads(e.data)["delta"] for e in store.read("u7")) == "abc"
 
     asyncio.run(go())
+
+
+def test_appends_made_together_share_one_pipeline_and_keep_their_own_replies() -> None:
+    async def go():
+        store = _async_store()
+        store.append("fenced", [TurnEvent(turn_id="fenced", status="running", step=0)], attempt=2)
+        await store.aappend("warm", [TextEvent(step=0, delta="x")])  # makes the batch
+        batch = store._batch
+        sent = []
+        real = batch._pipeline
+
+        async def spy(items):
+            sent.append(len(items))
+            return await real(items)
+
+        batch._pipeline = spy
+        writes = [store.aappend(f"t{i}", [TextEvent(step=0, delta=str(i))], attempt=1) for i in range(40)]
+        writes.append(store.aappend("fenced", [TextEvent(step=0, delta="late")], attempt=1))
+        results = await asyncio.gather(*writes, return_exceptions=True)
+        assert sent == [41]  # one round trip for all of them
+        assert all(isinstance(r, list) and len(r) == 1 for r in results[:40])
+        assert isinstance(results[40], StaleAttempt)  # refused alone
+        assert [json.loads(e.data)["delta"] for e in store.read("t7")] == ["7"]
+
+    asyncio.run(go())
