@@ -35,9 +35,9 @@ def _settings() -> Settings:
           soft_time_limit=60, time_limit=90, max_retries=None)
 def step(self: Task, *, tenant_id: str, turn_id: str, step: int) -> None:
     """Hand the step to this process's step engine and return: the LLM stream waits on the
-    engine's event loop, not in a worker slot. The message is acked once the engine has the
-    step; if the process dies before the step ends, the watchdog runs it again (its lease
-    lapses, or a waiting step stops being touched). When the engine's waiting room is full
+    engine's event loop, not in a worker slot. The message is taken without an ack (the
+    turns queue is no_ack, workers/app.py); if the process dies before the step ends, the
+    watchdog runs it again (its lease lapses, or its queued turn stops being touched). When the engine's waiting room is full
     (or this tenant's share of it), the step goes back to the queue for a moment rather than
     hold the slot that another tenant's step needs to get in; the step's own time limit is
     enforced on the loop."""

@@ -41,14 +41,16 @@ def stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
         h = Harness(make_settings(tmp_path, url, redis_url=REDIS_URL, redis_prefix=prefix, turn=turn))
         env = service_env(url, prefix, KORTEX_TURN__STEP_LEASE=str(LEASE), KORTEX_TURN__REQUEUE_AFTER="600")
 
-        def start(label: str) -> Service:
-            service = Service(label, kortex_command("worker", "--queues", "turns"), env, tmp_path / f"{label}.log")
+        def start(label: str, **extra: str) -> Service:
+            service = Service(label, kortex_command("worker", "--queues", "turns"), {**env, **extra},
+                              tmp_path / f"{label}.log")
             services.append(service)
             service.wait_for(lambda: " ready." in service.output())
             return service
 
         try:
-            yield {"h": h, "app": make_celery(h.settings), "start": start}
+            yield {"h": h, "app": make_celery(h.settings), "start": start, "url": url, "prefix": prefix,
+                   "tmp": tmp_path}
         finally:
             for service in services:
                 if service.proc.poll() is None:
@@ -59,10 +61,10 @@ def stack(tmp_path: Path) -> Iterator[dict[str, Any]]:
             h.close()
 
 
-def _post(stack: dict[str, Any]) -> tuple[str, str]:
+def _post(stack: dict[str, Any], name: str = "faults") -> tuple[str, str]:
     h = stack["h"]
     tenant = h.tenant("acme")
-    session = chat.create_session(h.k, tenant, "faults", "scripted:long_text")
+    session = chat.create_session(h.k, tenant, name, "scripted:long_text")
     posted = chat.post_message(h.k, tenant, session.id, "go")
     dispatch(stack["app"], posted.handoff)
     return tenant, posted.turn.id
@@ -148,3 +150,32 @@ def test_a_killed_worker_s_step_runs_again_and_the_client_sees_one_answer(stack:
 def _llm_rows(h: Harness, turn_id: str) -> list[dict[str, Any]]:
     with h.k.db.connect() as conn:
         return [r for r in audit.list_for_turn(conn, h.tenant("acme"), turn_id) if r["kind"] == "llm_call"]
+
+
+def test_a_killed_worker_s_waiting_step_is_recovered_though_its_message_is_gone(stack: dict[str, Any]) -> None:
+    """Step messages are taken without an ack: a step that was only waiting in the killed
+    process's engine has no message left anywhere. Its queued turn stops being touched, and
+    the watchdog hands it on; the client sees one answer for each turn."""
+    h = stack["h"]
+    first = stack["start"]("worker-a", KORTEX_TURN__MAX_INFLIGHT_STEPS="1")
+    tenant, streaming = _post(stack, "first")
+    _wait(lambda: sum(t == "text" for t, _ in _bodies(h, streaming)) >= 2, 20, "the step never streamed")
+    _, waiting = _post(stack, "second")
+    time.sleep(1.0)  # taken off the queue into the engine's waiting room
+    assert chat.get_turn(h.k, tenant, waiting).status == "queued" and not _bodies(h, waiting)
+    assert h.k.redis.llen(f"{stack['prefix']}:celery:turns") == 0  # no message left for it
+    os.killpg(first.proc.pid, signal.SIGKILL)
+    time.sleep(LEASE + 1.5)
+    # The beat of this deployment, with a short requeue_after: an untouched queued turn is lost.
+    sweeper = Harness(make_settings(stack["tmp"] / "beat", stack["url"], redis_url=REDIS_URL,
+                                    redis_prefix=stack["prefix"], turn={"step_lease": LEASE, "requeue_after": 1}))
+    try:
+        report = watchdog.sweep(sweeper.k)
+    finally:
+        sweeper.close()
+    assert sorted(s.turn_id for s in report.handoff.steps) == sorted([streaming, waiting])
+    dispatch(stack["app"], report.handoff)
+    stack["start"]("worker-b")
+    for turn_id in (streaming, waiting):
+        _wait(lambda t=turn_id: chat.get_turn(h.k, tenant, t).status == "done", 30, "a turn never finished")
+        assert _client_text(_bodies(h, turn_id)) == ANSWER
