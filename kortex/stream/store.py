@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from hashlib import sha1
 import time
 from collections.abc import Callable, Iterator, Sequence
+from hashlib import sha1
 from typing import Any, cast
 
 from redis import Redis

@@ -8,6 +8,8 @@ import logging
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
+from sqlalchemy.engine import Connection
+
 from kortex import budget
 from kortex.container import Kortex
 from kortex.errors import BudgetExceeded, Conflict, KortexError, ProviderError, StaleAttempt, StreamError
@@ -74,9 +76,10 @@ class Released(Exception):
 async def step_async(k: Kortex, tenant_id: str, turn_id: str, step: int, hold: StepHold) -> Handoff:
     """One step, on the event loop of ``k``: blocking work (SQL, the closing writes) runs on
     ``k``'s I/O threads, so the loop only ever waits on the network."""
-    turn = await hold.io(_claim, k, tenant_id, turn_id, step)
-    if turn is None:
+    claimed = await hold.io(_claim, k, tenant_id, turn_id, step)
+    if claimed is None:
         return NOTHING  # another delivery of this step has it, or the turn moved on
+    turn, history = claimed
     hold.attach(turn)
     try:
         if turn.kept_events:  # an outage kept events of the step before: they go out first
@@ -92,7 +95,6 @@ async def step_async(k: Kortex, tenant_id: str, turn_id: str, step: int, hold: S
         publisher = StepPublisher(k.events, turn.id, step, turn.attempt, k.settings.turn.text_flush_ms,
                                   on_stale=hold.lose)
         publisher.emit(TurnEvent(turn_id=turn.id, status="running", step=step, model=candidates[0].first_spec))
-        history = await hold.io(_load, k, turn)
         if isinstance(history, BudgetExceeded):
             await _settle_text(publisher)
             await hold.io(_fail, k, turn, step, history.code, history.message)
@@ -107,9 +109,13 @@ async def step_async(k: Kortex, tenant_id: str, turn_id: str, step: int, hold: S
         return NOTHING
 
 
-def _claim(k: Kortex, tenant_id: str, turn_id: str, step: int) -> TurnRecord | None:
-    with k.db.connect() as conn:
-        return turns.claim_step(conn, tenant_id, turn_id, step, lease=k.settings.turn.step_lease)
+def _claim(k: Kortex, tenant_id: str, turn_id: str, step: int
+           ) -> tuple[TurnRecord, list[Message] | BudgetExceeded] | None:
+    """Claim the step and read what its model call needs, in one trip to an I/O thread and
+    one transaction."""
+    with k.db.begin() as conn:
+        turn = turns.claim_step(conn, tenant_id, turn_id, step, lease=k.settings.turn.step_lease)
+        return None if turn is None else (turn, _load(k, conn, turn))
 
 
 def _release(k: Kortex, turn: TurnRecord, step: int) -> Handoff:
@@ -120,15 +126,14 @@ def _release(k: Kortex, turn: TurnRecord, step: int) -> Handoff:
     return Handoff(steps=(StepDispatch(tenant_id=turn.tenant_id, turn_id=turn.id, step=step),))
 
 
-def _load(k: Kortex, turn: TurnRecord) -> list[Message] | BudgetExceeded:
+def _load(k: Kortex, conn: Connection, turn: TurnRecord) -> list[Message] | BudgetExceeded:
     """The conversation so far, once the budget allows another LLM call (it is checked before
     every call, not only when the turn began)."""
-    with k.db.connect() as conn:
-        try:
-            budget.check_spend(k.settings.llm.budget, budget.spend(conn, turn.tenant_id, turn.session_id))
-        except BudgetExceeded as exc:
-            return exc
-        return chats.load_history(conn, turn.tenant_id, turn.session_id, limit=k.settings.llm.max_history_messages)
+    try:
+        budget.check_spend(k.settings.llm.budget, budget.spend(conn, turn.tenant_id, turn.session_id))
+    except BudgetExceeded as exc:
+        return exc
+    return chats.load_history(conn, turn.tenant_id, turn.session_id, limit=k.settings.llm.max_history_messages)
 
 
 def _time_limit(k: Kortex, turn: TurnRecord) -> float:
