@@ -5,9 +5,12 @@ shorter one after ``done``, ranged reads for replay and a blocking follow for si
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import partial
 from hashlib import sha1
 from typing import Any, cast
 
@@ -16,7 +19,7 @@ from redis.asyncio import Redis as AsyncRedis
 from redis.exceptions import NoScriptError, RedisError
 
 from kortex.errors import StaleAttempt, StreamError
-from kortex.events import TextEvent, _Event
+from kortex.events import _Event
 from kortex.stream.entries import START, Entry, entries_from_redis
 from kortex.stream.keys import turn_events, turn_fence
 
@@ -60,6 +63,21 @@ end
 return out
 """
 _STAMPS = {"attempt", "seq"}
+_dumps = partial(json.dumps, ensure_ascii=False, separators=(",", ":"))
+
+
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """An event already in its JSON form (without ``attempt`` and ``seq``): the streamed text,
+    written a few times a second by every step, skips building and dumping a model."""
+
+    type: str
+    body: str
+
+    @staticmethod
+    def text(step: int, delta: str) -> Encoded:
+        # The same JSON as TextEvent(step=..., delta=...).model_dump_json(exclude=_STAMPS).
+        return Encoded("text", f'{{"type":"text","step":{step:d},"delta":{_dumps(delta)}}}')
 
 
 class StreamClosed(StreamError):
@@ -102,15 +120,17 @@ class EventStore:
     def key(self, turn_id: str) -> str:
         return turn_events(self.prefix, turn_id)
 
-    def _args(self, turn_id: str, events: Sequence[_Event], attempt: int, final: bool) -> tuple[list[str], list[Any]]:
+    def _args(self, turn_id: str, events: Sequence[_Event | Encoded], attempt: int, final: bool
+              ) -> tuple[list[str], list[Any]]:
         ttl = self.done_ttl if final else self.active_ttl  # the script sets it at birth and at done
         argv: list[Any] = [attempt, self.maxlen, ttl, 1 if final else 0]
         for event in events:
             argv.append(event.type)
-            argv.append(event.model_dump_json(exclude=_STAMPS))
+            argv.append(event.body if isinstance(event, Encoded) else event.model_dump_json(exclude=_STAMPS))
         return [self.key(turn_id), turn_fence(self.prefix, turn_id)], argv
 
-    def append(self, turn_id: str, events: Sequence[_Event], *, attempt: int = 0, final: bool = False) -> list[str]:
+    def append(self, turn_id: str, events: Sequence[_Event | Encoded], *, attempt: int = 0,
+               final: bool = False) -> list[str]:
         """Publish ``events`` in order in one round trip, as step attempt ``attempt`` (0 for
         writers outside any attempt). ``final`` closes the stream and starts the after-done
         TTL. Raises ``StaleAttempt`` when a later attempt has written, ``StreamClosed`` after
@@ -124,7 +144,7 @@ class EventStore:
             raise StreamError(f"could not publish to {keys[0]}: {exc.__class__.__name__}") from exc
         return _result(reply, keys[0], attempt)
 
-    async def aappend(self, turn_id: str, events: Sequence[_Event], *, attempt: int = 0,
+    async def aappend(self, turn_id: str, events: Sequence[_Event | Encoded], *, attempt: int = 0,
                       final: bool = False) -> list[str]:
         """``append`` without blocking the event loop it runs on. Appends made on the loop at
         about the same time go to Redis together, in one pipeline (see ``_AppendBatch``)."""
@@ -287,7 +307,7 @@ class StepPublisher:
         self.stale = False
         self._on_stale = on_stale
         self._text: list[str] = []
-        self._pending: list[_Event] = []  # events queued behind the buffered text
+        self._pending: list[_Event | Encoded] = []  # events queued behind the buffered text
         self._sent_text = False
         self._timer: asyncio.TimerHandle | None = None
         self._writer: asyncio.Task[None] | None = None
@@ -313,7 +333,7 @@ class StepPublisher:
 
     def _cut_text(self) -> None:
         if self._text:
-            self._pending.append(TextEvent(step=self.step, delta="".join(self._text)))
+            self._pending.append(Encoded.text(self.step, "".join(self._text)))
             self._text.clear()
 
     def _kick(self) -> None:

@@ -189,3 +189,16 @@ def test_appends_made_together_share_one_pipeline_and_keep_their_own_replies() -
         assert [json.loads(e.data)["delta"] for e in store.read("t7")] == ["7"]
 
     asyncio.run(go())
+
+
+@pytest.mark.parametrize("delta", ["plain", 'quotes " and \\\\ backslash', "naïve — ünïcode ✓", "ctrl \x01\n\t", ""])
+def test_pre_encoded_text_is_the_json_of_a_text_event(delta: str) -> None:
+    from kortex.stream.store import Encoded
+
+    encoded = Encoded.text(3, delta)
+    assert encoded.type == "text"
+    assert json.loads(encoded.body) == json.loads(TextEvent(step=3, delta=delta).model_dump_json(exclude={"attempt", "seq"}))
+    store = _store()
+    store.append("u10", [encoded], attempt=1)
+    (entry,) = store.read("u10")
+    assert TextEvent.model_validate_json(entry.data) == TextEvent(step=3, delta=delta, attempt=1, seq=1)
