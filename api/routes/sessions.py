@@ -26,7 +26,7 @@ _INT32 = 2**31
 
 @router.post("", status_code=201, response_model=SessionOut)
 def create_session(k: KortexDep, tenant: TenantDep, response: Response, body: CreateSession | None = None) -> SessionOut:
-    body = body or CreateSession()  # every field has a default, so no body at all is fine too
+    body = body or CreateSession(name=None, model=None)  # every field has a default, so no body at all is fine too
     session = chat.create_session(k, tenant.id, body.name, body.model)
     response.headers["Location"] = f"/v1/sessions/{session.id}"
     return SessionOut.of(session)
