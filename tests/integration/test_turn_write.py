@@ -31,7 +31,7 @@ def _rows(h: Harness, session_id: str) -> tuple[list[dict[str, Any]], list[dict[
         ms = conn.execute(select(chat_messages).where(chat_messages.c.session_id == session_id)
                           .order_by(chat_messages.c.turn_no)).all()
         count = conn.scalar(select(chat_sessions.c.turn_count).where(chat_sessions.c.id == session_id))
-    return [_strip(r) for r in ts], [_strip(r) for r in ms], int(count)
+    return [_strip(r) for r in ts], [_strip(r) for r in ms], int(count or 0)
 
 
 def _json_storage(h: Harness, session_id: str) -> list[tuple[Any, ...]]:
