@@ -10,6 +10,7 @@ timeout or Ctrl-C (SIGINT, SIGTERM) leaves no process, database or Redis key beh
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import resource
@@ -394,14 +395,17 @@ def kortex_stack(cleanup: contextlib.ExitStack, env: dict[str, str], logdir: Pat
     for name, proc in procs.items():
         if name == "api":
             proc.wait_for(api_ready)
-        elif name == "beat":
-            proc.wait_for(lambda p=proc: "watchdog process started" in p.output())
         else:
-            proc.wait_for(lambda p=proc: " ready." in p.output())
+            mark = "watchdog process started" if name == "beat" else " ready."
+            proc.wait_for(functools.partial(_says, proc, mark))
     keys = {role: job.result(timeout=180) for role, job in pending.items()}
     profile(cleanup, procs)
     progress("Kortex is ready")
     return KortexStack(url=url, env=env, procs=procs, pg_db=pg_db, keys=keys)
+
+
+def _says(proc: Proc, mark: str) -> bool:
+    return mark in proc.output()
 
 
 def profile(cleanup: contextlib.ExitStack, procs: dict[str, Proc]) -> None:
