@@ -118,18 +118,21 @@ async def turn_events(
 ) -> AsyncIterator[str]:
     after = resume_point(last_event_id)
     yield "retry: 2000\n\n"
-    if not await run_in_threadpool(k.events.exists, turn.id):
-        turn = await run_in_threadpool(get_turn, k, turn.tenant_id, turn.id)
-        if turn.finished:
-            # The live stream has expired: rebuild it from the database (ids 0-1, 0-2, ...).
-            # A client that stopped part-way through the live stream cannot be placed in the
-            # rebuilt one (its text is whole per step), so it gets the turn again from the
-            # start; the restart shows in the ids, which fall back to 0-1.
-            skip = parse_id(after)[1] if after.startswith("0-") else 0
-            for entry in await run_in_threadpool(replay_events, k, turn):
-                if parse_id(entry.id)[1] > skip:
-                    yield format_entry(entry)
-            return
+    # ``turn`` was read just before the stream opened. An unfinished turn's stream is live (or
+    # not yet written): the hub waits for it, so only a finished turn is checked for an expired
+    # stream, which saves a new stream a Redis round trip, a database read and two trips to the
+    # thread pool.
+    if turn.finished and not await run_in_threadpool(k.events.exists, turn.id):
+        # The live stream has expired: rebuild it from the database (ids 0-1, 0-2, ...). A
+        # finished turn's row is final, so the one read already serves. A client that stopped
+        # part-way through the live stream cannot be placed in the rebuilt one (its text is
+        # whole per step), so it gets the turn again from the start; the restart shows in the
+        # ids, which fall back to 0-1.
+        skip = parse_id(after)[1] if after.startswith("0-") else 0
+        for entry in await run_in_threadpool(replay_events, k, turn):
+            if parse_id(entry.id)[1] > skip:
+                yield format_entry(entry)
+        return
     cursor = after
     try:
         async with hub.subscribe(k.events.key(turn.id), after) as subscription:

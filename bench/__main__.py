@@ -14,6 +14,8 @@ Parts:
   sse       bench/sse.py's fan-out figures (2,000 streams x 5 events/s vs a raw ASGI floor), if present.
 
 Needs PostgreSQL and Redis (the test services: KORTEX_TEST_PG_URL, KORTEX_TEST_REDIS_URL).
+KORTEX_BENCH_PYSPY=<folder> profiles every Kortex process with py-spy from the moment it is ready
+(speedscope files; KORTEX_BENCH_PYSPY_PROCS=api,turns worker narrows it).
 Everything it starts (processes, a throwaway database, Redis keys under a private prefix) is
 removed on exit, Ctrl-C included. Each part has a hard time limit (--part-timeout) and
 reports what finished before it.

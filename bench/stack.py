@@ -10,6 +10,7 @@ timeout or Ctrl-C (SIGINT, SIGTERM) leaves no process, database or Redis key beh
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import resource
@@ -394,13 +395,49 @@ def kortex_stack(cleanup: contextlib.ExitStack, env: dict[str, str], logdir: Pat
     for name, proc in procs.items():
         if name == "api":
             proc.wait_for(api_ready)
-        elif name == "beat":
-            proc.wait_for(lambda p=proc: "watchdog process started" in p.output())
         else:
-            proc.wait_for(lambda p=proc: " ready." in p.output())
+            mark = "watchdog process started" if name == "beat" else " ready."
+            proc.wait_for(functools.partial(_says, proc, mark))
     keys = {role: job.result(timeout=180) for role, job in pending.items()}
+    profile(cleanup, procs)
     progress("Kortex is ready")
     return KortexStack(url=url, env=env, procs=procs, pg_db=pg_db, keys=keys)
+
+
+def _says(proc: Proc, mark: str) -> bool:
+    return mark in proc.output()
+
+
+def profile(cleanup: contextlib.ExitStack, procs: dict[str, Proc]) -> None:
+    """``KORTEX_BENCH_PYSPY=<folder>``: attach py-spy to each ready process and its children,
+    sampling the thread that holds the GIL (CPU, not waits), and write
+    ``<folder>/<process>-<pid>.speedscope`` when the stack stops (py-spy writes on SIGINT).
+    ``KORTEX_BENCH_PYSPY_PROCS`` narrows it to some processes (comma-separated names, e.g.
+    ``api,turns worker``)."""
+    folder = os.environ.get("KORTEX_BENCH_PYSPY")
+    if not folder:
+        return
+    spy = shutil.which("py-spy") or str(Path(PYTHON).with_name("py-spy"))
+    if not Path(spy).exists():
+        progress("KORTEX_BENCH_PYSPY is set but py-spy is not installed (pip install py-spy): no profiles")
+        return
+    wanted = [n.strip() for n in os.environ.get("KORTEX_BENCH_PYSPY_PROCS", "").split(",") if n.strip()]
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    for name, proc in procs.items():
+        if wanted and name not in wanted:
+            continue
+        out = Path(folder) / f"{name.replace(' ', '-')}-{proc.pid}.speedscope"
+        spier = subprocess.Popen([spy, "record", "--pid", str(proc.pid), "--subprocesses", "--gil",
+                                  "--rate", "200", "--format", "speedscope", "-o", str(out)],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+        def stop(spier: subprocess.Popen[bytes] = spier) -> None:
+            spier.send_signal(signal.SIGINT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                spier.wait(30)
+
+        cleanup.callback(stop)  # registered after the processes' stop, so it runs before it (LIFO)
+    progress(f"py-spy writing to {folder}")
 
 
 @contextlib.contextmanager

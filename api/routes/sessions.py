@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import logging
+from collections.abc import Callable
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from starlette.concurrency import run_in_threadpool
 
 from api.deps import KortexDep, TenantDep, allowed, object_id
 from api.schemas import CreateSession, MessageOut, MessagePage, PostMessage, SessionOut, TurnAccepted
 from kortex.access import Permission
+from kortex.container import Kortex
 from kortex.errors import InvalidInput
 from kortex.storage import chats, turns
 from kortex.turns import chat
+from kortex.turns.handoff import Handoff
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"], dependencies=[Depends(allowed(Permission.CHAT))])
 log = logging.getLogger(__name__)
@@ -21,7 +26,7 @@ _INT32 = 2**31
 
 @router.post("", status_code=201, response_model=SessionOut)
 def create_session(k: KortexDep, tenant: TenantDep, response: Response, body: CreateSession | None = None) -> SessionOut:
-    body = body or CreateSession()  # every field has a default, so no body at all is fine too
+    body = body or CreateSession(name=None, model=None)  # every field has a default, so no body at all is fine too
     session = chat.create_session(k, tenant.id, body.name, body.model)
     response.headers["Location"] = f"/v1/sessions/{session.id}"
     return SessionOut.of(session)
@@ -66,27 +71,42 @@ def list_messages(
     return MessagePage(messages=messages, next_after=messages[-1].position if len(messages) == limit else None)
 
 
+def _post(k: Kortex, tenant_id: str, session_id: str, body: PostMessage, idempotency_key: str | None,
+          dispatch: Callable[[Handoff], None]) -> tuple[chat.PostedTurn, bool]:
+    """Store the turn, then enqueue it: one trip to the thread pool for the whole request.
+    True when the enqueue was deferred to the watchdog."""
+    posted = chat.post_message(k, tenant_id, session_id, body.content, model=body.model,
+                               idempotency_key=idempotency_key)
+    if posted.handoff:
+        try:
+            dispatch(posted.handoff)
+        except Exception:  # the broker is down; the turn is stored, so the watchdog enqueues it later
+            log.warning("could not enqueue turn %s now; the watchdog will", posted.turn.id, exc_info=True)
+            return posted, True
+    return posted, False
+
+
 @router.post("/{session_id}/messages", status_code=202, response_model=TurnAccepted)
-def post_message(
+async def post_message(
     session_id: str,
     body: PostMessage,
     request: Request,
-    response: Response,
     k: KortexDep,
     tenant: TenantDep,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)] = None,
-) -> TurnAccepted:
-    posted = chat.post_message(k, tenant.id, object_id(session_id, "session"), body.content,
-                                     model=body.model, idempotency_key=idempotency_key)
-    if posted.handoff:
-        try:
-            request.app.state.dispatch(posted.handoff)  # a sync route: this runs on the thread pool
-        except Exception:  # the broker is down; the turn is stored, so the watchdog enqueues it later
-            log.warning("could not enqueue turn %s now; the watchdog will", posted.turn.id, exc_info=True)
-            response.headers["Kortex-Enqueue"] = "deferred"
+) -> Response:
+    # An async route that answers with its own Response: a plain def would cost FastAPI two
+    # thread-pool trips (the route, then validating the returned model against
+    # ``response_model``), and the body below is TurnAccepted's JSON as pydantic would write it.
+    posted, deferred = await run_in_threadpool(_post, k, tenant.id, object_id(session_id, "session"), body,
+                                               idempotency_key, request.app.state.dispatch)
     turn = posted.turn
-    events_url = f"/v1/turns/{turn.id}/events"
-    response.headers["Location"] = f"/v1/turns/{turn.id}"
+    headers = {"Location": f"/v1/turns/{turn.id}"}
+    if deferred:
+        headers["Kortex-Enqueue"] = "deferred"
     if not posted.created:
-        response.headers["Idempotent-Replayed"] = "true"
-    return TurnAccepted(turn_id=turn.id, session_id=turn.session_id, status=turn.status, events_url=events_url)
+        headers["Idempotent-Replayed"] = "true"
+    accepted = {"turn_id": turn.id, "session_id": turn.session_id, "status": turn.status,
+                "events_url": f"/v1/turns/{turn.id}/events"}
+    return Response(json.dumps(accepted, separators=(",", ":")), status_code=202, headers=headers,
+                    media_type="application/json")

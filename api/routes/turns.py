@@ -12,6 +12,7 @@ from api.deps import HubDep, KortexDep, TenantDep, allowed, object_id
 from api.schemas import TurnOut
 from api.sse import HeldStream, nothing_left, resume_point, turn_events
 from kortex.access import Permission
+from kortex.stream.entries import START
 from kortex.turns.chat import get_turn
 
 router = APIRouter(prefix="/v1/turns", tags=["turns"], dependencies=[Depends(allowed(Permission.CHAT))])
@@ -36,7 +37,10 @@ async def stream_events(
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=64)] = None,
 ) -> Response:
     turn = await run_in_threadpool(get_turn, k, tenant.id, object_id(turn_id, "turn"))
-    if await run_in_threadpool(nothing_left, k, turn, resume_point(last_event_id)):
+    after = resume_point(last_event_id)
+    # A turn still running, or a first connection, has something left to send: only a finished
+    # turn resumed part-way needs the lookups of nothing_left (and its trip to the pool).
+    if turn.finished and after != START and await run_in_threadpool(nothing_left, k, turn, after):
         return Response(status_code=204)  # the client has every event: EventSource stops here
     heartbeat = request.app.state.heartbeat
     return HeldStream(turn_events(k, hub, turn, last_event_id, heartbeat), slots=request.app.state.stream_slots,

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, bindparam, case, exists, func, select, tuple_, update
+from sqlalchemy import and_, bindparam, case, exists, func, insert, select, tuple_, update
 from sqlalchemy.engine import Connection
 
 from kortex.errors import Conflict, NotFound, RateLimited
@@ -27,7 +27,15 @@ from kortex.ids import uuid7
 from kortex.messages import AssistantMessage, ToolCall, ToolMessage, ToolResult, Usage, UserMessage
 from kortex.storage.chats import INSERT_MESSAGE, message_row
 from kortex.storage.records import TERMINAL, InvocationRecord, TurnRecord
-from kortex.storage.schema import chat_sessions, stream_outbox, tenant_spend, tenants, tool_invocations, turns
+from kortex.storage.schema import (
+    chat_messages,
+    chat_sessions,
+    stream_outbox,
+    tenant_spend,
+    tenants,
+    tool_invocations,
+    turns,
+)
 from kortex.timeparse import utcnow
 
 ACTIVE = ("queued", "running", "waiting_tools")
@@ -111,6 +119,62 @@ _NEXT_TURN_NO = (
     .returning(chat_sessions.c.turn_count)
 )
 _INSERT_TURN = turns.insert()
+# PostgreSQL writes a new turn in one statement: the session's next turn number, the turn, its
+# user message and the tenant's row lock, which are four round trips one by one (SQLite, which
+# has no data-modifying WITH, still takes them). The inserts get their turn number from the
+# update; a session that vanished since the read leaves them nothing to insert (turn_no NULL).
+# Each column is bound with its own type, so values are stored exactly as by the plain inserts.
+# Nothing reads the lock inside the statement: the count that needs it is the next statement
+# (see _ADMIT_COUNT), taken once the lock is held.
+_TURN_COLUMNS = ("id", "tenant_id", "session_id", "status", "step", "attempt", "lease_until", "pending_tools",
+                 "model", "model_used", "idempotency_key", "request_hash", "error", "input_tokens", "output_tokens",
+                 "cost_usd", "deadline_at", "created_at", "updated_at", "finished_at")
+_MESSAGE_COLUMNS = tuple(c.name for c in chat_messages.c if c.name != "turn_no")
+_next_turn = _NEXT_TURN_NO.cte("next_turn")
+_new_turn = (
+    insert(turns)
+    .from_select([*_TURN_COLUMNS, "turn_no"],
+                 select(*[bindparam(f"t_{c}", type_=turns.c[c].type) for c in _TURN_COLUMNS], _next_turn.c.turn_count))
+    .returning(_t.turn_no)
+    .cte("new_turn")
+)
+_new_message = (
+    insert(chat_messages)
+    .from_select([*_MESSAGE_COLUMNS, "turn_no"],
+                 select(*[bindparam(f"m_{c}", type_=chat_messages.c[c].type) for c in _MESSAGE_COLUMNS],
+                        _new_turn.c.turn_no))
+    .returning(chat_messages.c.id)
+    .cte("new_message")
+)
+_tenant_lock = _ADMIT_LOCK.cte("tenant_lock")
+#: dialects that write a turn in one statement (a test turns it off to compare the two ways)
+ONE_STATEMENT_WRITE = frozenset({"postgresql"})
+_WRITE_TURN_PG = select(
+    select(_new_turn.c.turn_no).scalar_subquery().label("turn_no"),
+    select(func.count()).select_from(_new_message).scalar_subquery().label("messages"),
+    select(func.count()).select_from(_tenant_lock).scalar_subquery().label("locked"),
+)
+
+
+def _write_turn(conn: Connection, row: dict[str, Any], content: str) -> int | None:
+    """Store the turn ``row`` (all but its turn_no) and its user message, and take the tenant's
+    row lock; returns the turn's number, None when the session is gone."""
+    message = message_row(tenant_id=row["tenant_id"], session_id=row["session_id"], turn_id=row["id"], turn_no=0,
+                          step=-1, ord=0, message=UserMessage(content=content))
+    if conn.dialect.name in ONE_STATEMENT_WRITE:
+        params = {f"t_{c}": row[c] for c in _TURN_COLUMNS}
+        params.update({f"m_{c}": message[c] for c in _MESSAGE_COLUMNS})
+        params.update(p_session=row["session_id"], p_tenant=row["tenant_id"], p_now=row["updated_at"])
+        written = conn.execute(_WRITE_TURN_PG, params).one()
+        return int(written.turn_no) if written.turn_no is not None else None
+    turn_no = conn.scalar(_NEXT_TURN_NO, {"p_session": row["session_id"], "p_tenant": row["tenant_id"],
+                                          "p_now": row["updated_at"]})
+    if turn_no is None:
+        return None
+    conn.execute(_INSERT_TURN, {**row, "turn_no": turn_no})
+    conn.execute(INSERT_MESSAGE, {**message, "turn_no": turn_no})
+    conn.execute(_ADMIT_LOCK, {"p_tenant": row["tenant_id"]})
+    return int(turn_no)
 
 
 def _busy(turn_id: str) -> Conflict:
@@ -150,19 +214,18 @@ def create_turn(
     if admit is not None:
         admit(conn, Admission(usd_today=float(state.usd or 0.0), session_tokens=int(state.tokens or 0),
                               tenant_settings=state.settings))
-    turn_no = conn.scalar(_NEXT_TURN_NO, {"p_session": session_id, "p_tenant": tenant_id, "p_now": now})
     row: dict[str, Any] = {
-        "id": uuid7(), "tenant_id": tenant_id, "session_id": session_id, "turn_no": turn_no,
+        "id": uuid7(), "tenant_id": tenant_id, "session_id": session_id,
         "status": "queued", "step": 0, "attempt": 0, "lease_until": None, "pending_tools": 0, "model": model,
         "model_used": None,
         "idempotency_key": idempotency_key, "request_hash": digest, "error": None,
         "input_tokens": 0, "output_tokens": 0, "cost_usd": 0.0, "deadline_at": now + deadline,
         "created_at": now, "updated_at": now, "finished_at": None,
     }
-    conn.execute(_INSERT_TURN, row)
-    conn.execute(INSERT_MESSAGE, message_row(tenant_id=tenant_id, session_id=session_id, turn_id=row["id"],
-                                             turn_no=turn_no, step=-1, ord=0, message=UserMessage(content=content)))
-    conn.execute(_ADMIT_LOCK, {"p_tenant": tenant_id})
+    turn_no = _write_turn(conn, row, content)
+    if turn_no is None:  # deleted since the read
+        raise NotFound("session not found")
+    row["turn_no"] = turn_no
     counted = conn.execute(_ADMIT_COUNT, {"p_tenant": tenant_id, "p_session": session_id, "p_id": row["id"]}).one()
     if counted.busy:  # another post to this session committed first
         raise _busy(counted.busy)

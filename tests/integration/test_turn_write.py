@@ -1,0 +1,108 @@
+"""PostgreSQL writes a new turn (session counter, turn, user message, tenant lock) in one
+statement: the rows are those the statement-by-statement way writes, and the rules that depend
+on the lock and the counter still hold under concurrent posts."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from kortex.errors import Conflict
+from kortex.storage import turns as turn_store
+from kortex.storage.schema import chat_messages, chat_sessions, turns
+from kortex.turns import chat
+from tests.conftest import Harness
+
+pytestmark = pytest.mark.integration
+
+_VOLATILE = {"id", "turn_id", "session_id", "idempotency_key", "created_at", "updated_at", "deadline_at"}
+
+
+def _strip(row: Any) -> dict[str, Any]:
+    return {k: v for k, v in row._mapping.items() if k not in _VOLATILE}
+
+
+def _rows(h: Harness, session_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
+    with h.k.db.connect() as conn:
+        ts = conn.execute(select(turns).where(turns.c.session_id == session_id).order_by(turns.c.turn_no)).all()
+        ms = conn.execute(select(chat_messages).where(chat_messages.c.session_id == session_id)
+                          .order_by(chat_messages.c.turn_no)).all()
+        count = conn.scalar(select(chat_sessions.c.turn_count).where(chat_sessions.c.id == session_id))
+    return [_strip(r) for r in ts], [_strip(r) for r in ms], int(count or 0)
+
+
+def _json_storage(h: Harness, session_id: str) -> list[tuple[Any, ...]]:
+    """How the JSON columns are stored: JSON null and SQL NULL read back alike."""
+    with h.k.db.connect() as conn:
+        return [tuple(r) for r in conn.exec_driver_sql(
+            "SELECT t.turn_no, t.error IS NULL, jsonb_typeof(t.error), m.tool_calls IS NULL, m.result IS NULL "
+            "FROM turns t JOIN chat_messages m ON m.turn_id = t.id WHERE t.session_id = %(s)s ORDER BY t.turn_no",
+            {"s": session_id}).all()]
+
+
+def _two_turns(h: Harness, tenant: str, session_id: str) -> None:
+    for content in ("first", "second"):
+        posted = chat.post_message(h.k, tenant, session_id, content, idempotency_key=f"{session_id}-{content}")
+        with h.k.db.begin() as conn:  # finish it, so the session takes the next one
+            conn.execute(turns.update().where(turns.c.id == posted.turn.id).values(status="done"))
+
+
+def test_one_statement_writes_the_rows_the_separate_statements_write(pg: Harness, monkeypatch: Any) -> None:
+    tenant = pg.tenant("one-statement")
+    one = chat.create_session(pg.k, tenant, "one").id
+    _two_turns(pg, tenant, one)
+    monkeypatch.setattr(turn_store, "ONE_STATEMENT_WRITE", frozenset())
+    separate = chat.create_session(pg.k, tenant, "separate").id
+    _two_turns(pg, tenant, separate)
+
+    assert _rows(pg, one) == _rows(pg, separate)
+    assert [r["turn_no"] for r in _rows(pg, one)[0]] == [1, 2]
+    assert _rows(pg, one)[2] == 2
+    assert _json_storage(pg, one) == _json_storage(pg, separate)
+    # An idempotent replay still finds the turn the one statement wrote.
+    again = chat.post_message(pg.k, tenant, one, "second", idempotency_key=f"{one}-second")
+    assert not again.created and again.turn.turn_no == 2
+
+
+def test_concurrent_posts_to_one_session_admit_exactly_one(pg: Harness) -> None:
+    tenant = pg.tenant("one-session-crowd")
+    session_id = chat.create_session(pg.k, tenant, "crowd").id
+    n = 12
+    start = threading.Barrier(n)
+    outcomes: list[Any] = []
+    lock = threading.Lock()
+
+    def post(i: int) -> None:
+        start.wait()
+        try:
+            result: Any = chat.post_message(pg.k, tenant, session_id, f"hello {i}")
+        except Exception as exc:
+            result = exc
+        with lock:
+            outcomes.append(result)
+
+    threads = [threading.Thread(target=post, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    admitted = [o for o in outcomes if not isinstance(o, Exception)]
+    refused = [o for o in outcomes if isinstance(o, Exception)]
+    assert len(admitted) == 1, outcomes
+    assert all(isinstance(e, Conflict) and e.code == "turn_in_progress" for e in refused), refused
+    ts, ms, count = _rows(pg, session_id)
+    assert len(ts) == 1 and len(ms) == 1 and ts[0]["turn_no"] == admitted[0].turn.turn_no
+    assert count >= 1  # refused posts roll back their increment
+
+
+def test_a_post_to_another_tenants_session_writes_nothing(pg: Harness) -> None:
+    owner = pg.tenant("session-owner")
+    other = pg.tenant("session-stranger")
+    session_id = chat.create_session(pg.k, owner, "mine").id
+    with pytest.raises(Exception) as caught:
+        chat.post_message(pg.k, other, session_id, "hello")
+    assert getattr(caught.value, "code", None) == "not_found"
+    assert _rows(pg, session_id) == ([], [], 0)
