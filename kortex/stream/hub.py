@@ -13,8 +13,9 @@ Why it is shaped this way (2,000 open streams, measured with ``bench/sse.py``):
   read is interrupted at most once per batch of joins (``CLIENT UNBLOCK``), not once per join;
   a read in flight is never rebuilt for one newcomer.
 - **Rounds are paced.** Each round names every stream of its shard, so its cost grows with the
-  streams; a shard starts at most one round per ``round_ms`` and so reads many entries per
-  round under load (adding at most ``round_ms`` of latency) instead of one round per entry.
+  streams; a shard of ``PACE_FROM`` streams or more starts at most one round per ``round_ms``
+  and so reads many entries per round under load (adding at most ``round_ms`` of latency)
+  instead of one round per entry. A join cuts the pause short; fewer streams are not paced.
 - **Per entry, little work**: ids are parsed once per round and shared by every reader of the
   stream, and readers take everything buffered at once (one socket write per batch).
 
@@ -40,6 +41,7 @@ from redis.exceptions import RedisError, ResponseError
 from kortex.stream.entries import START, Entry, entries_from_raw, parse_id
 
 log = logging.getLogger(__name__)
+PACE_FROM = 16  # streams in a shard from which its rounds are paced (see the module's docstring)
 
 Position = tuple[int, int]
 
@@ -314,8 +316,13 @@ class _Shard:
                         if start is None or sub.cursor >= start:
                             sub._feed(entries, positions)
                 rest = round_s - (time.monotonic() - began)
-                if rest > 0 and reply:
-                    await asyncio.sleep(rest)  # let entries gather: fewer, fuller rounds
+                if rest > 0 and reply and len(streams) >= PACE_FROM:
+                    # Let entries gather: fewer, fuller rounds. Only where a round is costly
+                    # (it names many streams); a few streams are read at once, and a join cuts
+                    # the pause short, so a new reader's first event does not wait it out.
+                    self.wake.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self.wake.wait(), rest)
             except asyncio.CancelledError:
                 raise
             except ResponseError as exc:
