@@ -288,7 +288,7 @@ class PoolSettings(_Section):
     that what a process runs at once fits without waiting."""
 
     db_pool_size: int = Field(5, ge=1, le=500)        # PostgreSQL connections kept open
-    db_max_overflow: int = Field(5, ge=0, le=500)     # opened under load, closed when returned
+    db_max_overflow: int = Field(5, ge=0, le=500)     # more opened under load (PostgreSQL: kept once open)
     telemetry_pool_size: int = Field(2, ge=1, le=500)  # tool queries (tools workers; lazily opened)
     telemetry_max_overflow: int = Field(2, ge=0, le=500)
     redis_max_connections: int = Field(32, ge=2, le=10_000)  # the shared client (stream writes, limits)

@@ -176,7 +176,11 @@ class Database:
         # Bound parameters carry user content and tool output: keep them out of error messages.
         kwargs: dict[str, Any] = {"echo": echo, "hide_parameters": True}
         if self.dialect == "postgresql":
-            kwargs.update(pool_size=pool_size, max_overflow=overflow,
+            # Every connection up to the budget is kept once opened: an overflow connection is
+            # closed when returned while the pool holds pool_size idle ones, and a busy process
+            # (step work comes in bursts) then reconnected ~300 times in 400 turns, each a new
+            # backend forked by PostgreSQL. The pool still opens them only when needed.
+            kwargs.update(pool_size=pool_size + overflow, max_overflow=0,
                           pool_pre_ping=False, pool_recycle=1800, pool_timeout=pool_timeout)
             if statement_timeout:
                 kwargs["connect_args"] = {"options": f"-c statement_timeout={int(statement_timeout * 1000)}"}

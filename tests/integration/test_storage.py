@@ -108,3 +108,39 @@ def test_a_tool_call_the_pipeline_gave_up_on_frees_its_connection_at_its_own_dea
             assert conn.execute(text("SELECT 1")).scalar() == 1
     finally:
         db.dispose()
+
+
+def test_a_busy_process_keeps_its_connections_instead_of_reconnecting(pg_url: str) -> None:
+    """Bursts past the pool's base size used to open overflow connections and close them on
+    return, a new PostgreSQL backend each time: now each connection opened is kept."""
+    import threading
+
+    from sqlalchemy import event, text
+
+    from kortex.storage.db import Database
+
+    db = Database(pg_url, pool_size=2, max_overflow=2)
+    opened: list[object] = []
+    event.listen(db.engine, "connect", lambda *args: opened.append(args))
+    try:
+        def burst() -> None:
+            barrier = threading.Barrier(4)
+
+            def work() -> None:
+                with db.connect() as conn:
+                    barrier.wait(5)  # four at once: two past the base size
+                    conn.execute(text("select 1"))
+
+            threads = [threading.Thread(target=work) for _ in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(10)
+
+        burst()
+        assert len(opened) == 4 and db.max_connections == 4
+        for _ in range(3):
+            burst()
+        assert len(opened) == 4  # the same four, reused
+    finally:
+        db.dispose()

@@ -23,7 +23,9 @@ def test_pools_come_from_settings_and_the_redis_pool_blocks(tmp_path: Path) -> N
     k = Kortex.create(_settings(tmp_path, db_pool_size=3, db_max_overflow=2, telemetry_pool_size=1,
                                 telemetry_max_overflow=0, redis_max_connections=7, redis_pool_timeout=1.5))
     try:
-        assert (k.db.engine.pool.size(), k.db.engine.pool._max_overflow) == (3, 2)  # type: ignore[attr-defined]
+        # PostgreSQL keeps every connection it opens up to pool + overflow (no reconnect churn)
+        assert (k.db.engine.pool.size(), k.db.engine.pool._max_overflow) == (5, 0)  # type: ignore[attr-defined]
+        assert k.db.max_connections == 5
         telemetry = k.sources.metrics.db  # type: ignore[attr-defined]
         assert (telemetry.engine.pool.size(), telemetry.engine.pool._max_overflow) == (1, 0)
         pool = k.redis.connection_pool
