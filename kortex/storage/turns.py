@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, bindparam, case, exists, func, insert, select, tuple_, update
+from sqlalchemy import and_, bindparam, case, exists, func, insert, select, true, tuple_, update
 from sqlalchemy.engine import Connection
 
 from kortex.errors import Conflict, NotFound, RateLimited
@@ -455,6 +455,38 @@ _COUNT_DOWN = (
 )
 
 
+# PostgreSQL stores a result in one statement: the invocation's compare-and-set, its tool
+# message and the turn's count down, three round trips one by one (SQLite takes them so). The
+# message and the count down read the invocation's row from the first CTE, so they happen only
+# when it won, and after it: the invocation is still locked before the turn (see fail_turn).
+_done_inv = _COMPLETE_INVOCATION.cte("done_inv")
+_RESULT_COLUMNS = tuple(c.name for c in chat_messages.c
+                        if c.name not in ("session_id", "turn_id", "turn_no", "step", "ord"))
+_result_message = (
+    insert(chat_messages)
+    .from_select([*_RESULT_COLUMNS, "session_id", "turn_id", "turn_no", "step", "ord"],
+                 select(*[bindparam(f"m_{c}", type_=chat_messages.c[c].type) for c in _RESULT_COLUMNS],
+                        _done_inv.c.session_id, _done_inv.c.turn_id, _done_inv.c.turn_no, _done_inv.c.step,
+                        _done_inv.c.idx + 1))
+    .returning(chat_messages.c.id)
+    .cte("result_message")
+)
+_count_down = (
+    update(turns)
+    .where(_t.id == _done_inv.c.turn_id, _t.tenant_id == bindparam("p_tenant"), _t.step == _done_inv.c.step,
+           _t.status == "waiting_tools")
+    .values(pending_tools=_t.pending_tools - 1, status=case((_LAST, "queued"), else_=_t.status),
+            step=case((_LAST, _t.step + 1), else_=_t.step), updated_at=bindparam("p_now"))
+    .returning(_t.pending_tools.label("left_pending"), _t.step.label("left_step"))
+    .cte("count_down")
+)
+_COMPLETE_PG = (
+    select(_done_inv, _count_down.c.left_pending, _count_down.c.left_step,
+           select(func.count()).select_from(_result_message).scalar_subquery().label("messages"))
+    .select_from(_done_inv.outerjoin(_count_down, true()))
+)
+
+
 def complete_invocation(
     conn: Connection,
     tenant_id: str,
@@ -465,11 +497,21 @@ def complete_invocation(
 ) -> Completion | None:
     """Store a result; the last result of a step re-queues the turn for the next step, once."""
     now = utcnow()
-    row = conn.execute(_COMPLETE_INVOCATION, {
+    params = {
         "p_id": invocation_id, "p_tenant": tenant_id, "p_from": list(from_status), "p_is_error": result.is_error,
         "p_error_code": result.error_code, "p_truncated": result.truncated, "p_elapsed": result.elapsed_ms,
         "p_now": now,
-    }).first()
+    }
+    if conn.dialect.name in ONE_STATEMENT_WRITE:
+        message = message_row(tenant_id=tenant_id, session_id="", turn_id="", turn_no=0, step=0, ord=0,
+                              message=ToolMessage(result=result))
+        params.update({f"m_{c}": message[c] for c in _RESULT_COLUMNS})
+        done = conn.execute(_COMPLETE_PG, params).first()
+        if done is None:
+            return None
+        next_step = done.left_step if done.left_pending == 0 else None
+        return Completion(InvocationRecord.from_row(done), next_step)
+    row = conn.execute(_COMPLETE_INVOCATION, params).first()
     if row is None:
         return None
     inv = InvocationRecord.from_row(row)

@@ -106,3 +106,37 @@ def test_a_post_to_another_tenants_session_writes_nothing(pg: Harness) -> None:
         chat.post_message(pg.k, other, session_id, "hello")
     assert getattr(caught.value, "code", None) == "not_found"
     assert _rows(pg, session_id) == ([], [], 0)
+
+
+def _fan_out(h: Harness, tenant: str, name: str) -> tuple[str, list[Any]]:
+    """A turn parked on several tool calls, every result stored; returns the session and what
+    each store said (the last one hands the turn to the next step)."""
+    from kortex.messages import ToolResult
+    from kortex.turns.step import run_step
+
+    session = chat.create_session(h.k, tenant, name, "scripted:fan_out")
+    posted = chat.post_message(h.k, tenant, session.id, "go")
+    tools = run_step(h.k, tenant, posted.turn.id, 0).tools
+    said = []
+    for n, tool in enumerate(tools):
+        with h.k.db.begin() as conn:
+            inv = turn_store.claim_invocation(conn, tenant, tool.invocation_id, hard_limit=60)
+            assert inv is not None
+            result = ToolResult(call_id=inv.call_id, name=inv.name, content={"n": n}, is_error=n == 1,
+                                error_code="boom" if n == 1 else None)
+            done = turn_store.complete_invocation(conn, tenant, inv.id, result)
+            again = turn_store.complete_invocation(conn, tenant, inv.id, result)  # a second delivery
+        said.append((done.next_step if done else "lost", done.invocation.idx if done else None, again))
+    return session.id, said
+
+
+def test_one_statement_stores_a_tool_result_as_the_separate_statements_do(pg: Harness, monkeypatch: Any) -> None:
+    tenant = pg.tenant("one-statement-results")
+    one, said_one = _fan_out(pg, tenant, "one")
+    monkeypatch.setattr(turn_store, "ONE_STATEMENT_WRITE", frozenset())
+    separate, said_separate = _fan_out(pg, tenant, "separate")
+    assert len(said_one) >= 2
+    assert said_one == said_separate
+    assert [s[0] for s in said_one] == [None] * (len(said_one) - 1) + [1]  # only the last hands on
+    assert all(s[2] is None for s in said_one)  # a second store of a settled call is refused
+    assert _rows(pg, one) == _rows(pg, separate)
