@@ -327,13 +327,13 @@ def park_for_tools(
     refused = refused or {}
     now = utcnow()
     runnable = [c for c in message.tool_calls if c.id not in refused]
-    moved = conn.execute(_PARK, {"p_id": turn.id, "p_tenant": turn.tenant_id, "p_step": step,
-                                 "p_attempt": turn.attempt, "p_pending": len(runnable),
-                                 **_usage_params(usage, model_used)})
-    if moved.rowcount != 1:
+    parked = _cas_and_message(conn, _PARK, _PARK_PG, {
+        "p_id": turn.id, "p_tenant": turn.tenant_id, "p_step": step, "p_attempt": turn.attempt,
+        "p_pending": len(runnable), **_usage_params(usage, model_used)},
+        message_row(tenant_id=turn.tenant_id, session_id=turn.session_id, turn_id=turn.id, turn_no=turn.turn_no,
+                    step=step, ord=0, message=message))
+    if not parked:
         raise Conflict("turn moved on while this step ran", code="stale_step")
-    conn.execute(INSERT_MESSAGE, message_row(tenant_id=turn.tenant_id, session_id=turn.session_id, turn_id=turn.id,
-                                             turn_no=turn.turn_no, step=step, ord=0, message=message))
     records = []
     rows = []
     for idx, call in enumerate(message.tool_calls):
@@ -372,6 +372,42 @@ _FINISH = (
 )
 
 
+_ALL_MESSAGE_COLUMNS = tuple(c.name for c in chat_messages.c)
+
+
+def _with_message(cas: Any, name: str) -> Any:
+    """PostgreSQL: a step's compare-and-set on its turn and the assistant message it stores, in
+    one statement (two round trips one by one); the message is written only if the CAS won."""
+    moved = cas.returning(_t.id).cte(f"{name}_moved")
+    message = (
+        insert(chat_messages)
+        .from_select(list(_ALL_MESSAGE_COLUMNS),
+                     select(*[bindparam(f"m_{c}", type_=chat_messages.c[c].type) for c in _ALL_MESSAGE_COLUMNS])
+                     .select_from(moved))
+        .returning(chat_messages.c.id)
+        .cte(f"{name}_message")
+    )
+    return select(select(func.count()).select_from(moved).scalar_subquery().label("moved"),
+                  select(func.count()).select_from(message).scalar_subquery().label("messages"))
+
+
+_FINISH_PG = _with_message(_FINISH, "finish")
+_PARK_PG = _with_message(_PARK, "park")
+
+
+def _cas_and_message(conn: Connection, cas: Any, one_statement: Any, params: dict[str, Any],
+                     message: dict[str, Any] | None) -> bool:
+    """Run the step's ``cas`` and, if it won, insert ``message``; True when it won."""
+    if message is not None and conn.dialect.name in ONE_STATEMENT_WRITE:
+        params = {**params, **{f"m_{c}": message[c] for c in _ALL_MESSAGE_COLUMNS}}
+        return bool(conn.execute(one_statement, params).one().moved)
+    if conn.execute(cas, params).rowcount != 1:
+        return False
+    if message is not None:
+        conn.execute(INSERT_MESSAGE, message)
+    return True
+
+
 def finish_turn(
     conn: Connection,
     turn: TurnRecord,
@@ -385,16 +421,13 @@ def finish_turn(
 ) -> bool:
     """running -> done | failed for the attempt that holds the step, storing the final
     assistant message. False if the turn moved on (another attempt, the watchdog)."""
-    moved = conn.execute(_FINISH, {"p_id": turn.id, "p_tenant": turn.tenant_id, "p_step": step,
-                                   "p_attempt": turn.attempt, "p_status": status, "p_error": error,
-                                   **_usage_params(usage, model_used)})
-    if moved.rowcount != 1:
-        return False
+    row = None
     if message is not None and (message.content or message.tool_calls):
-        conn.execute(INSERT_MESSAGE, message_row(tenant_id=turn.tenant_id, session_id=turn.session_id,
-                                                 turn_id=turn.id, turn_no=turn.turn_no, step=step, ord=0,
-                                                 message=message))
-    return True
+        row = message_row(tenant_id=turn.tenant_id, session_id=turn.session_id, turn_id=turn.id,
+                          turn_no=turn.turn_no, step=step, ord=0, message=message)
+    return _cas_and_message(conn, _FINISH, _FINISH_PG, {
+        "p_id": turn.id, "p_tenant": turn.tenant_id, "p_step": step, "p_attempt": turn.attempt, "p_status": status,
+        "p_error": error, **_usage_params(usage, model_used)}, row)
 
 
 def record_done_event(conn: Connection, tenant_id: str, turn_id: str, entry_id: str) -> None:

@@ -11,6 +11,7 @@ import pytest
 from sqlalchemy import select
 
 from kortex.errors import Conflict
+from kortex.messages import Usage
 from kortex.storage import turns as turn_store
 from kortex.storage.schema import chat_messages, chat_sessions, turns
 from kortex.turns import chat
@@ -140,3 +141,34 @@ def test_one_statement_stores_a_tool_result_as_the_separate_statements_do(pg: Ha
     assert [s[0] for s in said_one] == [None] * (len(said_one) - 1) + [1]  # only the last hands on
     assert all(s[2] is None for s in said_one)  # a second store of a settled call is refused
     assert _rows(pg, one) == _rows(pg, separate)
+
+
+def test_one_statement_parks_and_finishes_as_the_separate_statements_do(pg: Harness, monkeypatch: Any) -> None:
+    """A whole turn (park on tool calls, results, the answer) through both ways: the turns and
+    messages stored are the same, and a step whose turn moved on stores nothing."""
+    from kortex.storage.records import TurnRecord
+    from kortex.turns.step import run_step
+
+    def whole_turn(name: str) -> str:
+        session_id, _ = _fan_out(pg, tenant, name)
+        with pg.k.db.connect() as conn:
+            turn_id = conn.scalar(select(turns.c.id).where(turns.c.session_id == session_id))
+        run_step(pg.k, tenant, turn_id, 1)
+        with pg.k.db.begin() as conn:  # a late attempt of the finished step: its CAS loses
+            record = TurnRecord.from_row(conn.execute(select(turns).where(turns.c.id == turn_id)).one())
+            assert not turn_store.finish_turn(conn, record, step=1, message=None, usage=Usage(), model_used=None)
+        return session_id
+
+    tenant = pg.tenant("one-statement-finish")
+    one = whole_turn("one")
+    monkeypatch.setattr(turn_store, "ONE_STATEMENT_WRITE", frozenset())
+    separate = whole_turn("separate")
+    turns_one, messages_one, _ = _rows(pg, one)
+    assert turns_one[0]["status"] == "done" and [m["role"] for m in messages_one][:2] == ["user", "assistant"]
+    assert messages_one[-1]["role"] == "assistant" and messages_one[-1]["step"] == 1
+
+    def stable(rows: tuple[list[dict[str, Any]], list[dict[str, Any]], int]) -> Any:
+        later = {"finished_at", "done_event_id", "request_hash"}  # when it ended, where its done is
+        return [{k: v for k, v in r.items() if k not in later} for r in rows[0]], rows[1], rows[2]
+
+    assert stable(_rows(pg, one)) == stable(_rows(pg, separate))
