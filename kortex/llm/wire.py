@@ -10,7 +10,7 @@ time, not quadratic.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,7 +65,7 @@ class _Lines:
 
 
 async def sse_events(chunks: AsyncIterator[bytes], *, max_line: int = MAX_LINE,
-                     max_event: int = MAX_EVENT) -> AsyncIterator[SSEvent]:
+                     max_event: int = MAX_EVENT) -> AsyncGenerator[SSEvent, None]:
     """Events of a ``text/event-stream`` body (WHATWG rules: ``event:``, multi-line ``data:``,
     ``:`` comments, blank line dispatches; ``id``/``retry`` are not used by LLM APIs)."""
     lines = _Lines(max_line)
@@ -96,7 +96,8 @@ async def sse_events(chunks: AsyncIterator[bytes], *, max_line: int = MAX_LINE,
     # must not pass for a complete one.
 
 
-async def ndjson_lines(chunks: AsyncIterator[bytes], *, max_line: int = MAX_LINE) -> AsyncIterator[dict[str, Any]]:
+async def ndjson_lines(chunks: AsyncIterator[bytes], *,
+                       max_line: int = MAX_LINE) -> AsyncGenerator[dict[str, Any], None]:
     """Objects of a newline-delimited JSON body."""
     lines = _Lines(max_line)
     async for chunk in chunks:
