@@ -45,6 +45,7 @@ from kortex.llm.base import (
 )
 from kortex.llm.failures import failure
 from kortex.llm.retry import RETRYABLE_STATUS, RetryPolicy, parse_retry_after
+from kortex.llm.wire import dumps
 
 if TYPE_CHECKING:
     from kortex.llm.transport import AiohttpClient
@@ -85,10 +86,6 @@ class StreamBody(Protocol):
     ``transport.Body`` (aiohttp)."""
 
     def aiter_bytes(self) -> AsyncIterator[bytes]: ...
-
-
-def encode_body(body: dict[str, Any]) -> bytes:
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 class VendorClient:
@@ -138,8 +135,8 @@ class VendorClient:
         translated, including those raised while the caller reads the body."""
         aio = self._aio()
         if aio is not None:
-            return aio.post_stream(path, encode_body(body), model=model)
-        return self._httpx_post_stream(path, encode_body(body), model=model)
+            return aio.post_stream(path, dumps(body), model=model)
+        return self._httpx_post_stream(path, dumps(body), model=model)
 
     @asynccontextmanager
     async def _httpx_post_stream(self, path: str, content: bytes, *, model: str) -> AsyncIterator[StreamBody]:
