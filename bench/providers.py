@@ -55,7 +55,7 @@ sys.path.insert(0, str(ROOT))
 from kortex.config import ProviderSettings, Settings  # noqa: E402
 from kortex.llm import anthropic, ollama, openai  # noqa: E402
 from kortex.llm.base import CompletionRequest, Provider, TextChunk  # noqa: E402
-from kortex.messages import UserMessage  # noqa: E402
+from kortex.messages import AssistantMessage, ToolCall, ToolMessage, ToolResult, UserMessage  # noqa: E402
 
 MODELS = {"anthropic": "claude-sonnet-4-6", "openai": "gpt-4o", "ollama": "llama3.2"}
 FACTORIES = {"anthropic": anthropic.create, "openai": openai.create, "ollama": ollama.create}
@@ -82,8 +82,21 @@ def provider(vendor: str, url: str, transport: str) -> Provider:
         {**config, "max_retries": 0, "max_connections": 1000}), settings)
 
 
+#: KB of tool result the requests carry (--history-kb): a step after a tool call sends it all again
+HISTORY_KB = 0
+
+
 def bench_request(vendor: str) -> CompletionRequest:
-    return CompletionRequest(model=MODELS[vendor], system="bench", messages=(UserMessage(content="stream, please"),))
+    messages: tuple[Any, ...] = (UserMessage(content="stream, please"),)
+    if HISTORY_KB:
+        # log lines as a tool returns them, ~200 bytes each once encoded
+        lines = [{"ts": f"2026-04-07T14:{i // 60 % 60:02d}:{i % 60:02d}Z", "level": "error", "service": "checkout",
+                  "msg": f"pool exhausted: waited 5000 ms for a connection (request {i:06d}, naïve retry)"}
+                 for i in range(HISTORY_KB * 1024 // 200)]
+        call = ToolCall(id="call_bench_1", name="get_logs", arguments={"product": "checkout", "time_range": "1h"})
+        messages += (AssistantMessage(content="Checking the logs.", tool_calls=(call,)),
+                     ToolMessage(result=ToolResult(call_id=call.id, name="get_logs", content={"lines": lines})))
+    return CompletionRequest(model=MODELS[vendor], system="bench", messages=messages)
 
 
 class Floor:
@@ -187,10 +200,14 @@ def main() -> None:
     parser.add_argument("--delay-ms", type=float, default=0.0, help="server pause before each chunk")
     parser.add_argument("--pieces-per-s", type=float, default=0.0,
                         help="pace the server like a model: text pieces per second of each stream (0: unpaced)")
+    parser.add_argument("--history-kb", type=int, default=0,
+                        help="a tool result of about this many KB in every request (the body grows with a turn)")
     parser.add_argument("--repeat", type=int, default=1,
                         help="run every row this many times and keep the median CPU (shared machines are noisy)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON too")
     args = parser.parse_args()
+    global HISTORY_KB
+    HISTORY_KB = args.history_kb
 
     words = ["The ", "pool ", "ran ", "dry ", "after ", "deploy ", "v2.14.0 ", "at ", "14:31. "]
     results: list[dict[str, Any]] = []
@@ -207,7 +224,7 @@ def main() -> None:
             try:
                 pace = f"{args.pieces_per_s:g} pieces/s" if args.pieces_per_s else "unpaced"
                 print(f"\nfake server pid {server.pid}: {length} chunks per answer, {pace}, "
-                      f"server delay {args.delay_ms:g} ms/chunk")
+                      f"server delay {args.delay_ms:g} ms/chunk, history {args.history_kb} KB")
                 print(f"{'adapter':<10} {'transport':<8} {'open':>5} {'answers':>7} {'answers/s':>9} "
                       f"{'chunks/s':>9} {'CPU ms/answer':>13} {'CPU µs/chunk':>12} {'wall s':>7} {'failed':>6}")
                 for vendor in args.vendors.split(","):
@@ -218,7 +235,8 @@ def main() -> None:
                                     for _ in range(max(1, args.repeat))]
                             r = sorted(runs, key=lambda x: x["cpu"] / max(1, x["answers"]))[len(runs) // 2]
                             row = {"vendor": vendor, "transport": transport, "chunks_per_answer": length,
-                                   "pieces_per_s": args.pieces_per_s, "concurrency": concurrency,
+                                   "pieces_per_s": args.pieces_per_s, "history_kb": args.history_kb,
+                                   "concurrency": concurrency,
                                    "answers": streams, "answers_per_s": r["answers"] / r["wall"],
                                    "chunks_per_s": r["chunks"] / r["wall"],
                                    "cpu_ms_per_answer": 1e3 * r["cpu"] / max(1, r["answers"]),
