@@ -6,7 +6,7 @@ bounded: a line, and the data of one SSE event, so a server that never sends a n
 blank line cannot exhaust memory, and a long line delivered in many small pieces costs linear
 time, not quadratic.
 
-JSON goes through orjson (``loads``, ``dumps``): a third of the CPU of json's for the small
+JSON goes through orjson (``loads``, ``dumps``): under half the CPU of json's for the small
 frames of a stream, a tenth for a request body; what orjson refuses is handed to json, so the
 same documents are accepted or refused as with json alone.
 """
@@ -14,7 +14,6 @@ same documents are accepted or refused as with json alone.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -37,16 +36,19 @@ class SSEvent:
 
 
 # orjson reads an integer beyond 64 bits as a float (a 20-digit id in a model's tool arguments
-# would lose digits): a document with a run of 19 digits goes to json, whatever they are part of.
-_LONG_DIGITS = re.compile("[0-9]{19}")
-_LONG_DIGITS_BYTES = re.compile(b"[0-9]{19}")
+# would lose digits): a document with a run of 19 digits goes to json, whatever they are part
+# of. Found by mapping every digit to "0" and anything else to " " (bytes.translate, a third of
+# a microsecond for a frame; a regex took longer than orjson's whole parse).
+_DIGITS = bytes(48 if 48 <= i <= 57 else 32 for i in range(256))
+_LONG_RUN = b"0" * 19
 
 
 def loads(data: str | bytes) -> Any:
     """``json.loads``, faster and with the same results. What orjson refuses or would read
     differently (``NaN``, integers beyond 64 bits, UTF-16 bytes) is parsed by json, and what
     both refuse raises json's ValueError."""
-    if (_LONG_DIGITS_BYTES.search(data) if isinstance(data, bytes) else _LONG_DIGITS.search(data)) is None:
+    raw = data if isinstance(data, bytes) else data.encode("utf-8", "surrogatepass")
+    if _LONG_RUN not in raw.translate(_DIGITS):
         try:
             return orjson.loads(data)
         except orjson.JSONDecodeError:
