@@ -1,11 +1,11 @@
 """Provider HTTP on aiohttp directly (``llm.http_transport = "aiohttp"``, the default).
 
-httpx on top of aiohttp cost the turns worker a request object, a response object and three
-async generators per streamed read (py-spy: about a third of its CPU went to moving bytes
-through them); here a body is aiohttp's own ``StreamReader``, read with ``iter_any``. The
-session is made per event loop, its headers fixed when it is made, and the proxy from the
-environment looked up once per session instead of twice per request in a thread (aiohttp's
-``trust_env`` also reads ``~/.netrc`` for every request, which httpx never did).
+httpx on top of aiohttp cost an httpx request and response per call and three more async
+generators per streamed read, and aiohttp's ``trust_env`` sent every request through the
+thread pool twice (for the proxy, and for ``~/.netrc``, which httpx never reads). py-spy on
+``bench/providers.py`` with paced streams: those took about 40% of the process's busy samples.
+Here a body is aiohttp's own ``StreamReader``, read with ``iter_any``; the session is made per
+event loop with its headers and timeouts, and the environment's proxy is read once per session.
 
 Failures become the same ``ProviderError`` codes as on httpx (the table in
 ``kortex/llm/http.py``); this module is the only place aiohttp exceptions are caught.
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -27,8 +26,6 @@ from yarl import URL
 from kortex.errors import ProviderError
 from kortex.llm.failures import failure
 from kortex.llm.http import status_failure  # http.py imports this module only when it is used
-
-log = logging.getLogger(__name__)
 
 #: what a transport failure can be raised as, from aiohttp's connector, parser or stream
 NETWORK_ERRORS = (aiohttp.ClientError, TimeoutError, ConnectionError)
