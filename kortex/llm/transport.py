@@ -74,17 +74,75 @@ async def _status_error(response: aiohttp.ClientResponse, provider: str, model: 
                           provider, model)
 
 
+def _stop_socket_timer(response: aiohttp.ClientResponse) -> bool:
+    """Turn off aiohttp's read timeout for the rest of this response; False if it cannot be
+    (then it stays on). It is a timer cancelled and made again for every read: with a model's
+    paced stream, one per text piece, 5-15% of a stream's CPU (bench/providers.py). The
+    connection's next request sets its own again."""
+    protocol = getattr(response.connection, "protocol", None)
+    if protocol is None or not isinstance(getattr(type(protocol), "read_timeout", None), property):
+        return False
+    # The timer the last read started still runs and fires unless more data comes first: it
+    # says the same as Body's would, at the same moment.
+    protocol.read_timeout = None
+    return True
+
+
 class Body:
     """A response body being streamed: ``aiter_bytes`` yields what each read brought, whatever
-    its size (the decoders in ``wire.py`` split lines themselves)."""
+    its size (the decoders in ``wire.py`` split lines themselves).
 
-    __slots__ = ("_content",)
+    The read timeout of the body is kept here, lazily: one timer per ``timeout`` seconds,
+    which fails the read (``SocketTimeoutError``, as aiohttp's own would) once the reader has
+    waited that long for data. Time the caller spends elsewhere does not count (aiohttp stops
+    its timer too while unread data fills the buffer)."""
 
-    def __init__(self, response: aiohttp.ClientResponse) -> None:
+    __slots__ = ("_content", "_loop", "_timeout", "_timer", "_waiting_since")
+
+    def __init__(self, response: aiohttp.ClientResponse, timeout: float | None) -> None:
         self._content = response.content
+        self._loop = asyncio.get_running_loop()
+        self._timeout = timeout if timeout and _stop_socket_timer(response) else None
+        self._timer: asyncio.TimerHandle | None = None
+        self._waiting_since: float | None = None
 
     def aiter_bytes(self) -> AsyncIterator[bytes]:
-        return self._content.iter_any()
+        return self
+
+    def __aiter__(self) -> Body:
+        return self
+
+    async def __anext__(self) -> bytes:
+        timeout = self._timeout
+        if timeout is None:
+            data = await self._content.readany()
+        else:
+            now = self._waiting_since = self._loop.time()
+            if self._timer is None:
+                self._timer = self._loop.call_at(now + timeout, self._check)
+            try:
+                data = await self._content.readany()
+            finally:
+                self._waiting_since = None
+        if not data:
+            raise StopAsyncIteration
+        return data
+
+    def _check(self) -> None:
+        self._timer = None
+        since, timeout = self._waiting_since, self._timeout
+        if since is None or timeout is None:
+            return  # not waiting: the next read starts a timer
+        due = since + timeout
+        if self._loop.time() >= due:
+            self._content.set_exception(aiohttp.SocketTimeoutError("Timeout on reading data from socket"))
+        else:
+            self._timer = self._loop.call_at(due, self._check)
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
 
 class AiohttpClient:
@@ -97,9 +155,11 @@ class AiohttpClient:
         self.base_url = base_url.rstrip("/")
         self._headers = dict(headers)
         # connect: waiting for a pooled connection and making one (httpx's pool timeout);
-        # sock_connect: the TCP/TLS connect itself; sock_read: silence between two reads.
+        # sock_connect: the TCP/TLS connect itself; sock_read: silence between two reads, until
+        # the response headers (a streamed body keeps its own, see Body).
         self._timeout = aiohttp.ClientTimeout(total=None, connect=timeout, sock_connect=connect_timeout,
                                               sock_read=timeout)
+        self._read_timeout = timeout
         self._max_connections = max_connections
         self._max_error_body = max_error_body
         self._session: aiohttp.ClientSession | None = None
@@ -151,13 +211,17 @@ class AiohttpClient:
             raise network_failure(exc, self.provider, model) from exc
         except Exception as exc:
             raise unsendable(exc, self.provider, model) from None
+        body: Body | None = None
         try:
             if response.status >= 400:
                 raise await _status_error(response, self.provider, model, self._max_error_body)
-            yield Body(response)
+            body = Body(response, self._read_timeout)
+            yield body
         except NETWORK_ERRORS as exc:
             raise network_failure(exc, self.provider, model) from exc
         finally:
+            if body is not None:
+                body.close()
             if response.content.at_eof():
                 response.release()  # read to its end: the connection goes back to the pool
             else:

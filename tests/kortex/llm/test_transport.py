@@ -1,17 +1,20 @@
 """What a provider's HTTP client takes from its environment and refuses to send, the same on
 both transports (``llm.http_transport``): proxies from the environment as httpx reads them,
 never credentials from ``~/.netrc``, no retry of a URL that cannot be requested, one client per
-event loop."""
+event loop; and the read timeout of a streamed body, which counts the server's silence, not the
+caller's own pauses."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
 
 from kortex.errors import ProviderError
 from kortex.llm import http
+from kortex.llm.base import TextChunk
 from kortex.testing.fakellm import FakeLLM
 from tests.kortex.llm.conftest import TRANSPORTS, collect, make_provider, request
 from tests.kortex.llm.test_adapters import texts
@@ -95,3 +98,44 @@ def test_a_provider_streams_from_one_event_loop_after_another(transport: str, fa
     assert asyncio.run(once(close=False)) == ["again"]
     assert asyncio.run(once(close=True)) == ["again"]
     assert fake.stats.connections == 2
+
+
+@pytest.mark.parametrize("vendor", ["anthropic", "ollama"])
+def test_a_stream_that_falls_silent_mid_answer_hits_the_read_timeout(transport: str, fake: FakeLLM,
+                                                                     vendor: str) -> None:
+    model = {"anthropic": "claude-sonnet-4-6", "ollama": "llama3.2"}[vendor]
+    fake.add(model, {"steps": [{"text": ["first ", "late"], "tokens_per_s": 0.5}]})  # "late" 2 s after
+    provider = make_provider(vendor, fake.url, transport=transport, timeout=0.3, max_retries=0)
+    got: list[str] = []
+
+    async def run() -> None:
+        try:
+            async for chunk in provider.stream(request(vendor)):
+                if isinstance(chunk, TextChunk):
+                    got.append(chunk.text)
+        finally:
+            await provider.aclose()
+
+    started = time.monotonic()
+    with pytest.raises(ProviderError) as caught:
+        asyncio.run(run())
+    assert caught.value.code == "read_timeout" and caught.value.retryable and got == ["first "]
+    assert time.monotonic() - started < 1.5  # the timeout, not the server, ended it
+
+
+def test_a_caller_slower_than_the_read_timeout_is_not_timed_out(transport: str, fake: FakeLLM) -> None:
+    fake.add("claude-sonnet-4-6", {"steps": [{"text": [f"t{i} " for i in range(4)]}]})  # all at once
+    provider = make_provider("anthropic", fake.url, transport=transport, timeout=0.2, max_retries=0)
+
+    async def run() -> list[str]:
+        got: list[str] = []
+        try:
+            async for chunk in provider.stream(request("anthropic")):
+                if isinstance(chunk, TextChunk):
+                    got.append(chunk.text)
+                    await asyncio.sleep(0.3)  # the engine busy elsewhere: the body waits in the buffer
+        finally:
+            await provider.aclose()
+        return got
+
+    assert asyncio.run(run()) == ["t0 ", "t1 ", "t2 ", "t3 "]
