@@ -2,7 +2,11 @@
 
     .venv/bin/python bench/providers.py [--chunks 300,10] [--streams 400] [--concurrency 1,200]
                                         [--transports httpx,aiohttp,floor] [--delay-ms 0]
-                                        [--pieces-per-s 0]
+                                        [--pieces-per-s 0] [--history-kb 0] [--repeat 1]
+
+    # a model's pace, as the turns worker sees it (one TCP read per text piece):
+    .venv/bin/python bench/providers.py --chunks 50 --pieces-per-s 50 --concurrency 100 \
+                                        --streams 300 --transports aiohttp,floor --repeat 5
 
 For every answer length, vendor adapter (Anthropic SSE, OpenAI SSE, Ollama NDJSON), HTTP
 transport (``llm.http_transport``: httpx's own pool, or aiohttp) and concurrency, it streams
