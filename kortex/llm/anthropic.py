@@ -7,7 +7,7 @@ blocks; the stream's ``input_json_delta`` fragments are assembled here into whol
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from contextlib import aclosing
 from typing import Any
 
@@ -67,7 +67,7 @@ class AnthropicProvider(HTTPProvider):
             body["stop_sequences"] = list(request.stop)
         return body
 
-    async def _stream_once(self, request: CompletionRequest) -> AsyncIterator[StreamChunk]:
+    async def _stream_once(self, request: CompletionRequest) -> AsyncGenerator[StreamChunk, None]:
         model = request.model or self.default_model().id
         decoder = Decoder(self.name, model)
         async with self.http.post_stream(self.path, self.body(request), model=model) as response:

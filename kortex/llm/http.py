@@ -3,7 +3,8 @@ loop, timeouts from configuration, transport failures and error statuses transla
 ``ProviderError``, retries with backoff around one streamed call, and the checks of a
 provider's configuration (API key, models) made when it is created.
 
-Translation (the only place httpx exceptions are caught)::
+Translation (here for httpx; ``kortex/llm/transport.py`` does the same for aiohttp, the default
+``llm.http_transport``)::
 
     connect error / connect or pool timeout  -> code "connect_failed",     retryable
     read timeout                             -> code "read_timeout",       retryable
@@ -21,9 +22,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Sequence
-from contextlib import aclosing, asynccontextmanager
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager
+from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
 
@@ -44,6 +45,10 @@ from kortex.llm.base import (
 )
 from kortex.llm.failures import failure
 from kortex.llm.retry import RETRYABLE_STATUS, RetryPolicy, parse_retry_after
+from kortex.llm.wire import dumps
+
+if TYPE_CHECKING:
+    from kortex.llm.transport import AiohttpClient
 
 log = logging.getLogger(__name__)
 
@@ -69,33 +74,51 @@ def clean_api_key(raw: str | None, provider: str, where: str) -> str | None:
 
 
 def make_transport(kind: str, limits: httpx.Limits) -> httpx.AsyncBaseTransport | None:
-    """None means httpx's own pool; ``aiohttp`` puts aiohttp's connector underneath httpx."""
+    """The transport under an httpx client: None, httpx's own pool (``aiohttp`` does not use
+    httpx at all, see ``VendorClient``)."""
     if kind == "httpx":
         return None
-    if kind == "aiohttp":
-        try:
-            from kortex.llm.transport import AiohttpTransport
-        except ImportError as exc:  # aiohttp is an optional dependency
-            raise ConfigError("llm.http_transport = 'aiohttp' needs the aiohttp package") from exc
-        return AiohttpTransport(limits=limits)
     raise ConfigError(f"unknown llm.http_transport {kind!r}")
 
 
+class StreamBody(Protocol):
+    """A response body being streamed, as the decoders read it: httpx's ``Response`` or
+    ``transport.Body`` (aiohttp)."""
+
+    def aiter_bytes(self) -> AsyncIterator[bytes]: ...
+
+
 class VendorClient:
-    """The HTTP client of one provider. Made on first use by the loop that streams, and made
-    again when used from another loop (a forked worker child inherits the object, not the loop)."""
+    """The HTTP client of one provider: aiohttp's (``transport.AiohttpClient``) or httpx's,
+    as ``llm.http_transport`` says. Made on first use by the loop that streams, and made again
+    when used from another loop (a forked worker child inherits the object, not the loop)."""
 
     def __init__(self, *, provider: str, base_url: str, headers: dict[str, str], config: ProviderSettings,
                  transport: str = "httpx") -> None:
         self.provider = provider
         self.base_url = base_url.rstrip("/")
         self._headers = headers
+        self._config = config
         self._timeout = httpx.Timeout(config.timeout, connect=config.connect_timeout, pool=config.timeout)
         self._limits = httpx.Limits(max_connections=config.max_connections,
                                     max_keepalive_connections=min(64, config.max_connections))
         self._transport = transport
         self._http: httpx.AsyncClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._aiohttp: AiohttpClient | None = None
+
+    def _aio(self) -> AiohttpClient | None:
+        """The aiohttp client when that is the transport, else None (httpx)."""
+        if self._aiohttp is None and self._transport == "aiohttp":
+            try:
+                from kortex.llm.transport import AiohttpClient
+            except ImportError as exc:  # pragma: no cover - aiohttp is a dependency; a broken install says so
+                raise ConfigError("llm.http_transport = 'aiohttp' needs the aiohttp package") from exc
+            config = self._config
+            self._aiohttp = AiohttpClient(provider=self.provider, base_url=self.base_url, headers=self._headers,
+                                          timeout=config.timeout, connect_timeout=config.connect_timeout,
+                                          max_connections=config.max_connections, max_error_body=MAX_ERROR_BODY)
+        return self._aiohttp
 
     def client(self) -> httpx.AsyncClient:
         loop = asyncio.get_running_loop()
@@ -106,11 +129,17 @@ class VendorClient:
             self._loop = loop
         return self._http
 
+    def post_stream(self, path: str, body: dict[str, Any], *,
+                    model: str) -> AbstractAsyncContextManager[StreamBody]:
+        """POST ``body`` and hand over the response body once its status is good; errors are
+        translated, including those raised while the caller reads the body."""
+        aio = self._aio()
+        if aio is not None:
+            return aio.post_stream(path, dumps(body), model=model)
+        return self._httpx_post_stream(path, dumps(body), model=model)
+
     @asynccontextmanager
-    async def post_stream(self, path: str, body: dict[str, Any], *, model: str) -> AsyncIterator[httpx.Response]:
-        """POST ``body`` and hand over the response once its status is good; errors are translated,
-        including those raised while the caller reads the body."""
-        content = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+    async def _httpx_post_stream(self, path: str, content: bytes, *, model: str) -> AsyncIterator[StreamBody]:
         try:
             async with self.client().stream("POST", path, content=content,
                                             headers={"content-type": "application/json"}) as response:
@@ -127,6 +156,9 @@ class VendorClient:
             raise failure("request_invalid", provider=self.provider, model=model, detail="invalid URL") from exc
 
     async def get_json(self, path: str, *, timeout: float | None = None) -> Any:
+        aio = self._aio()
+        if aio is not None:
+            return await aio.get_json(path, timeout=timeout)
         try:
             response = await self.client().get(path, timeout=timeout or httpx.USE_CLIENT_DEFAULT)
             if response.status_code >= 400:
@@ -143,6 +175,8 @@ class VendorClient:
                           detail="the server answered with something that is not JSON") from exc
 
     async def aclose(self) -> None:
+        if self._aiohttp is not None:
+            await self._aiohttp.aclose()
         client, self._http = self._http, None
         if client is not None and self._loop is asyncio.get_running_loop():
             await client.aclose()
@@ -171,7 +205,6 @@ def transport_error(exc: httpx.HTTPError, provider: str, model: str) -> Provider
 
 
 async def status_error(response: httpx.Response, provider: str, model: str) -> ProviderError:
-    status = response.status_code
     body = bytearray()
     try:
         async for part in response.aiter_bytes():
@@ -180,11 +213,19 @@ async def status_error(response: httpx.Response, provider: str, model: str) -> P
                 break
     except httpx.HTTPError:
         pass  # the status says enough
-    detail = vendor_message(bytes(body[:MAX_ERROR_BODY])) or response.reason_phrase or "error"
+    return status_failure(response.status_code, response.reason_phrase, response.headers,
+                          bytes(body[:MAX_ERROR_BODY]), provider, model)
+
+
+def status_failure(status: int, reason: str, headers: Mapping[str, str], body: bytes, provider: str,
+                   model: str) -> ProviderError:
+    """An HTTP error status as a ``ProviderError``, whichever client read it; ``headers`` must
+    be case-insensitive (httpx's and aiohttp's are)."""
+    detail = vendor_message(body) or reason or "error"
     retryable = status in RETRYABLE_STATUS
     code = _CODES.get(status) or ("provider_server_error" if status >= 500 else "provider_rejected")
     return failure(code, provider=provider, model=model, status=status, retryable=retryable, detail=detail,
-                   retry_after=parse_retry_after(response.headers) if retryable else None)
+                   retry_after=parse_retry_after(headers) if retryable else None)
 
 
 def vendor_message(body: bytes) -> str:
@@ -266,11 +307,11 @@ class HTTPProvider(Provider):
                             detail="not in the catalogue, model, fast_model or prices; allow_unlisted_models "
                                    "accepts any id")
 
-    async def _stream_once(self, request: CompletionRequest) -> AsyncIterator[StreamChunk]:
+    async def _stream_once(self, request: CompletionRequest) -> AsyncGenerator[StreamChunk, None]:
         raise NotImplementedError
         yield  # pragma: no cover - marks this as an async generator
 
-    async def stream(self, request: CompletionRequest) -> AsyncIterator[StreamChunk]:
+    async def stream(self, request: CompletionRequest) -> AsyncGenerator[StreamChunk, None]:
         retry, waited = 0, 0.0
         spent = TokenUsage()  # billed to tries that failed and were tried again
         warned: set[tuple[str, str]] = set()  # a warning is said once, not once per try

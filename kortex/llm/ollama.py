@@ -12,7 +12,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from typing import Any
 
@@ -24,8 +24,10 @@ from kortex.llm.base import (
     CompletionRequest,
     DoneChunk,
     ModelInfo,
+    StopReason,
     StreamChunk,
     TextChunk,
+    Tier,
     TokenUsage,
     ToolCallChunk,
     UsageChunk,
@@ -91,7 +93,7 @@ class OllamaProvider(HTTPProvider):
     # -- models ---------------------------------------------------------------------------
 
     def _info(self, model_id: str) -> ModelInfo:
-        tier = "fast" if model_id == self.config.fast_model else "balanced"
+        tier: Tier = "fast" if model_id == self.config.fast_model else "balanced"
         # Free unless priced: a cloud model an operator pulled is billed by ollama.com.
         return catalog.with_price(ModelInfo(id=model_id, display_name=f"{model_id} (local)", tier=tier,
                                             context_tokens=self.config.context_tokens or DEFAULT_CONTEXT,
@@ -167,7 +169,7 @@ class OllamaProvider(HTTPProvider):
 
     # -- streaming ------------------------------------------------------------------------
 
-    async def _stream_once(self, request: CompletionRequest) -> AsyncIterator[StreamChunk]:
+    async def _stream_once(self, request: CompletionRequest) -> AsyncGenerator[StreamChunk, None]:
         if not request.model and not self.config.model and not self._pulled:
             try:
                 await self.refresh_models()
@@ -210,7 +212,8 @@ class OllamaProvider(HTTPProvider):
                              for t in request.tools]
         return body
 
-    async def _chat(self, request: CompletionRequest, model: str, *, pseudo: bool) -> AsyncIterator[StreamChunk]:
+    async def _chat(self, request: CompletionRequest, model: str, *,
+                    pseudo: bool) -> AsyncGenerator[StreamChunk, None]:
         parser = pseudotools.MarkerParser() if pseudo else None
         calls = 0
         body = self.body(request, model, pseudo=pseudo)
@@ -258,7 +261,7 @@ class OllamaProvider(HTTPProvider):
                             for chunk in _pieces(parser.finish()):
                                 yield counted(chunk)
                         reason = line.get("done_reason")
-                        stop = "max_tokens" if reason == "length" else "tool_use" if calls else "end_turn"
+                        stop: StopReason = "max_tokens" if reason == "length" else "tool_use" if calls else "end_turn"
                         usage = TokenUsage(input_tokens=_count(line.get("prompt_eval_count")),
                                            output_tokens=_count(line.get("eval_count")))
                         yield UsageChunk(usage=usage)

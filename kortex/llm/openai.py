@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from contextlib import aclosing
 from typing import Any
 
@@ -74,7 +74,7 @@ class OpenAIProvider(HTTPProvider):
             body["stop"] = list(request.stop)
         return body
 
-    async def _stream_once(self, request: CompletionRequest) -> AsyncIterator[StreamChunk]:
+    async def _stream_once(self, request: CompletionRequest) -> AsyncGenerator[StreamChunk, None]:
         model = request.model or self.default_model().id
         decoder = Decoder(self.name, model)
         async with self.http.post_stream(self.path, self.body(request), model=model) as response:

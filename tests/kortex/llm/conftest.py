@@ -42,9 +42,13 @@ def vendor_config(vendor: str, url: str, **extra: Any) -> dict[str, Any]:
     return {**base, **FAST_RETRY, **extra}
 
 
-def make_provider(vendor: str, url: str, *, transport: str = "httpx", **extra: Any) -> Provider:
+TRANSPORTS = ("httpx", "aiohttp")
+
+
+def make_provider(vendor: str, url: str, *, transport: str | None = None, **extra: Any) -> Provider:
+    """An adapter on ``transport`` (``llm.http_transport``), by default the configuration's default."""
     factory = {"anthropic": anthropic.create, "openai": openai.create, "ollama": ollama.create}[vendor]
-    settings = Settings(llm={"http_transport": transport})
+    settings = Settings(llm={"http_transport": transport} if transport else {})
     return factory(vendor, ProviderSettings(**vendor_config(vendor, url, **extra)), settings)
 
 

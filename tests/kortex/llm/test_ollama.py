@@ -15,13 +15,14 @@ from kortex.llm.registry import ProviderRegistry
 from kortex.llm.router import plan
 from kortex.messages import AssistantMessage, ToolMessage, ToolResult, UserMessage
 from kortex.testing.fakellm import FakeLLM
-from tests.kortex.llm.conftest import collect, make_provider, request, vendor_config
+from tests.kortex.llm.conftest import TRANSPORTS, collect, make_provider, request, vendor_config
 from tests.kortex.llm.test_adapters import texts
 
 
-def test_models_come_from_api_tags_with_the_configured_ones_first(fake: FakeLLM) -> None:
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_models_come_from_api_tags_with_the_configured_ones_first(fake: FakeLLM, transport: str) -> None:
     fake.ollama_models = ["qwen2.5:7b", "llama3.2"]
-    provider = make_provider("ollama", fake.url, fast_model="llama3.2:1b")
+    provider = make_provider("ollama", fake.url, transport=transport, fast_model="llama3.2:1b")
     before = [m.id for m in provider.models()]
     assert before == ["llama3.2", "llama3.2:1b"]
 
@@ -104,9 +105,10 @@ def test_local_only_refuses_ollama_cloud_models(fake: FakeLLM, cloud: str) -> No
     assert plan(normal, f"ollama:{cloud}")[0].model.id == cloud  # outside local-only: the operator pulled it
 
 
-def test_the_tags_lock_belongs_to_the_loop_that_uses_it(fake: FakeLLM) -> None:
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_the_tags_lock_belongs_to_the_loop_that_uses_it(fake: FakeLLM, transport: str) -> None:
     fake.ollama_models = ["llama3.2"]
-    provider = make_provider("ollama", fake.url)
+    provider = make_provider("ollama", fake.url, transport=transport)
 
     async def refresh_twice() -> None:
         provider._pulled_at = None  # type: ignore[attr-defined]  # stale: both refreshes contend for the lock

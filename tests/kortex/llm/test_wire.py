@@ -12,7 +12,7 @@ import pytest
 from kortex.errors import ProviderError
 from kortex.llm.pseudotools import MarkerParser, to_plain_messages
 from kortex.llm.retry import RetryPolicy, parse_retry_after
-from kortex.llm.wire import ndjson_lines, sse_events
+from kortex.llm.wire import dumps, loads, ndjson_lines, sse_events
 from kortex.messages import AssistantMessage, ToolCall, ToolMessage, ToolResult, UserMessage
 
 
@@ -33,6 +33,40 @@ def test_sse_events_split_anywhere_with_comments_crlf_and_multiline_data() -> No
     whole = _sse(body)
     assert whole == [("message_start", '{"a":1}'), ("message", "line one\nline two"), ("ping", "{}")]
     assert _sse(*[body[i:i + 1] for i in range(len(body))]) == whole  # one byte at a time
+
+
+def test_sse_events_are_the_same_wherever_the_body_is_cut_in_two() -> None:
+    body = ('event: message_start\r\ndata: {"t": "café ☕"}\r\n\r\n'  # CRLF, multibyte
+            ': ping\n\n'  # a comment alone is no event
+            'event:delta\ndata:{"a":\ndata\ndata:  1}\nid: 7\nretry: 10\n\n'  # no spaces, empty data, unused fields
+            'data: 終わり\r\n\r\n'
+            'data: \xff\n\n').encode().replace("\xff".encode(), b"\xff")  # not UTF-8: replaced
+    whole = _sse(body)
+    assert whole == [("message_start", '{"t": "café ☕"}'), ("delta", '{"a":\n\n 1}'), ("message", "終わり"),
+                     ("message", "\ufffd")]
+    for cut in range(1, len(body)):  # inside \r\n pairs and multibyte characters too
+        assert _sse(body[:cut], body[cut:]) == whole, cut
+
+
+def test_json_reads_and_writes_what_json_did() -> None:
+    for text in ('{"a": [1, 2.5, "é☕", null, true]}', '{"big": 123456789012345678901234567890}', "[NaN, 1e400]",
+                 '{"k": "\\ud83d\\ude00"}', " 7 ", "[-9223372036854775809, 18446744073709551616, 1.0000000000000000001]"):
+        assert repr(loads(text)) == repr(json.loads(text)) and repr(loads(text.encode())) == repr(json.loads(text))
+    assert loads('{"u": 1}'.encode("utf-16")) == {"u": 1}  # json detects the encoding of bytes
+    for bad in ("{oops}", "", '{"a": 1', '"\x01"', b"\xff"):
+        with pytest.raises(ValueError):
+            loads(bad)
+
+    def old(value: object) -> bytes:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+
+    body = {"model": "m", "messages": [{"role": "user", "content": "café ☕ \n \"q\" \\ \u2028 \x00"}],
+            "max_tokens": 4096, "temperature": 0.2, "stop": ["END"], "tools": [], "n": None, "t": (1, 2),
+            "big": 2 ** 70, "keys": {1: "int key"}}
+    assert dumps(body) == old(body)
+    assert dumps({"x": float("nan")}) == b'{"x":null}'  # json would write NaN, which no server parses
+    with pytest.raises(TypeError):  # what json cannot encode stays an error
+        dumps({"when": datetime(2026, 1, 1, tzinfo=UTC)})
 
 
 def test_an_sse_event_cut_off_before_its_blank_line_is_dropped() -> None:
