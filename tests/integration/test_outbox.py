@@ -11,6 +11,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import func, select
@@ -35,10 +36,11 @@ def outage(pg_url: str, tmp_path: Path) -> Iterator[tuple[Harness, RedisServer]]
         server.stop()
 
 
-def test_a_result_stored_while_redis_is_down_reaches_the_client_when_it_is_back(outage) -> None:
-    h, server = outage
+def _result_stored_while_redis_is_down(h: Harness, server: RedisServer, name: str) -> tuple[str, Any, Any]:
+    """Step 0 parks on a tool that sleeps 2.5 s; Redis dies meanwhile, so its result is stored
+    with its events kept in the outbox. Returns (tenant, the posted turn, the tool's hand-off)."""
     tenant = h.tenant("acme")
-    session = chat.create_session(h.k, tenant, "outbox", "scripted:slow_tool")  # debug_sleep 2.5 s
+    session = chat.create_session(h.k, tenant, name, "scripted:slow_tool")  # debug_sleep 2.5 s
     posted = chat.post_message(h.k, tenant, session.id, "go")
     (tool,) = run_step(h.k, tenant, posted.turn.id, 0).tools
     handoffs = []
@@ -49,6 +51,12 @@ def test_a_result_stored_while_redis_is_down_reaches_the_client_when_it_is_back(
     server.kill()  # the tool is sleeping; its result will find Redis gone
     runner.join(30)
     (handoff,) = handoffs
+    return tenant, posted, handoff
+
+
+def test_a_result_stored_while_redis_is_down_reaches_the_client_when_it_is_back(outage) -> None:
+    h, server = outage
+    tenant, posted, handoff = _result_stored_while_redis_is_down(h, server, "outbox")
     assert [s.step for s in handoff.steps] == [1]  # stored and the turn moved on all the same
     with h.k.db.connect() as conn:
         assert conn.scalar(select(func.count()).where(stream_outbox.c.turn_id == posted.turn.id)) == 1
@@ -70,18 +78,7 @@ def test_the_next_step_publishes_a_kept_result_before_its_own_events(outage) -> 
     sees the kept result and publishes it first. Kept under the tool's attempt, it would be
     fenced out by the step's higher attempt, or refused once ``done`` closed the stream."""
     h, server = outage
-    tenant = h.tenant("acme")
-    session = chat.create_session(h.k, tenant, "outbox-next", "scripted:slow_tool")
-    posted = chat.post_message(h.k, tenant, session.id, "go")
-    (tool,) = run_step(h.k, tenant, posted.turn.id, 0).tools
-    handoffs = []
-    runner = threading.Thread(target=lambda: handoffs.append(
-        run_tool(h.k, tool.tenant_id, tool.invocation_id, tool.tool, tool.hard_limit)))
-    runner.start()
-    time.sleep(0.5)
-    server.kill()
-    runner.join(30)
-    (handoff,) = handoffs
+    tenant, posted, handoff = _result_stored_while_redis_is_down(h, server, "outbox-next")
     server.start()
     run_step(h.k, tenant, posted.turn.id, handoff.steps[0].step)  # no sweep in between
     with h.k.db.connect() as conn:

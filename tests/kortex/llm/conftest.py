@@ -9,16 +9,35 @@ from typing import Any
 import pytest
 
 from kortex.config import ProviderSettings, Settings
-from kortex.llm import anthropic, ollama, openai
+from kortex.llm import anthropic, http, ollama, openai
 from kortex.llm.base import CompletionRequest, Provider, ToolSchema
 from kortex.messages import UserMessage
 from kortex.testing.fakellm import FakeLLM
 
 VENDORS = ("anthropic", "openai", "ollama")
+TRANSPORTS = ("httpx", "aiohttp")
 TOOLS = (ToolSchema(name="get_logs", description="Read logs", input_schema={
     "type": "object", "properties": {"product": {"type": "string"}, "time_range": {"type": "string"}},
     "required": ["product"]}),)
 FAST_RETRY = {"retry_base": 0.001, "retry_max_wait": 5, "retry_budget": 5}
+
+
+@pytest.fixture(params=TRANSPORTS)
+def transport(request: pytest.FixtureRequest) -> str:
+    """Adapter tests that take it run on both HTTP transports (llm.http_transport)."""
+    return request.param  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def waits(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Backoff waits the adapters asked for (not slept: the tests stay fast)."""
+    asked: list[float] = []
+
+    async def record(seconds: float) -> None:
+        asked.append(seconds)
+
+    monkeypatch.setattr(http, "sleep", record)
+    return asked
 
 
 @pytest.fixture(autouse=True)
@@ -42,7 +61,6 @@ def vendor_config(vendor: str, url: str, **extra: Any) -> dict[str, Any]:
     return {**base, **FAST_RETRY, **extra}
 
 
-TRANSPORTS = ("httpx", "aiohttp")
 
 
 def make_provider(vendor: str, url: str, *, transport: str | None = None, **extra: Any) -> Provider:

@@ -11,7 +11,6 @@ from contextlib import aclosing
 import pytest
 
 from kortex.errors import ProviderError
-from kortex.llm import http
 from kortex.llm.base import DoneChunk, TextChunk, TokenUsage, ToolCallChunk
 from kortex.messages import AssistantMessage, ToolCall, ToolMessage, ToolResult, UserMessage
 from kortex.testing.fakellm import FakeLLM
@@ -31,24 +30,6 @@ def texts(chunks: list) -> list[str]:
 
 def calls(chunks: list) -> list:
     return [c.call for c in chunks if isinstance(c, ToolCallChunk)]
-
-
-@pytest.fixture(params=["httpx", "aiohttp"])
-def transport(request: pytest.FixtureRequest) -> str:
-    """Every adapter test runs on both HTTP transports (llm.http_transport)."""
-    return request.param  # type: ignore[no-any-return]
-
-
-@pytest.fixture
-def waits(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    """Backoff waits the adapters asked for (not slept: the tests stay fast)."""
-    asked: list[float] = []
-
-    async def record(seconds: float) -> None:
-        asked.append(seconds)
-
-    monkeypatch.setattr(http, "sleep", record)
-    return asked
 
 
 @pytest.mark.parametrize("vendor", VENDORS)

@@ -24,22 +24,6 @@ from tests.kortex.llm.conftest import VENDORS, collect, make_provider, model_of,
 from tests.kortex.llm.test_adapters import texts
 
 
-@pytest.fixture(params=["httpx", "aiohttp"])
-def transport(request: pytest.FixtureRequest) -> str:
-    return request.param  # type: ignore[no-any-return]
-
-
-@pytest.fixture
-def waits(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    asked: list[float] = []
-
-    async def record(seconds: float) -> None:
-        asked.append(seconds)
-
-    monkeypatch.setattr(http, "sleep", record)
-    return asked
-
-
 def _everything_said(error: BaseException) -> str:
     """Every text an operator or a client could see of an error, its traceback included."""
     parts = [str(error), repr(error), getattr(error, "message", ""), getattr(error, "detail", "")]

@@ -13,27 +13,10 @@ from pathlib import Path
 import pytest
 
 from kortex.errors import ProviderError
-from kortex.llm import http
 from kortex.llm.base import TextChunk
 from kortex.testing.fakellm import FakeLLM
-from tests.kortex.llm.conftest import TRANSPORTS, collect, make_provider, request
+from tests.kortex.llm.conftest import collect, make_provider, request
 from tests.kortex.llm.test_adapters import texts
-
-
-@pytest.fixture(params=TRANSPORTS)
-def transport(request: pytest.FixtureRequest) -> str:
-    return request.param  # type: ignore[no-any-return]
-
-
-@pytest.fixture
-def waits(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    asked: list[float] = []
-
-    async def record(seconds: float) -> None:
-        asked.append(seconds)
-
-    monkeypatch.setattr(http, "sleep", record)
-    return asked
 
 
 @pytest.fixture
