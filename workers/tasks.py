@@ -37,15 +37,21 @@ def step(self: Task, *, tenant_id: str, turn_id: str, step: int) -> None:
     """Hand the step to this process's step engine and return: the LLM stream waits on the
     engine's event loop, not in a worker slot. The message is taken without an ack (the
     turns queue is no_ack, workers/app.py); if the process dies before the step ends, the
-    watchdog runs it again (its lease lapses, or its queued turn stops being touched). When the engine's waiting room is full
-    (or this tenant's share of it), the step goes back to the queue for a moment rather than
-    hold the slot that another tenant's step needs to get in; the step's own time limit is
-    enforced on the loop."""
+    watchdog runs it again (its lease lapses, or its queued turn stops being touched). When
+    the engine's waiting room is full (or this tenant's share of it), the step goes back to the
+    queue for a moment rather than hold the slot that another tenant's step needs to get in;
+    a stopping engine hands it straight back. The step's own time limit is enforced on the
+    loop."""
     k = runtime.kortex(_settings())
+    dispatched = StepDispatch(tenant_id=tenant_id, turn_id=turn_id, step=step)
     try:
-        k.engine.submit(StepDispatch(tenant_id=tenant_id, turn_id=turn_id, step=step), _hand_on, block=False)
+        k.engine.submit(dispatched, _hand_on, block=False)
     except EngineBusy:
         raise self.retry(countdown=BUSY_BACKOFF * (1 + random.random())) from None
+    except KortexError as exc:
+        if exc.code != "shutting_down":
+            raise
+        dispatch(app, Handoff(steps=(dispatched,)))  # no ack to withhold: send it back for another worker
 
 
 def _hand_on(outcome: Handoff | BaseException) -> None:

@@ -205,7 +205,7 @@ class StepEngine:
             except Exception:  # stopping anyway; leases lapse and the watchdog hands them on
                 log.warning("step engine did not drain", exc_info=True)
         self._lease_thread.shutdown(wait=False, cancel_futures=True)
-        self._handoff_threads.shutdown(wait=True)
+        self._handoff_threads.shutdown(wait=False)  # _drain waited for them (10 s at most)
         return left
 
     # ---- the loop ---------------------------------------------------------------------------
