@@ -78,12 +78,15 @@ def create_once(conn: Connection, tenant_id: str, new: NewProposal, *, session_i
         conn.execute(proposals.insert().values(**row))
         return get(conn, tenant_id, proposal_id), True
     dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    # RETURNING, not rowcount: what a driver reports as the rowcount of INSERT ... ON CONFLICT
+    # DO NOTHING is not to be trusted (issue 10: every card was taken for a repeat on PostgreSQL).
     inserted = conn.execute(dialect.insert(proposals).values(**row)
-                            .on_conflict_do_nothing(index_elements=["tenant_id", "turn_id", "call_id"])).rowcount
+                            .on_conflict_do_nothing(index_elements=["tenant_id", "turn_id", "call_id"])
+                            .returning(_p.id)).first() is not None
     found = conn.execute(select(proposals).where(_p.tenant_id == tenant_id, _p.turn_id == turn_id,
                                                  _p.call_id == call_id)).first()
     assert found is not None  # inserted now, or by an earlier run of the same call
-    return ProposalRecord.from_row(found), inserted == 1
+    return ProposalRecord.from_row(found), inserted
 
 
 def for_call(conn: Connection, tenant_id: str, turn_id: str, call_id: str) -> ProposalRecord | None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -15,7 +17,8 @@ from sqlalchemy import select
 from kortex.errors import Conflict
 from kortex.proposals import ExecutionOutcome, NewProposal, ProposalRecord
 from kortex.storage.schema import decisions
-from tests.conftest import Harness
+from tests.conftest import Harness, make_settings
+from tests.integration.conftest import REDIS_URL
 
 pytestmark = pytest.mark.integration
 NEW = NewProposal(action="rollback-deploy", product="checkout", params={"version": "v2.14.0"},
@@ -138,3 +141,32 @@ def test_a_proposal_write_stuck_behind_a_lock_fails_before_the_tool_times_out(pg
             holder.rollback()
     assert result.is_error and result.error_code == "upstream" and result.content["code"] == "DATABASE_ERROR"
     assert pg.k.proposals.list(tenant) == []
+
+
+def test_a_proposal_card_is_published_once_on_postgres(pg_url: str, redis_prefix: str, tmp_path: Path) -> None:
+    """propose_action on PostgreSQL: the card reaches the stream with the result, and a second
+    run of the same tool call (a redelivery) finds the proposal without announcing it again."""
+    pg = Harness(make_settings(tmp_path, pg_url, redis_url=REDIS_URL, redis_prefix=redis_prefix))
+    try:
+        _card_once(pg)
+    finally:
+        pg.close()
+
+
+def _card_once(pg: Harness) -> None:
+    from kortex.proposals.store import create_once
+    from kortex.timeparse import utcnow
+
+    tenant = pg.tenant("cards")
+    turn = pg.ask(tenant, "fix it", model="scripted:propose")
+    assert turn.status == "done"
+    events = [e for e in pg.events(turn.id)]
+    cards = [json.loads(e.data) for e in events if e.type == "proposal"]
+    assert len(cards) == 1
+    proposal = pg.k.proposals.get(tenant, cards[0]["proposal_id"])
+    new = NewProposal(action=proposal.action, product=proposal.product, params=proposal.params,
+                      rationale=proposal.rationale, blast_radius=proposal.blast_radius, reversible=proposal.reversible)
+    with pg.k.db.begin() as conn:
+        again, inserted = create_once(conn, tenant, new, session_id=proposal.session_id, turn_id=proposal.turn_id,
+                                      call_id=proposal.call_id, now=utcnow())
+    assert (again.id, inserted) == (proposal.id, False)
