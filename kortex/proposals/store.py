@@ -155,12 +155,13 @@ def due_for_expiry(conn: Connection, now: datetime, limit: int = 500) -> list[tu
 
 def record_execution(conn: Connection, tenant_id: str, proposal_id: str, status: str, detail: dict[str, Any],
                      now: datetime) -> bool:
-    result = conn.execute(
+    recorded = conn.execute(
         update(proposals)
         .where(_p.tenant_id == tenant_id, _p.id == proposal_id, _p.execution_status == "pending")
         .values(execution_status=status, execution=detail, executed_at=now)
-    )
-    return result.rowcount == 1
+        .returning(_p.id)
+    ).first()
+    return recorded is not None
 
 
 def stuck_executions(conn: Connection, cutoff: datetime, limit: int = 100) -> list[tuple[str, str, int]]:

@@ -16,7 +16,7 @@ import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import and_, bindparam, case, exists, func, insert, select, true, tuple_, update
@@ -327,7 +327,7 @@ def park_for_tools(
     refused = refused or {}
     now = utcnow()
     runnable = [c for c in message.tool_calls if c.id not in refused]
-    parked = _cas_and_message(conn, _PARK, _PARK_PG, {
+    parked = _cas_and_message(conn, _PARK_ALONE, _PARK_PG, {
         "p_id": turn.id, "p_tenant": turn.tenant_id, "p_step": step, "p_attempt": turn.attempt,
         "p_pending": len(runnable), **_usage_params(usage, model_used)},
         message_row(tenant_id=turn.tenant_id, session_id=turn.session_id, turn_id=turn.id, turn_no=turn.turn_no,
@@ -375,9 +375,10 @@ _FINISH = (
 _ALL_MESSAGE_COLUMNS = tuple(c.name for c in chat_messages.c)
 
 
-def _with_message(cas: Any, name: str) -> Any:
-    """PostgreSQL: a step's compare-and-set on its turn and the assistant message it stores, in
-    one statement (two round trips one by one); the message is written only if the CAS won."""
+def _with_message(cas: Any, name: str) -> tuple[Any, Any]:
+    """The step's compare-and-set on its turn, alone (returning the row it moved), and, for
+    PostgreSQL, with the assistant message it stores in one statement (two round trips one by
+    one); the message is written only if the CAS won."""
     moved = cas.returning(_t.id).cte(f"{name}_moved")
     message = (
         insert(chat_messages)
@@ -387,21 +388,23 @@ def _with_message(cas: Any, name: str) -> Any:
         .returning(chat_messages.c.id)
         .cte(f"{name}_message")
     )
-    return select(select(func.count()).select_from(moved).scalar_subquery().label("moved"),
-                  select(func.count()).select_from(message).scalar_subquery().label("messages"))
+    one = select(select(func.count()).select_from(moved).scalar_subquery().label("moved"),
+                 select(func.count()).select_from(message).scalar_subquery().label("messages"))
+    return cas.returning(_t.id), one
 
 
-_FINISH_PG = _with_message(_FINISH, "finish")
-_PARK_PG = _with_message(_PARK, "park")
+_FINISH_ALONE, _FINISH_PG = _with_message(_FINISH, "finish")
+_PARK_ALONE, _PARK_PG = _with_message(_PARK, "park")
 
 
 def _cas_and_message(conn: Connection, cas: Any, one_statement: Any, params: dict[str, Any],
                      message: dict[str, Any] | None) -> bool:
-    """Run the step's ``cas`` and, if it won, insert ``message``; True when it won."""
+    """Run the step's ``cas`` (it returns the row it moved) and, if it won, insert ``message``;
+    True when it won. Never ``rowcount``: what drivers report for it is not the same everywhere."""
     if message is not None and conn.dialect.name in ONE_STATEMENT_WRITE:
         params = {**params, **{f"m_{c}": message[c] for c in _ALL_MESSAGE_COLUMNS}}
         return bool(conn.execute(one_statement, params).one().moved)
-    if conn.execute(cas, params).rowcount != 1:
+    if conn.execute(cas, params).first() is None:
         return False
     if message is not None:
         conn.execute(INSERT_MESSAGE, message)
@@ -425,7 +428,7 @@ def finish_turn(
     if message is not None and (message.content or message.tool_calls):
         row = message_row(tenant_id=turn.tenant_id, session_id=turn.session_id, turn_id=turn.id,
                           turn_no=turn.turn_no, step=step, ord=0, message=message)
-    return _cas_and_message(conn, _FINISH, _FINISH_PG, {
+    return _cas_and_message(conn, _FINISH_ALONE, _FINISH_PG, {
         "p_id": turn.id, "p_tenant": turn.tenant_id, "p_step": step, "p_attempt": turn.attempt, "p_status": status,
         "p_error": error, **_usage_params(usage, model_used)}, row)
 
@@ -557,14 +560,6 @@ def complete_invocation(
     return Completion(inv, next_step)
 
 
-# ---- watchdog queries (system-wide by design; each update still names the row's tenant) ----
-
-
-def expired_turns(conn: Connection, now: datetime, limit: int = 200) -> list[TurnRecord]:
-    rows = conn.execute(select(turns).where(_t.status.in_(ACTIVE), _t.deadline_at < now).limit(limit)).all()
-    return [TurnRecord.from_row(r) for r in rows]
-
-
 def fail_turn(conn: Connection, turn: TurnRecord, error: dict[str, Any]) -> bool:
     """Any active state -> failed (deadline passed, unrecoverable error).
 
@@ -584,7 +579,8 @@ def fail_turn(conn: Connection, turn: TurnRecord, error: dict[str, Any]) -> bool
         update(turns)
         .where(_t.id == turn.id, _t.tenant_id == turn.tenant_id, _t.status.in_(ACTIVE))
         .values(status="failed", error=error, finished_at=now, updated_at=now)
-    )
+        .returning(_t.id)
+    ).first()
     for inv in cancelled:
         result = ToolResult(call_id=inv.call_id, name=inv.name, is_error=True, error_code="cancelled",
                             content={"error": True, "message": "the turn ended before this tool finished",
@@ -592,53 +588,7 @@ def fail_turn(conn: Connection, turn: TurnRecord, error: dict[str, Any]) -> bool
         conn.execute(INSERT_MESSAGE, message_row(tenant_id=turn.tenant_id, session_id=inv.session_id,
                                                  turn_id=inv.turn_id, turn_no=inv.turn_no, step=inv.step,
                                                  ord=inv.idx + 1, message=ToolMessage(result=result)))
-    return moved.rowcount == 1
-
-
-def lapsed_steps(conn: Connection, now: datetime, limit: int = 200) -> list[TurnRecord]:
-    """running -> queued for steps whose lease lapsed: their worker died mid-step. The caller
-    hands each to the queue; the old attempt's late writes are refused, as they name a step
-    that is no longer running under it."""
-    rows = conn.execute(
-        update(turns)
-        .where(_t.id.in_(select(_t.id).where(_t.status == "running", _t.lease_until < now).limit(limit)),
-               _t.status == "running", _t.lease_until < now)
-        .values(status="queued", lease_until=None, updated_at=now)
-        .returning(*turns.c)
-    ).all()
-    return [TurnRecord.from_row(r) for r in rows]
-
-
-def stale_queued_turns(conn: Connection, cutoff: datetime, limit: int = 200) -> list[TurnRecord]:
-    """Queued turns nobody picked up since ``cutoff`` (a lost hand-off); touched so the next
-    sweep waits again before re-enqueueing."""
-    rows = conn.execute(
-        update(turns)
-        .where(_t.id.in_(select(_t.id).where(_t.status == "queued", _t.updated_at < cutoff).limit(limit)),
-               _t.status == "queued")
-        .values(updated_at=utcnow())
-        .returning(*turns.c)
-    ).all()
-    return [TurnRecord.from_row(r) for r in rows]
-
-
-def stale_pending_invocations(conn: Connection, cutoff: datetime, limit: int = 500) -> list[InvocationRecord]:
-    rows = conn.execute(
-        update(tool_invocations)
-        .where(_i.id.in_(select(_i.id).where(_i.status == "pending", _i.enqueued_at < cutoff).limit(limit)),
-               _i.status == "pending")
-        .values(enqueued_at=utcnow())
-        .returning(*tool_invocations.c)
-    ).all()
-    return [InvocationRecord.from_row(r) for r in rows]
-
-
-def overdue_invocations(conn: Connection, now: datetime, limit: int = 500) -> list[InvocationRecord]:
-    """Running past their hard deadline: the worker died or hung beyond its time limit."""
-    rows = conn.execute(
-        select(tool_invocations).where(_i.status == "running", _i.deadline_at < now).limit(limit)
-    ).all()
-    return [InvocationRecord.from_row(r) for r in rows]
+    return moved is not None
 
 
 def active_turns_for_tenant(conn: Connection, tenant_id: str) -> int:

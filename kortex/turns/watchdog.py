@@ -15,7 +15,7 @@ from kortex.container import Kortex
 from kortex.errors import KortexError
 from kortex.events import DoneEvent, ErrorEvent
 from kortex.messages import ToolResult, Usage
-from kortex.storage import audit, turns
+from kortex.storage import audit, sweeps, turns
 from kortex.storage.audit import AuditEntry
 from kortex.storage.records import InvocationRecord, TurnRecord
 from kortex.storage.turns import tool_call_from_record
@@ -66,7 +66,7 @@ def sweep(k: Kortex, queue: QueuePort | None = None) -> SweepReport:
         log.exception("watchdog could not publish kept events")
         republished = 0
     with k.db.connect() as conn:
-        expired = turns.expired_turns(conn, now)
+        expired = sweeps.expired_turns(conn, now)
     failed = 0
     for turn in expired:
         try:
@@ -75,7 +75,7 @@ def sweep(k: Kortex, queue: QueuePort | None = None) -> SweepReport:
             log.exception("watchdog could not fail turn %s", turn.id)
 
     with k.db.connect() as conn:
-        overdue = turns.overdue_invocations(conn, now)
+        overdue = sweeps.overdue_invocations(conn, now)
     for inv in overdue:
         try:
             handoff += _settle_overdue(k, inv)
@@ -85,10 +85,10 @@ def sweep(k: Kortex, queue: QueuePort | None = None) -> SweepReport:
     cutoff = now - timedelta(seconds=k.settings.turn.requeue_after)
     steps_waiting, tools_waiting = _backlog(queue, "steps"), _backlog(queue, "tools")
     with k.db.begin() as conn:
-        lapsed = turns.lapsed_steps(conn, now)  # their worker died mid-step: run the step again
+        lapsed = sweeps.lapsed_steps(conn, now)  # their worker died mid-step: run the step again
         audit.write_entries(conn, [_lost_call(t) for t in lapsed])
-        stale_turns = lapsed + (turns.stale_queued_turns(conn, cutoff) if steps_waiting == 0 else [])
-        stale_tools = turns.stale_pending_invocations(conn, cutoff) if tools_waiting == 0 else []
+        stale_turns = lapsed + (sweeps.stale_queued_turns(conn, cutoff) if steps_waiting == 0 else [])
+        stale_tools = sweeps.stale_pending_invocations(conn, cutoff) if tools_waiting == 0 else []
     handoff += Handoff(
         steps=tuple(StepDispatch(tenant_id=t.tenant_id, turn_id=t.id, step=t.step) for t in stale_turns),
         tools=tuple(tool_dispatch(k, i.tenant_id, i.id, i.name) for i in stale_tools),
