@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import logging
 import threading
 import time
@@ -271,13 +270,16 @@ class StepEngine:
         except StorageError as exc:
             # Before the claim the database did not answer: try again. After it, the lease
             # lapses and the watchdog runs the step again.
-            if hold.turn is None and job.tries < len(RETRIES) and not self._closing:
+            with self._cv:  # close() takes the retrying steps under this lock
+                again = hold.turn is None and job.tries < len(RETRIES) and not self._closing
+                if again:
+                    self._retrying.add(job)
+            if again:
                 delay = RETRIES[job.tries]
                 job.tries += 1
                 log.warning("step %s of turn %s could not start (%s); trying again in %.1fs",
                             s.step, s.turn_id, exc.code, delay)
                 self._finished(job)
-                self._retrying.add(job)
                 asyncio.get_running_loop().call_later(delay, self._retry, job)
                 return
             outcome = exc
@@ -368,11 +370,11 @@ class StepEngine:
         pending = {job.task for job in unfinished if job.task is not None}
         if pending:
             await asyncio.wait(pending, timeout=10)
-        for job in unfinished:
-            if job.task is not None and not job.task.done():
-                job.task.cancel()
-                with contextlib.suppress(BaseException):
-                    await job.task
+        stuck = {job.task for job in unfinished if job.task is not None and not job.task.done()}
+        for task in stuck:
+            task.cancel()
+        if stuck:  # wait() does not raise what they raise, and a cancel of this drain still propagates
+            await asyncio.wait(stuck, timeout=5)
         if self._reporting:  # what finished steps hand on reaches the broker before we stop
             await asyncio.wait(set(self._reporting), timeout=10)
         if self._renewer is not None:
