@@ -21,19 +21,23 @@ from kortex.turns import chat, watchdog
 from kortex.turns.step import run_step
 from kortex.turns.toolrun import run_tool
 from tests.conftest import Harness, make_settings
-from tests.integration.redisproc import RedisServer
+from tests.integration.conftest import PG_ADMIN
+from tests.integration.redisproc import RedisServer, private_database
 
 
 @pytest.fixture
-def outage(pg_url: str, tmp_path: Path) -> Iterator[tuple[Harness, RedisServer]]:
+def outage(tmp_path: Path) -> Iterator[tuple[Harness, RedisServer]]:
     server = RedisServer(tmp_path / "redis")  # AOF on: its streams survive the kill, as deployed
     server.start()
-    h = Harness(make_settings(tmp_path, pg_url, redis_url=server.url, redis_prefix=f"kxob-{uuid.uuid4().hex[:6]}"))
-    try:
-        yield h, server
-    finally:
-        h.close()
-        server.stop()
+    # A database of its own: the session's `kortex beat` sweeps the shared one system-wide and
+    # would publish this test's kept events to its own Redis (seen once in a full run).
+    with private_database(PG_ADMIN) as url:
+        h = Harness(make_settings(tmp_path, url, redis_url=server.url, redis_prefix=f"kxob-{uuid.uuid4().hex[:6]}"))
+        try:
+            yield h, server
+        finally:
+            h.close()
+            server.stop()
 
 
 def _result_stored_while_redis_is_down(h: Harness, server: RedisServer, name: str) -> tuple[str, Any, Any]:
