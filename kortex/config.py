@@ -8,8 +8,11 @@ unavailable rather than broken (rfc-005 §5.3).
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
+import types
+import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -359,7 +362,7 @@ class Settings(BaseSettings):
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
         path = _config_file()
         if path is not None:
-            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path))
+            sources.append(_StrictToml(settings_cls, toml_file=path))
         return tuple(sources)
 
     @property
@@ -384,6 +387,45 @@ class Settings(BaseSettings):
         return override.timeout if override else None
 
 
+class _StrictToml(TomlConfigSettingsSource):
+    """kortex.toml, whose top-level keys must be settings. The environment stays lenient at the
+    top level (``KORTEX_CONFIG``, ``KORTEX_API_KEY`` and the test variables share the prefix);
+    sections forbid unknown keys from either source (``_Section``)."""
+
+    def __call__(self) -> dict[str, Any]:
+        data = super().__call__()
+        unknown = sorted(set(data) - set(Settings.model_fields))
+        if unknown:
+            raise ConfigError("invalid configuration: " + "; ".join(
+                f"{self.toml_file_path}: unknown key {key!r}{_did_you_mean(key, Settings.model_fields)}"
+                for key in unknown))
+        return data
+
+
+def _did_you_mean(key: str, known: typing.Iterable[str]) -> str:
+    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The settings model that holds the key at ``loc`` (a validation error's location), walking
+    fields and skipping the free keys of dict-valued sections (provider and tool names)."""
+    model: Any = Settings
+    for part in loc[:-1]:
+        if isinstance(model, type) and issubclass(model, BaseModel):
+            field = model.model_fields.get(str(part))
+            if field is None:
+                return None
+            model = field.annotation
+        elif typing.get_origin(model) is dict:
+            model = typing.get_args(model)[1]
+        else:
+            return None
+        while typing.get_origin(model) in (typing.Union, types.UnionType):  # Optional[Section]
+            model = next((a for a in typing.get_args(model) if a is not type(None)), None)
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+
+
 def load_settings(**overrides: Any) -> Settings:
     try:
         return Settings(**overrides)
@@ -399,7 +441,15 @@ def describe_errors(exc: ValidationError, limit: int = 20) -> str:
     """Where and what, never the offending value: a misspelt key often holds a secret
     (``apikey = "sk-..."``), and pydantic's own text quotes every input."""
     errors = exc.errors(include_input=False, include_url=False, include_context=False)
-    parts = [f"{'.'.join(str(p) for p in e['loc']) or '(top level)'}: {e['msg']}" for e in errors[:limit]]
+    parts = []
+    for e in errors[:limit]:
+        where = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        if e["type"] == "extra_forbidden" and e["loc"]:
+            holder = _model_at(tuple(e["loc"]))
+            hint = _did_you_mean(str(e["loc"][-1]), holder.model_fields) if holder else ""
+            parts.append(f"{where}: unknown key{hint}")
+        else:
+            parts.append(f"{where}: {e['msg']}")
     if len(errors) > limit:
         parts.append(f"... and {len(errors) - limit} more")
     return "; ".join(parts)

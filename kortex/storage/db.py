@@ -19,7 +19,7 @@ from typing import Any
 
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import URL, Connection, Engine, make_url
-from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, IntegrityError, SQLAlchemyError
 
 from kortex import regex
 from kortex.errors import ConfigError, Conflict, StorageError
@@ -80,7 +80,16 @@ def _pg_statement_timeout(engine: Engine, seconds: float) -> None:
 
 
 def _normalise(url: str | URL) -> URL:
-    parsed = make_url(url) if isinstance(url, str) else url
+    if isinstance(url, str):
+        try:
+            parsed = make_url(url)
+        except (ArgumentError, ValueError):  # its text quotes the URL, password and all (a bad port: ValueError)
+            raise ConfigError("the database URL is not a URL: use postgresql://user@host/db or sqlite:///path") from None
+    else:
+        parsed = url
+    if parsed.drivername == "postgres" or parsed.drivername.startswith("postgres+"):
+        # What Heroku, libpq and most PostgreSQL tools write; SQLAlchemy only knows postgresql.
+        parsed = parsed.set(drivername="postgresql" + parsed.drivername[len("postgres"):])
     backend = parsed.get_backend_name()
     if backend not in ("postgresql", "sqlite"):
         raise ConfigError(f"unsupported database {backend!r}: use postgresql:// or sqlite://")

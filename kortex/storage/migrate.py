@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, pool
+from sqlalchemy.engine import Connection
 
+from kortex.errors import ConfigError
 from kortex.storage.db import sync_url
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -34,3 +40,50 @@ def upgrade(url: str, revision: str = "head") -> None:
             command.upgrade(cfg, revision)
     finally:
         engine.dispose()
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaState:
+    """Where a database's schema stands against the migrations this code ships."""
+
+    current: str | None  # None: never migrated
+    head: str
+
+    @property
+    def at_head(self) -> bool:
+        return self.current == self.head
+
+    def problem(self) -> str | None:
+        """What an operator must do before this code may use the database, or None."""
+        if self.current is None:
+            return "the database has no Kortex schema: run 'kortex migrate'"
+        if self.at_head:
+            return None
+        known = {rev.revision for rev in _script().walk_revisions()}
+        if self.current in known:
+            return f"the database schema is at {self.current}, behind {self.head}: run 'kortex migrate'"
+        return (f"the database schema is at {self.current}, which this version of Kortex does not know "
+                "(a newer release migrated it): upgrade Kortex")
+
+
+@functools.cache  # the shipped migrations do not change while a process runs
+def _script() -> ScriptDirectory:
+    return ScriptDirectory.from_config(alembic_config("sqlite://"))
+
+
+def schema_state(conn: Connection) -> SchemaState:
+    """Read, never write: safe for readiness probes on every process."""
+    return SchemaState(current=MigrationContext.configure(conn).get_current_revision(),
+                       head=_script().get_current_head() or "")
+
+
+def require_schema(url: str) -> None:
+    """Refuse to start a process on a database it cannot use (ConfigError, one line)."""
+    engine = create_engine(sync_url(url), poolclass=pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            problem = schema_state(conn).problem()
+    finally:
+        engine.dispose()
+    if problem:
+        raise ConfigError(problem)

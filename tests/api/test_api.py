@@ -152,7 +152,28 @@ def test_health_and_readiness(env) -> None:
     client, _, _ = env
     assert client.get("/healthz").json() == {"status": "ok"}
     ready = client.get("/readyz")
-    assert ready.status_code == 200 and ready.json()["checks"] == {"database": "ok", "redis": "ok"}
+    assert ready.status_code == 200 and ready.json()["checks"] == {"database": "ok", "schema": "ok", "redis": "ok"}
+
+
+def test_readiness_fails_on_a_schema_behind_or_missing(env) -> None:
+    from alembic import command
+    from alembic.script import ScriptDirectory
+
+    from kortex.storage.migrate import alembic_config
+    client, h, _ = env
+    url = h.settings.effective_database_url
+    head = ScriptDirectory.from_config(alembic_config(url)).get_revision("head")
+    command.stamp(alembic_config(url), head.down_revision)  # as a database left one migration behind looks
+    behind = client.get("/readyz")
+    assert behind.status_code == 503 and behind.json()["status"] == "unavailable"
+    assert behind.json()["checks"]["schema"] == (
+        f"failed: the database schema is at {head.down_revision}, behind {head.revision}: run 'kortex migrate'")
+    with h.k.db.begin() as conn:
+        conn.exec_driver_sql("DELETE FROM alembic_version")
+    missing = client.get("/readyz").json()["checks"]["schema"]
+    assert missing == "failed: the database has no Kortex schema: run 'kortex migrate'"
+    command.stamp(alembic_config(url), "head")
+    assert client.get("/readyz").status_code == 200
 
 
 def test_a_turn_is_accepted_even_when_the_broker_is_down(harness: Harness) -> None:

@@ -89,15 +89,17 @@ class RedisServer:
 
 
 @contextmanager
-def private_database(admin_url: str) -> Iterator[str]:
+def private_database(admin_url: str, *, migrated: bool = True) -> Iterator[str]:
     """A throwaway PostgreSQL database of its own. The watchdog's queries are system-wide by
-    design, so a test that runs one must not share rows with the session's other services."""
+    design, so a test that runs one must not share rows with the session's other services.
+    ``migrated=False``: empty, as an operator's database is before ``kortex migrate``."""
     name = f"kortex_fault_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(admin_url, autocommit=True, connect_timeout=5) as admin:
         admin.execute(f'CREATE DATABASE "{name}"')
     url = admin_url.rsplit("/", 1)[0] + f"/{name}"
     try:
-        upgrade(url)
+        if migrated:
+            upgrade(url)
         yield url
     finally:
         with psycopg.connect(admin_url, autocommit=True) as admin:

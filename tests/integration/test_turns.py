@@ -258,7 +258,7 @@ def test_offline_analyst_answers_through_the_distributed_stack(api_url, pg, tena
 
 def test_readiness_reports_both_backends(api_url) -> None:
     body = httpx.get(f"{api_url}/readyz").json()
-    assert body == {"status": "ready", "checks": {"database": "ok", "redis": "ok"}}
+    assert body == {"status": "ready", "checks": {"database": "ok", "schema": "ok", "redis": "ok"}}
 
 
 def test_worker_registered_explicit_task_names(worker) -> None:

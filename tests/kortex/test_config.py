@@ -91,3 +91,30 @@ def test_tool_timeouts_must_be_positive_and_doubtful_ones_are_reported(
     warnings = " ".join(r.getMessage() for r in caplog.records)
     assert "get_logz] configures a tool that does not exist" in warnings
     assert "get_recent_deploys] timeout 600s is above its category's ceiling; 60s applies" in warnings
+
+
+def test_unknown_keys_are_refused_with_the_likely_one_named_and_no_value_shown(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "kortex.toml").write_text('databse_url = "sqlite:///x.db"\n[llmm]\nmax_tool_depth = 3\n')
+    with pytest.raises(ConfigError) as top:
+        load_settings()
+    assert "unknown key 'databse_url' (did you mean 'database_url'?)" in str(top.value)
+    assert "unknown key 'llmm' (did you mean 'llm'?)" in str(top.value)
+    (tmp_path / "kortex.toml").write_text(
+        '[llm]\nmax_tool_dept = 3\n[llm.providers.anthropic]\napi_kye = "sk-ant-api03-abcdefghijklmnop"\n'
+        '[turn]\nzzz = 1\n')
+    with pytest.raises(ConfigError) as nested:
+        load_settings()
+    text = str(nested.value)
+    assert "llm.max_tool_dept: unknown key (did you mean 'max_tool_depth'?)" in text
+    assert "llm.providers.anthropic.api_kye: unknown key (did you mean 'api_key'?)" in text
+    assert "turn.zzz: unknown key" in text and "turn.zzz: unknown key (" not in text  # nothing close
+    assert "sk-ant" not in text  # a misspelt key often holds a secret
+    (tmp_path / "kortex.toml").unlink()
+    monkeypatch.setenv("KORTEX_TURN__DEADLIN", "5")
+    with pytest.raises(ConfigError, match=r"turn.deadlin: unknown key \(did you mean 'deadline'\?\)"):
+        load_settings()
+    monkeypatch.delenv("KORTEX_TURN__DEADLIN")
+    monkeypatch.setenv("KORTEX_SOMETHING_ELSE", "1")  # the prefix is shared at the top level: not ours to refuse
+    assert load_settings().embedded

@@ -106,3 +106,32 @@ def test_demo_exits_non_zero_when_its_turn_fails(fake_anthropic) -> None:
     result = CliRunner().invoke(app, ["demo", "--model", "anthropic:claude-sonnet-4-6"], catch_exceptions=False)
     assert result.exit_code == 1, result.output
     assert "never sent" not in result.output
+
+
+@pytest.mark.parametrize(("env", "args", "processes"), [
+    ({}, [], 1),  # embedded: one process owns the SQLite file and the in-process worker
+    ({"KORTEX_REDIS_URL": "redis://127.0.0.1:6379/0", "KORTEX_DATABASE_URL": "postgresql://x@127.0.0.1/x"}, [], 2),
+    ({"KORTEX_REDIS_URL": "redis://127.0.0.1:6379/0", "KORTEX_DATABASE_URL": "postgresql://x@127.0.0.1/x"},
+     ["--workers", "3"], 3),
+])
+def test_api_runs_two_processes_by_default_in_the_distributed_mode(
+        home: Path, monkeypatch: pytest.MonkeyPatch, env: dict[str, str], args: list[str], processes: int) -> None:
+    import uvicorn
+
+    from kortex.storage import migrate
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(migrate, "require_schema", lambda url: None)  # its own tests: tests/integration/test_startup.py
+    ran: dict[str, object] = {}
+    monkeypatch.setattr(uvicorn, "run", lambda target, **kw: ran.update(kw, target=target))
+    result = CliRunner().invoke(app, ["api", *args], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert ran["target"] == "api.main:create_app" and ran["workers"] == processes
+
+
+def test_api_refuses_more_processes_in_the_embedded_mode_and_less_than_one(home: Path) -> None:
+    runner = CliRunner()
+    many = runner.invoke(app, ["api", "--workers", "2"])
+    assert many.exit_code == 1 and "embedded mode runs in one process" in many.output
+    none = runner.invoke(app, ["api", "--workers", "0"])
+    assert none.exit_code == 2 and "--workers" in none.output
