@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import sys
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -144,6 +145,10 @@ def worker(
     loglevel: Annotated[str, typer.Option(help="Log level")] = "INFO",
     task_logs: Annotated[bool, typer.Option(
         help="A log line per task received and finished (Flower shows tasks without them)")] = False,
+    max_memory_per_child: Annotated[int | None, typer.Option(
+        min=1, help="prefork: replace a child once its resident memory passes this many MiB (after its task)")] = None,
+    max_tasks_per_child: Annotated[int | None, typer.Option(
+        min=1, help="prefork: replace a child after this many tasks")] = None,
 ) -> None:
     """Run a Celery worker for the given queues (distributed mode).
 
@@ -176,11 +181,21 @@ def worker(
     # Task events stay off (Flower switches them on while it watches; see workers/app.py).
     argv = ["worker", "-Q", ",".join(names), "-P", pool, "-l", loglevel, "-n", f"kortex-{'-'.join(names)}@%h",
             "-c", str(concurrency)]
+    if (max_memory_per_child or max_tasks_per_child) and pool != "prefork":
+        _fail("--max-memory-per-child and --max-tasks-per-child recycle prefork children: add --pool prefork")
+    if max_memory_per_child:
+        argv += ["--max-memory-per-child", str(max_memory_per_child * 1024)]  # Celery counts KiB
+    if max_tasks_per_child:
+        argv += ["--max-tasks-per-child", str(max_tasks_per_child)]
     celery_app.worker_main(argv)
 
 
 @app.command()
-def beat(loglevel: Annotated[str, typer.Option(help="Log level")] = "INFO") -> None:
+def beat(
+    loglevel: Annotated[str, typer.Option(help="Log level")] = "INFO",
+    alive_file: Annotated[Path | None, typer.Option(
+        help="Touch this file after every watchdog interval that reached the database (for health checks)")] = None,
+) -> None:
     """Run the watchdog process: fails expired turns and re-enqueues lost work. Safe to run
     more than one: one leads at a time, another takes over when it dies."""
     settings = load_settings()
@@ -190,7 +205,7 @@ def beat(loglevel: Annotated[str, typer.Option(help="Log level")] = "INFO") -> N
     from workers import beat as watchdog
 
     logging.getLogger().setLevel(loglevel.upper())  # main() set up the handler (scrubbed)
-    watchdog.run(settings)
+    watchdog.run(settings, alive_file=alive_file)
 
 
 @app.command()
@@ -245,8 +260,8 @@ def create_tenant(name: Annotated[str, typer.Argument(help="Tenant name")]) -> N
 @admin.command("create-key")
 def create_key(
     name: Annotated[str, typer.Argument(help="Tenant name")],
-    role: Annotated[str, typer.Option(help="admin (everything), operator (chat and decide on proposals), "
-                                           "chat, or ingest")] = "admin",
+    role: Annotated[str, typer.Option(help="chat (the default: ask and read), operator (chat and decide on "
+                                           "proposals), ingest, or admin (everything)")] = "chat",
 ) -> None:
     """Issue another API key for an existing tenant, with a role that bounds what it may do."""
     from kortex_cli.runner import issue_key

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from pathlib import Path
 from typing import Any
 
 from kortex.config import Settings
@@ -19,7 +20,9 @@ from workers.dispatch import CeleryQueue
 log = logging.getLogger(__name__)
 
 
-def run(settings: Settings, stop: threading.Event | None = None) -> None:
+def run(settings: Settings, stop: threading.Event | None = None, alive_file: Path | None = None) -> None:
+    """``alive_file``: touched after every interval that reached the database, for a container
+    health check (``kortex beat --alive-file``; its age says whether the watchdog still runs)."""
     stop = stop or threading.Event()
 
     def _stop(signum: int, _frame: Any) -> None:
@@ -33,6 +36,7 @@ def run(settings: Settings, stop: threading.Event | None = None) -> None:
     leader = AdvisoryLeader(k.db, settings.redis_prefix)
     log.info("watchdog process started: sweeps every %.1fs while it leads", settings.turn.watchdog_every)
     try:
-        run_watchdog(k, CeleryQueue(app), leader, every=settings.turn.watchdog_every, stop=stop)
+        alive = alive_file.touch if alive_file is not None else None
+        run_watchdog(k, CeleryQueue(app), leader, every=settings.turn.watchdog_every, stop=stop, alive=alive)
     finally:
         runtime.close()

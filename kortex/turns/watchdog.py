@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -155,15 +156,19 @@ def _expire(k: Kortex, turn: TurnRecord) -> int:
 
 
 def run_watchdog(k: Kortex, queue: QueuePort, leader: Leadership, *, every: float,
-                 stop: threading.Event) -> None:
+                 stop: threading.Event, alive: Callable[[], None] | None = None) -> None:
     """Sweep every ``every`` seconds while this process leads, until ``stop`` is set. A process
-    that does not lead asks again each interval and takes over when the leader is gone."""
+    that does not lead asks again each interval and takes over when the leader is gone.
+    ``alive`` is called after every interval that reached the database (a health check's
+    heartbeat: a leader that sweeps or a standby that asked)."""
     try:
         while not stop.is_set():
             try:
                 if leader.ensure():
                     report = sweep(k, queue)
                     queue.dispatch(report.handoff)
+                if alive is not None:
+                    alive()
             except Exception:  # a database or broker outage: the next interval tries again
                 log.warning("watchdog sweep failed", exc_info=True)
             stop.wait(every)

@@ -156,7 +156,10 @@ def worker(pg_url: str, redis_prefix: str, fake_llm: FakeLLM, tmp_path_factory: 
     env = service_env(pg_url, redis_prefix, **provider_env(fake_llm.url))
     service = Service("celery worker", argv, env, logs / "worker.log")
     # The watchdog's own process, as deployed (`kortex beat`).
-    watchdog = Service("watchdog", [sys.executable, "-m", "kortex_cli.main", "beat"], env, logs / "beat.log")
+    # --alive-file as compose's health check uses it (test_turns.py reads it).
+    watchdog = Service("watchdog", [sys.executable, "-m", "kortex_cli.main", "beat",
+                                    "--alive-file", str(logs / "beat.alive")], env, logs / "beat.log")
+    service.alive_file = logs / "beat.alive"  # type: ignore[attr-defined]
     try:
         service.wait_for(lambda: " ready." in service.output())
         watchdog.wait_for(lambda: "watchdog took the lead" in watchdog.output())

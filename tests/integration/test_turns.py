@@ -261,6 +261,17 @@ def test_readiness_reports_both_backends(api_url) -> None:
     assert body == {"status": "ready", "checks": {"database": "ok", "schema": "ok", "redis": "ok"}}
 
 
+def test_the_watchdog_keeps_its_health_file_fresh(worker) -> None:
+    alive = worker.alive_file
+    deadline = time.monotonic() + 10
+    while not alive.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    first = alive.stat().st_mtime
+    while alive.stat().st_mtime == first and time.monotonic() < deadline:  # the sweep runs every second here
+        time.sleep(0.1)
+    assert alive.stat().st_mtime > first
+
+
 def test_worker_registered_explicit_task_names(worker) -> None:
     out = worker.output()
     for name in ("kortex.turn.step", "kortex.tool.run", "kortex.turn.watchdog"):

@@ -41,17 +41,18 @@ def test_create_tenant_prints_a_working_key_once(home: Path) -> None:
     assert key.encode() not in db and key.split("_")[2].encode() not in db  # only a hash is stored
     again = runner.invoke(app, ["admin", "create-tenant", "acme"])
     assert again.exit_code == 1 and "already exists" in again.output
-    more = runner.invoke(app, ["admin", "create-key", "acme"])
+    more = runner.invoke(app, ["admin", "create-key", "acme"])  # no --role: the least that can chat
     assert more.exit_code == 0 and more.output.strip() != key
-    chat = runner.invoke(app, ["admin", "create-key", "acme", "--role", "chat"])
+    chat = runner.invoke(app, ["admin", "create-key", "acme", "--role", "operator"])
     assert chat.exit_code == 0
     from sqlalchemy import create_engine, text
     engine = create_engine(f"sqlite:///{home / 'kortex.db'}")
     with engine.connect() as conn:
         roles = conn.execute(text("SELECT key_id, role FROM api_keys")).all()
     engine.dispose()
-    assert dict(roles)[chat.output.strip().split("_")[1]] == "chat"
-    assert sorted(r for _, r in roles) == ["admin", "admin", "chat"]
+    assert dict(roles)[chat.output.strip().split("_")[1]] == "operator"
+    assert dict(roles)[more.output.strip().split("_")[1]] == "chat"
+    assert sorted(r for _, r in roles) == ["admin", "chat", "operator"]  # the tenant's first key: admin
     bad = runner.invoke(app, ["admin", "create-key", "acme", "--role", "root"])
     assert bad.exit_code == 1 and "unknown role" in bad.output
 

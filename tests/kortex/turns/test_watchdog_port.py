@@ -71,3 +71,22 @@ def test_the_loop_sweeps_only_while_it_leads_and_releases_at_the_end(harness_fac
     assert leader.asked == 4 and leader.released
     assert len(queue.sent) == 2  # the two sweeps it led: the first re-enqueued the lost turn
     assert len(queue.sent[0].steps) == 1
+
+
+class Unreachable(Follower):
+    def ensure(self) -> bool:
+        self.asked += 1
+        if self.asked > 3:
+            self.stop.set()
+        if self.asked == 2:
+            raise ConnectionError("the database went away")
+        return self.asked > self.leads_after
+
+
+def test_the_heartbeat_beats_for_leader_and_standby_but_not_when_the_database_is_out(harness_factory) -> None:
+    h = harness_factory()
+    stop = threading.Event()
+    beats: list[int] = []
+    leader = Unreachable(stop, leads_after=2)  # 1: standby, 2: outage, 3 and 4: leads
+    watchdog.run_watchdog(h.k, FakeQueue(0), leader, every=0, stop=stop, alive=lambda: beats.append(leader.asked))
+    assert beats == [1, 3, 4]
