@@ -97,6 +97,14 @@ def allowed(permission: Permission) -> Callable[..., Coroutine[Any, Any, None]]:
     return check
 
 
+async def authenticated_caller(request: Request) -> Caller:
+    """The caller a router's ``allowed`` dependency authenticated (401 outside such a router)."""
+    caller: Caller | None = getattr(request.state, "caller", None)
+    if caller is None:
+        raise AuthError("send 'Authorization: Bearer <api key>'")
+    return caller
+
+
 async def current_tenant(request: Request) -> TenantRecord:
     """The tenant of the caller a router's ``allowed`` dependency authenticated. A route
     outside such a router has no caller, and gets a 401 rather than an open door."""
@@ -116,4 +124,5 @@ def object_id(value: str, what: str) -> str:
 
 KortexDep = Annotated[Kortex, Depends(kortex)]
 TenantDep = Annotated[TenantRecord, Depends(current_tenant)]
+CallerDep = Annotated[Caller, Depends(authenticated_caller)]
 HubDep = Annotated[StreamHub, Depends(hub)]

@@ -50,6 +50,11 @@ class SessionOut(BaseModel):
                                   cost_usd=usage.cost_usd))
 
 
+class SessionPageOut(BaseModel):
+    sessions: list[SessionOut] = Field(description="Newest first; usage is not summed in a list (GET the session)")
+    next_before: str | None = Field(None, description="Pass as ?before= to read the next (older) page")
+
+
 class MessageOut(BaseModel):
     id: str
     turn_id: str

@@ -14,7 +14,7 @@ from starlette.types import Receive, Scope, Send
 
 from kortex.container import Kortex
 from kortex.errors import RateLimited
-from kortex.events import DoneEvent
+from kortex.events import DoneEvent, done_status
 from kortex.messages import Usage
 from kortex.storage.records import TurnRecord
 from kortex.stream.entries import START, Entry, parse_id, resume_id
@@ -108,7 +108,7 @@ def _closing_done(turn: TurnRecord, cursor: str) -> Entry:
     """The ``done`` a finished turn's stream is missing (its publish failed after the commit)."""
     error = (turn.error or {}).get("code")
     usage = Usage(input_tokens=turn.input_tokens, output_tokens=turn.output_tokens, cost_usd=turn.cost_usd)
-    event = DoneEvent(status="failed" if turn.status == "failed" else "done", usage=usage, error=error)
+    event = DoneEvent(status=done_status(turn.status), usage=usage, error=error)
     ms, seq = parse_id(cursor)
     return Entry(id=f"{ms}-{seq + 1}", type="done", data=event.model_dump_json())
 

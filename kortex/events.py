@@ -96,9 +96,21 @@ class ErrorEvent(_Event):
     fatal: bool = True
 
 
+DoneStatus = Literal["done", "failed", "cancelled"]
+
+
+def done_status(turn_status: str) -> DoneStatus:
+    """The ``done`` event's status for a finished turn's status."""
+    if turn_status == "failed":
+        return "failed"
+    if turn_status == "cancelled":
+        return "cancelled"
+    return "done"
+
+
 class DoneEvent(_Event):
     type: Literal["done"] = "done"
-    status: Literal["done", "failed"]
+    status: DoneStatus
     usage: Usage = Field(default_factory=Usage)
     error: str | None = None
 

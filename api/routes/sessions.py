@@ -10,12 +10,19 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from api.deps import KortexDep, TenantDep, allowed, object_id
-from api.schemas import CreateSession, MessageOut, MessagePage, PostMessage, SessionOut, TurnAccepted
+from api.deps import CallerDep, KortexDep, TenantDep, allowed, object_id
+from api.schemas import (
+    CreateSession,
+    MessageOut,
+    MessagePage,
+    PostMessage,
+    SessionOut,
+    SessionPageOut,
+    TurnAccepted,
+)
 from kortex.access import Permission
 from kortex.container import Kortex
 from kortex.errors import InvalidInput
-from kortex.storage import chats, turns
 from kortex.turns import chat
 from kortex.turns.handoff import Handoff
 
@@ -32,11 +39,30 @@ def create_session(k: KortexDep, tenant: TenantDep, response: Response, body: Cr
     return SessionOut.of(session)
 
 
+@router.get("", response_model=SessionPageOut)
+def list_sessions(
+    k: KortexDep,
+    tenant: TenantDep,
+    before: Annotated[str | None, Query(max_length=200, description="next_before of the page read last")] = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+) -> SessionPageOut:
+    """The tenant's sessions, newest first."""
+    page = chat.list_sessions(k, tenant.id, before=before, limit=limit)
+    return SessionPageOut(sessions=[SessionOut.of(s) for s in page.sessions], next_before=page.next_before)
+
+
 @router.get("/{session_id}", response_model=SessionOut)
 def get_session(session_id: str, k: KortexDep, tenant: TenantDep) -> SessionOut:
-    with k.db.connect() as conn:
-        session = chats.get_session(conn, tenant.id, object_id(session_id, "session"))
-        return SessionOut.of(session, turns.session_usage(conn, tenant.id, session.id))
+    session, usage = chat.get_session(k, tenant.id, object_id(session_id, "session"))
+    return SessionOut.of(session, usage)
+
+
+@router.delete("/{session_id}", status_code=204, response_class=Response,
+               responses={409: {"description": "a turn is still running in the session: cancel it first"}})
+def delete_session(session_id: str, k: KortexDep, caller: CallerDep) -> Response:
+    """Delete the session with its turns, messages and events. Audit rows stay."""
+    chat.delete_session(k, caller.tenant.id, object_id(session_id, "session"), by=f"key:{caller.key_id}")
+    return Response(status_code=204)
 
 
 def _position(after: str | None) -> tuple[int, int, int] | None:
@@ -63,10 +89,7 @@ def list_messages(
     after: Annotated[str | None, Query(max_length=40, description="position of the last message seen")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
 ) -> MessagePage:
-    sid = object_id(session_id, "session")
-    with k.db.connect() as conn:
-        chats.get_session(conn, tenant.id, sid)
-        rows = chats.list_messages(conn, tenant.id, sid, after=_position(after), limit=limit)
+    rows = chat.list_messages(k, tenant.id, object_id(session_id, "session"), after=_position(after), limit=limit)
     messages = [MessageOut.of(m) for m in rows]
     return MessagePage(messages=messages, next_after=messages[-1].position if len(messages) == limit else None)
 

@@ -8,11 +8,12 @@ from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from api.deps import HubDep, KortexDep, TenantDep, allowed, object_id
+from api.deps import CallerDep, HubDep, KortexDep, TenantDep, allowed, object_id
 from api.schemas import TurnOut
 from api.sse import HeldStream, nothing_left, resume_point, turn_events
 from kortex.access import Permission
 from kortex.stream.entries import START
+from kortex.turns.cancel import cancel
 from kortex.turns.chat import get_turn
 
 router = APIRouter(prefix="/v1/turns", tags=["turns"], dependencies=[Depends(allowed(Permission.CHAT))])
@@ -23,6 +24,15 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Connecti
 @router.get("/{turn_id}", response_model=TurnOut)
 def read_turn(turn_id: str, k: KortexDep, tenant: TenantDep) -> TurnOut:
     return TurnOut.of(get_turn(k, tenant.id, object_id(turn_id, "turn")))
+
+
+@router.post("/{turn_id}/cancel", response_model=TurnOut,
+             responses={409: {"description": "the turn already ended otherwise (done or failed)"}})
+def cancel_turn(turn_id: str, k: KortexDep, caller: CallerDep) -> TurnOut:
+    """Stop a queued or running turn: a streaming step stops at its next chunk, running tool
+    calls' results are ignored, and the stream ends with ``done`` status ``cancelled``.
+    Cancelling a cancelled turn answers the same again."""
+    return TurnOut.of(cancel(k, caller.tenant.id, object_id(turn_id, "turn"), by=f"key:{caller.key_id}"))
 
 
 @router.get("/{turn_id}/events", response_class=StreamingResponse,

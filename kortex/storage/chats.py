@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import asdict
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import bindparam, select, tuple_
+from sqlalchemy import bindparam, delete, select, tuple_
 from sqlalchemy.engine import Connection
 
-from kortex.errors import NotFound
+from kortex.errors import Conflict, NotFound
 from kortex.ids import uuid7
 from kortex.messages import AssistantMessage, Message, ToolCall, ToolMessage, ToolResult, UserMessage
-from kortex.storage.records import MessageRecord, SessionRecord
-from kortex.storage.schema import chat_messages, chat_sessions
+from kortex.storage.records import ACTIVE, MessageRecord, SessionRecord
+from kortex.storage.schema import chat_messages, chat_sessions, stream_outbox, turns
 from kortex.timeparse import utcnow
 
 INSERT_MESSAGE = chat_messages.insert()
@@ -40,6 +41,40 @@ def get_session(conn: Connection, tenant_id: str, session_id: str) -> SessionRec
     if row is None:
         raise NotFound("session not found")
     return SessionRecord.from_row(row)
+
+
+def list_sessions(conn: Connection, tenant_id: str, *, before: tuple[datetime, str] | None = None,
+                  limit: int = 50) -> list[SessionRecord]:
+    """The tenant's sessions, newest first; ``before`` is the (created_at, id) of the last one seen."""
+    order = (chat_sessions.c.created_at, chat_sessions.c.id)
+    query = select(chat_sessions).where(chat_sessions.c.tenant_id == tenant_id)
+    if before is not None:
+        query = query.where(tuple_(*order) < tuple_(*before))
+    rows = conn.execute(query.order_by(*(c.desc() for c in order)).limit(limit)).all()
+    return [SessionRecord.from_row(r) for r in rows]
+
+
+def delete_session(conn: Connection, tenant_id: str, session_id: str) -> list[str]:
+    """Delete a session with its turns, messages and tool calls (the foreign keys cascade) and
+    any events kept for them; audit rows and proposals stay. Returns the deleted turns' ids
+    (their Redis streams are the caller's to drop). A session with a turn still active is a
+    Conflict: the session's row lock, taken first, orders this against a post to it."""
+    locked = conn.execute(select(chat_sessions.c.id).where(
+        chat_sessions.c.id == session_id, chat_sessions.c.tenant_id == tenant_id).with_for_update()).first()
+    if locked is None:
+        raise NotFound("session not found")
+    rows = conn.execute(select(turns.c.id, turns.c.status).where(
+        turns.c.tenant_id == tenant_id, turns.c.session_id == session_id)).all()
+    active = [r.id for r in rows if r.status in ACTIVE]
+    if active:
+        raise Conflict("a turn is still running in this session; cancel it first "
+                       f"(POST /v1/turns/{active[0]}/cancel)", code="turn_in_progress", details={"turn_id": active[0]})
+    ids = [r.id for r in rows]
+    if ids:
+        conn.execute(delete(stream_outbox).where(stream_outbox.c.tenant_id == tenant_id,
+                                                 stream_outbox.c.turn_id.in_(ids)))
+    conn.execute(delete(chat_sessions).where(chat_sessions.c.id == session_id, chat_sessions.c.tenant_id == tenant_id))
+    return ids
 
 
 def list_messages(

@@ -39,7 +39,8 @@ class SessionRecord(_Record):
     updated_at: datetime
 
 
-TERMINAL = frozenset({"done", "failed"})
+ACTIVE = ("queued", "running", "waiting_tools")
+TERMINAL = frozenset({"done", "failed", "cancelled"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,9 +9,8 @@ from datetime import datetime
 from sqlalchemy import select, update
 from sqlalchemy.engine import Connection
 
-from kortex.storage.records import InvocationRecord, TurnRecord
+from kortex.storage.records import ACTIVE, InvocationRecord, TurnRecord
 from kortex.storage.schema import tool_invocations, turns
-from kortex.storage.turns import ACTIVE
 from kortex.timeparse import utcnow
 
 _t = turns.c

@@ -37,10 +37,12 @@ class IssuedKey:
 
 @dataclass(frozen=True, slots=True)
 class Caller:
-    """Who a request comes from: the key's tenant and the key's role."""
+    """Who a request comes from: the key's tenant, its role and its public id (what audit rows
+    name as the actor; never the secret)."""
 
     tenant: TenantRecord
     role: str
+    key_id: str = ""
 
 
 def create_tenant(conn: Connection, name: str) -> TenantRecord:
@@ -89,4 +91,4 @@ def authenticate(conn: Connection, key: str) -> Caller:
     ok = hmac.compare_digest(expected, hash_secret(secret))
     if not row or not ok or row.revoked_at is not None or row.disabled:
         raise AuthError("invalid API key")
-    return Caller(tenant=TenantRecord.from_row(row), role=row.role)
+    return Caller(tenant=TenantRecord.from_row(row), role=row.role, key_id=key_id)

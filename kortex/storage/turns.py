@@ -26,7 +26,7 @@ from kortex.errors import Conflict, NotFound, RateLimited
 from kortex.ids import uuid7
 from kortex.messages import AssistantMessage, ToolCall, ToolMessage, ToolResult, Usage, UserMessage
 from kortex.storage.chats import INSERT_MESSAGE, message_row
-from kortex.storage.records import TERMINAL, InvocationRecord, TurnRecord
+from kortex.storage.records import ACTIVE, TERMINAL, InvocationRecord, TurnRecord
 from kortex.storage.schema import (
     chat_messages,
     chat_sessions,
@@ -38,7 +38,6 @@ from kortex.storage.schema import (
 )
 from kortex.timeparse import utcnow
 
-ACTIVE = ("queued", "running", "waiting_tools")
 _t, _i = turns.c, tool_invocations.c
 
 
@@ -561,7 +560,18 @@ def complete_invocation(
 
 
 def fail_turn(conn: Connection, turn: TurnRecord, error: dict[str, Any]) -> bool:
-    """Any active state -> failed (deadline passed, unrecoverable error).
+    """Any active state -> failed (deadline passed, unrecoverable error)."""
+    return _end_turn(conn, turn, "failed", error)
+
+
+def cancel_turn(conn: Connection, turn: TurnRecord, error: dict[str, Any]) -> bool:
+    """Any active state -> cancelled (a client asked). A step still streaming finds its stream
+    closed at its next write; a tool call still running finds its invocation settled."""
+    return _end_turn(conn, turn, "cancelled", error)
+
+
+def _end_turn(conn: Connection, turn: TurnRecord, status: str, error: dict[str, Any]) -> bool:
+    """Any active state -> ``status``, by compare-and-set; True when this call moved it.
 
     Tool calls still open are settled as cancelled, each with a tool message, so the session's
     history never holds a call without its result (vendors reject such a conversation). The
@@ -578,7 +588,7 @@ def fail_turn(conn: Connection, turn: TurnRecord, error: dict[str, Any]) -> bool
     moved = conn.execute(
         update(turns)
         .where(_t.id == turn.id, _t.tenant_id == turn.tenant_id, _t.status.in_(ACTIVE))
-        .values(status="failed", error=error, finished_at=now, updated_at=now)
+        .values(status=status, error=error, finished_at=now, updated_at=now, lease_until=None)
         .returning(_t.id)
     ).first()
     for inv in cancelled:

@@ -178,7 +178,10 @@ class EventStore:
             raise StreamError(f"could not check {self.key(turn_id)}: {exc.__class__.__name__}") from exc
 
     def delete(self, turn_id: str) -> None:
-        self.redis.delete(self.key(turn_id), turn_fence(self.prefix, turn_id))
+        try:
+            self.redis.delete(self.key(turn_id), turn_fence(self.prefix, turn_id))
+        except RedisError as exc:
+            raise StreamError(f"could not delete {self.key(turn_id)}: {exc.__class__.__name__}") from exc
 
     def follow(self, turn_id: str, after: str = START, *, block_ms: int = 1000,
                idle_timeout: float | None = None) -> Iterator[Entry]:

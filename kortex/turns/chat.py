@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
+import logging
+import uuid
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy.engine import Connection
 
 from kortex import budget
 from kortex.container import Kortex
-from kortex.errors import Conflict, InvalidInput
-from kortex.storage import chats, turns
-from kortex.storage.records import SessionRecord, TurnRecord
+from kortex.errors import Conflict, InvalidInput, StreamError
+from kortex.messages import Usage
+from kortex.storage import audit, chats, turns
+from kortex.storage.audit import AuditEntry
+from kortex.storage.records import MessageRecord, SessionRecord, TurnRecord
 from kortex.turns.handoff import NOTHING, Handoff, StepDispatch
+
+log = logging.getLogger(__name__)
 
 MAX_NAME = 200
 MAX_IDEMPOTENCY_KEY = 200
@@ -60,6 +68,72 @@ def create_session(k: Kortex, tenant_id: str, name: str | None, model: str | Non
     except BaseException:
         quota.give_back(tenant_id, window)
         raise
+
+
+def get_session(k: Kortex, tenant_id: str, session_id: str) -> tuple[SessionRecord, Usage]:
+    """A session and what its turns have used."""
+    with k.db.connect() as conn:
+        session = chats.get_session(conn, tenant_id, session_id)
+        return session, turns.session_usage(conn, tenant_id, session.id)
+
+
+def list_messages(k: Kortex, tenant_id: str, session_id: str, *, after: tuple[int, int, int] | None,
+                  limit: int) -> list[MessageRecord]:
+    """A page of a session's messages in conversation order (NotFound for another tenant's)."""
+    with k.db.connect() as conn:
+        chats.get_session(conn, tenant_id, session_id)
+        return chats.list_messages(conn, tenant_id, session_id, after=after, limit=limit)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionPage:
+    sessions: list[SessionRecord]
+    next_before: str | None  # pass as ``before`` for the next (older) page; None at the end
+
+
+def list_sessions(k: Kortex, tenant_id: str, *, before: str | None = None, limit: int = 50) -> SessionPage:
+    """The tenant's sessions, newest first, a page at a time (keyset: stable while sessions are
+    created, unlike an offset)."""
+    with k.db.connect() as conn:
+        rows = chats.list_sessions(conn, tenant_id, before=_session_cursor(before), limit=limit)
+    last = rows[-1] if len(rows) == limit else None
+    token = None
+    if last is not None:
+        token = base64.urlsafe_b64encode(f"{last.created_at.isoformat()}|{last.id}".encode()).decode().rstrip("=")
+    return SessionPage(sessions=rows, next_before=token)
+
+
+def _session_cursor(token: str | None) -> tuple[datetime, str] | None:
+    if token is None:
+        return None
+    try:
+        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
+        at, session_id = raw.split("|")
+        when = datetime.fromisoformat(at)
+        if when.tzinfo is None:
+            raise ValueError("naive")
+        return when, str(uuid.UUID(session_id))
+    except (ValueError, UnicodeDecodeError, binascii.Error):
+        raise InvalidInput("before must be a next_before value from an earlier page", code="validation",
+                           details=[{"field": "before", "message": "not a page cursor"}]) from None
+
+
+def delete_session(k: Kortex, tenant_id: str, session_id: str, *, by: str) -> int:
+    """Delete a session, its turns, messages and events; its audit rows stay (with a row saying
+    who deleted it). A session with a running turn is refused (cancel the turn first). Returns
+    how many turns went."""
+    with k.db.begin() as conn:
+        turn_ids = chats.delete_session(conn, tenant_id, session_id)
+        audit.write_entries(conn, [AuditEntry(tenant_id=tenant_id, kind="session_deleted", subject="session",
+                                              ok=True, payload={"by": by, "turns": len(turn_ids)},
+                                              session_id=session_id)])
+    for turn_id in turn_ids:  # after the commit; a stream left behind expires with its TTL anyway
+        try:
+            k.events.delete(turn_id)
+        except StreamError:  # Redis is down: the events expire on their own
+            log.warning("could not delete the events of turn %s; they expire with their stream", turn_id,
+                        exc_info=True)
+    return len(turn_ids)
 
 
 def post_message(

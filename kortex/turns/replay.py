@@ -12,6 +12,7 @@ from kortex.events import (
     ToolResultEvent,
     TurnEvent,
     _Event,
+    done_status,
 )
 from kortex.messages import Usage
 from kortex.redaction import scrub
@@ -45,5 +46,5 @@ def replay_events(k: Kortex, turn: TurnRecord) -> list[Entry]:
     if error:
         events.append(ErrorEvent(code=str(error.get("code", "error")), message=str(error.get("message", ""))))
     usage = Usage(input_tokens=turn.input_tokens, output_tokens=turn.output_tokens, cost_usd=turn.cost_usd)
-    events.append(DoneEvent(status="failed" if turn.status == "failed" else "done", usage=usage, error=error.get("code") if error else None))
+    events.append(DoneEvent(status=done_status(turn.status), usage=usage, error=error.get("code") if error else None))
     return [Entry(id=f"0-{i}", type=e.type, data=e.model_dump_json()) for i, e in enumerate(events, 1)]

@@ -255,3 +255,57 @@ def test_stored_tool_call_arguments_are_scrubbed_as_on_the_live_stream() -> None
     out = MessageOut.of(record)
     assert out.tool_calls == [{"id": "call_1", "name": "get_logs",
                                "arguments": {"product": "checkout", "api_key": REDACTED}}]
+
+
+def test_sessions_are_listed_newest_first_a_page_at_a_time_and_deleted_with_their_turns(env) -> None:
+    client, h, recorder = env
+    key = _tenant_key(h, "acme")
+    other = _tenant_key(h, "other")
+    ids = [client.post("/v1/sessions", json={"name": f"s{i}"}, headers=auth(key)).json()["id"] for i in range(5)]
+    client.post("/v1/sessions", json={"name": "not yours"}, headers=auth(other))
+    first = client.get("/v1/sessions?limit=2", headers=auth(key)).json()
+    second = client.get(f"/v1/sessions?limit=2&before={first['next_before']}", headers=auth(key)).json()
+    third = client.get(f"/v1/sessions?limit=2&before={second['next_before']}", headers=auth(key)).json()
+    listed = [s["id"] for s in first["sessions"] + second["sessions"] + third["sessions"]]
+    assert listed == ids[::-1] and third["next_before"] is None
+    bad = client.get("/v1/sessions?before=nope", headers=auth(key))
+    assert bad.status_code == 422 and bad.json()["error"]["details"][0]["field"] == "before"
+
+    sid = ids[0]
+    posted = client.post(f"/v1/sessions/{sid}/messages", json={"content": "hi"}, headers=auth(key)).json()
+    busy = client.delete(f"/v1/sessions/{sid}", headers=auth(key))
+    assert busy.status_code == 409 and busy.json()["error"]["code"] == "turn_in_progress"
+    assert busy.json()["error"]["details"]["turn_id"] == posted["turn_id"]
+    drive(h.k, recorder.handoffs[-1])
+    assert h.events(posted["turn_id"])  # the turn's stream exists until its session goes
+    assert client.delete(f"/v1/sessions/{sid}", headers=auth(other)).status_code == 404
+    gone = client.delete(f"/v1/sessions/{sid}", headers=auth(key))
+    assert gone.status_code == 204
+    assert client.get(f"/v1/sessions/{sid}", headers=auth(key)).status_code == 404
+    assert client.get(f"/v1/turns/{posted['turn_id']}", headers=auth(key)).status_code == 404
+    assert not h.k.events.exists(posted["turn_id"])
+    assert client.delete(f"/v1/sessions/{sid}", headers=auth(key)).status_code == 404
+    from sqlalchemy import select
+
+    from kortex.storage.schema import decisions
+    with h.k.db.connect() as conn:
+        kinds = {r.kind for r in conn.execute(select(decisions.c.kind).where(decisions.c.session_id == sid))}
+    assert "session_deleted" in kinds and "llm_call" in kinds  # the audit trail outlives the session
+
+
+def test_a_turn_is_cancelled_over_http_once_and_a_finished_one_is_a_409(env) -> None:
+    client, h, recorder = env
+    key = _tenant_key(h, "acme")
+    sid = client.post("/v1/sessions", json={}, headers=auth(key)).json()["id"]
+    turn_id = client.post(f"/v1/sessions/{sid}/messages", json={"content": "hi"}, headers=auth(key)).json()["turn_id"]
+    cancelled = client.post(f"/v1/turns/{turn_id}/cancel", headers=auth(key))
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    assert client.post(f"/v1/turns/{turn_id}/cancel", headers=auth(key)).json() == cancelled.json()
+    sse = client.get(f"/v1/turns/{turn_id}/events", headers=auth(key))
+    assert [line for line in sse.text.splitlines() if line.startswith("event: ")] == ["event: done"]
+    assert '"status":"cancelled"' in sse.text
+    second = client.post(f"/v1/sessions/{sid}/messages", json={"content": "again"}, headers=auth(key)).json()
+    drive(h.k, recorder.handoffs[-1])
+    late = client.post(f"/v1/turns/{second['turn_id']}/cancel", headers=auth(key))
+    assert late.status_code == 409 and late.json()["error"]["code"] == "turn_finished"
+    assert client.post("/v1/turns/not-a-uuid/cancel", headers=auth(key)).status_code == 404

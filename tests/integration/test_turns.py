@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import select
 
 from kortex.storage import audit
-from kortex.storage.schema import chat_messages, tool_invocations
+from kortex.storage.schema import chat_messages, decisions, tool_invocations
 from kortex.turns import chat
 from kortex.turns.handoff import StepDispatch, ToolDispatch
 from tests.conftest import Harness
@@ -47,7 +47,7 @@ def wait_done(api_url: str, key: str, turn_id: str, timeout: float = 30) -> dict
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         turn = httpx.get(f"{api_url}/v1/turns/{turn_id}", headers=auth(key)).json()
-        if turn["status"] in ("done", "failed"):
+        if turn["status"] in ("done", "failed", "cancelled"):
             return turn
         time.sleep(0.1)
     raise AssertionError(f"turn {turn_id} did not finish")
@@ -308,3 +308,32 @@ def test_a_stream_idle_longer_than_a_socket_timeout_stays_live(api_url, api_serv
         events = reader.result(timeout=30)
     assert events[-1].event == "done" and len(events) == 13
     assert "stream hub read failed" not in api_service.output()
+
+
+def test_cancel_stops_a_streaming_turn_on_a_real_worker_and_the_client_hears_it_once(api_url, pg, tenant) -> None:
+    _, key = tenant
+    started = start_turn(api_url, key, "slowly", model="scripted:slow_text")  # six pieces, 150 ms apart
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        live = pool.submit(read_events, api_url + started["events_url"], key)  # a client following live
+        deadline = time.monotonic() + 15
+        while httpx.get(f"{api_url}/v1/turns/{started['turn_id']}", headers=auth(key)).json()["status"] != "running":
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        time.sleep(0.3)  # a piece or two streamed
+        cancelled = httpx.post(f"{api_url}/v1/turns/{started['turn_id']}/cancel", headers=auth(key))
+        assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+        seen = live.result(timeout=20)
+    kinds = [e.event for e in seen]
+    assert kinds[0] == "turn" and kinds[-1] == "done" and kinds.count("done") == 1
+    assert seen[-1].data["status"] == "cancelled" and seen[-1].data["error"] == "cancelled"
+    text = "".join(e.data["delta"] for e in seen if e.event == "text")
+    assert text != "one two three four five six"  # the step stopped streaming
+    time.sleep(1.0)  # whatever the stopped step did next, nothing was added after done
+    again = read_events(api_url + started["events_url"], key)
+    assert [(e.event, e.data) for e in again] == [(e.event, e.data) for e in seen]
+    turn = wait_done(api_url, key, started["turn_id"])
+    assert turn["status"] == "cancelled" and turn["error"]["code"] == "cancelled"
+    with pg.k.db.connect() as conn:
+        rows = conn.execute(select(decisions.c.kind, decisions.c.ok).where(
+            decisions.c.turn_id == started["turn_id"])).all()
+    assert sorted((r.kind, r.ok) for r in rows) == [("llm_call", False), ("turn_cancelled", True)]

@@ -1,0 +1,118 @@
+"""Cancelling a turn: what the stream, the turn, the history and the audit trail say after it,
+whatever the turn was doing (queued, streaming, waiting for a tool)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+from sqlalchemy import select
+
+from kortex.errors import Conflict, NotFound
+from kortex.storage.schema import decisions, tool_invocations
+from kortex.testing.inline import drive
+from kortex.turns import chat
+from kortex.turns.cancel import cancel
+from tests.conftest import Harness
+
+
+def _kinds(h: Harness, turn_id: str) -> list[str]:
+    return [e.type for e in h.events(turn_id)]
+
+
+def _wait(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_a_queued_turn_is_cancelled_and_its_step_never_runs(harness: Harness) -> None:
+    h = harness
+    tenant = h.tenant("acme")
+    session = chat.create_session(h.k, tenant, "t", "scripted:slow_text")
+    posted = chat.post_message(h.k, tenant, session.id, "hello")
+    turn = cancel(h.k, tenant, posted.turn.id, by="key:abc")
+    assert turn.status == "cancelled" and turn.finished and turn.error == {"code": "cancelled",
+                                                                          "message": "the turn was cancelled"}
+    drive(h.k, posted.handoff)  # the step's message arrives late: its claim finds the turn over
+    assert _kinds(h, posted.turn.id) == ["done"]
+    done = json.loads(h.events(posted.turn.id)[-1].data)
+    assert done["status"] == "cancelled" and done["error"] == "cancelled"
+    assert chat.get_turn(h.k, tenant, posted.turn.id).status == "cancelled"
+    with h.k.db.connect() as conn:
+        rows = conn.execute(select(decisions.c.kind, decisions.c.payload).where(
+            decisions.c.turn_id == posted.turn.id)).all()
+    assert [(r.kind, r.payload["by"], r.payload["status_was"]) for r in rows] == [("turn_cancelled", "key:abc",
+                                                                                  "queued")]
+    # the session takes a new message at once: the cancelled turn no longer holds it
+    assert chat.post_message(h.k, tenant, session.id, "again").turn.status == "queued"
+
+
+def test_a_streaming_step_stops_at_its_next_chunk_and_its_call_is_audited(harness_factory) -> None:
+    h = harness_factory(turn={"text_flush_ms": 0})
+    tenant = h.tenant("acme")
+    session = chat.create_session(h.k, tenant, "t", "scripted:slow_text")  # six pieces, 150 ms apart
+    posted = chat.post_message(h.k, tenant, session.id, "slowly")
+    runner = threading.Thread(target=drive, args=(h.k, posted.handoff))
+    runner.start()
+    _wait(lambda: "text" in _kinds(h, posted.turn.id))
+    cancel(h.k, tenant, posted.turn.id, by="key:abc")
+    runner.join(10)
+    assert not runner.is_alive()
+    kinds = _kinds(h, posted.turn.id)
+    assert kinds[-1] == "done" and kinds.count("done") == 1
+    text = "".join(json.loads(e.data)["delta"] for e in h.events(posted.turn.id) if e.type == "text")
+    assert text and text != "one two three four five six"  # cut short, nothing after done
+    with h.k.db.connect() as conn:
+        calls = conn.execute(select(decisions.c.ok, decisions.c.payload).where(
+            decisions.c.turn_id == posted.turn.id, decisions.c.kind == "llm_call")).all()
+    assert len(calls) == 1 and not calls[0].ok  # the cut call is audited (and billed if it cost)
+    assert chat.get_turn(h.k, tenant, posted.turn.id).status == "cancelled"
+
+
+def test_a_turn_waiting_for_a_tool_is_cancelled_and_the_late_result_is_ignored(harness: Harness) -> None:
+    h = harness
+    tenant = h.tenant("acme")
+    session = chat.create_session(h.k, tenant, "t", "scripted:slow_tool")  # debug_sleep 2.5 s
+    posted = chat.post_message(h.k, tenant, session.id, "wait")
+    runner = threading.Thread(target=drive, args=(h.k, posted.handoff))
+    runner.start()
+    _wait(lambda: "tool_call" in _kinds(h, posted.turn.id))
+    cancel(h.k, tenant, posted.turn.id, by="key:abc")
+    runner.join(15)
+    assert not runner.is_alive()
+    kinds = _kinds(h, posted.turn.id)
+    assert kinds[-1] == "done" and "tool_result" not in kinds  # the tool's result came after done
+    with h.k.db.connect() as conn:
+        inv = conn.execute(select(tool_invocations.c.status, tool_invocations.c.error_code).where(
+            tool_invocations.c.turn_id == posted.turn.id)).one()
+    assert (inv.status, inv.error_code) == ("done", "cancelled")
+    history = [m.role for m in chat_history(h, tenant, session.id)]
+    assert history == ["user", "assistant", "tool"]  # the call has its (cancelled) result: vendors need one
+
+
+def chat_history(h: Harness, tenant: str, session_id: str) -> list:
+    from kortex.storage import chats
+    with h.k.db.connect() as conn:
+        return chats.list_messages(conn, tenant, session_id, after=None, limit=100)
+
+
+def test_cancelling_twice_is_the_same_and_a_finished_turn_refuses(harness: Harness) -> None:
+    h = harness
+    tenant = h.tenant("acme")
+    session = chat.create_session(h.k, tenant, "t", "scripted:text_only")
+    posted = chat.post_message(h.k, tenant, session.id, "hi")
+    first = cancel(h.k, tenant, posted.turn.id, by="key:abc")
+    again = cancel(h.k, tenant, posted.turn.id, by="key:abc")
+    assert first.status == again.status == "cancelled" and first.finished_at == again.finished_at
+    assert _kinds(h, posted.turn.id) == ["done"]  # one done, one audit row
+    done = h.ask(tenant, "hi", model="scripted:text_only")
+    with pytest.raises(Conflict) as refused:
+        cancel(h.k, tenant, done.id, by="key:abc")
+    assert refused.value.code == "turn_finished" and refused.value.details == {"status": "done"}
+    other = h.tenant("other")
+    with pytest.raises(NotFound):
+        cancel(h.k, other, posted.turn.id, by="key:abc")  # another tenant's turn does not exist for it
