@@ -49,6 +49,10 @@ class AuthCache:
             self._items.move_to_end(digest)
             return item[1]
 
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
     def put(self, digest: str, caller: Caller) -> None:
         with self._lock:
             self._items[digest] = (time.monotonic() + self.ttl, caller)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -13,10 +14,11 @@ from starlette.concurrency import run_in_threadpool
 
 from api import errors
 from api.deps import AuthCache
-from api.routes import health, ingest, llm, proposals, sessions, tools, turns
+from api.routes import health, ingest, keys, llm, proposals, sessions, tools, turns
 from api.sse import StreamSlots
 from kortex.config import Settings, load_settings
 from kortex.container import Kortex, redis_factory
+from kortex.keys import revocation_epoch
 from kortex.stream.hub import StreamHub
 from kortex.turns.handoff import Handoff
 
@@ -66,6 +68,21 @@ class _TooLarge(Exception):
     pass
 
 
+async def _watch_revocations(k: Kortex, cache: AuthCache, every: float = 1.0) -> None:
+    """Forget verified keys when a key is revoked or a tenant disabled anywhere (kortex/keys.py):
+    a revoked key stops working within about ``every`` seconds on every API process."""
+    seen: int | None = None
+    while True:
+        try:
+            epoch = await run_in_threadpool(revocation_epoch, k.redis, k.settings.redis_prefix)
+            if seen is not None and epoch != seen:
+                cache.clear()
+            seen = epoch
+        except Exception:  # Redis is down: keys still expire from the cache with its TTL
+            log.debug("could not read the key revocation epoch", exc_info=True)
+        await asyncio.sleep(every)
+
+
 def create_app(settings: Settings | None = None, *, dispatch: Callable[[Handoff], None] | None = None,
                embedded_worker: bool | None = None) -> FastAPI:
     settings = settings or load_settings()
@@ -98,11 +115,13 @@ def create_app(settings: Settings | None = None, *, dispatch: Callable[[Handoff]
         app.state.kortex = k
         app.state.hub = hub
         app.state.auth_cache = AuthCache()
+        watcher = asyncio.create_task(_watch_revocations(k, app.state.auth_cache))
         app.state.heartbeat = settings.turn.heartbeat
         app.state.stream_slots = StreamSlots(settings.turn.max_streams_per_tenant)
         try:
             yield
         finally:
+            watcher.cancel()
             await hub.stop()
             if worker is not None:
                 worker.stop()
@@ -126,4 +145,5 @@ def create_app(settings: Settings | None = None, *, dispatch: Callable[[Handoff]
     app.include_router(proposals.router)
     app.include_router(ingest.router)
     app.include_router(llm.router)
+    app.include_router(keys.router)
     return app

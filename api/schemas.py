@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kortex.keys import KeyInfo
 from kortex.messages import Usage
 from kortex.redaction import scrub
 from kortex.storage.records import MessageRecord, SessionRecord, TurnRecord
@@ -122,3 +123,31 @@ class ErrorBody(BaseModel):
 
 class ErrorOut(BaseModel):
     error: ErrorBody
+
+
+class CreateKey(_In):
+    name: str = Field("default", min_length=1, max_length=200, description="what the key is for")
+    role: Literal["chat", "operator", "ingest", "admin"] = Field(
+        "chat", description="chat: ask and read; operator: also decide on proposals; ingest: write telemetry only; "
+                            "admin: everything, keys included")
+
+
+class KeyOut(BaseModel):
+    key_id: str = Field(description="the key's public id (its second part); never the secret")
+    name: str
+    role: str
+    created_at: datetime
+    revoked_at: datetime | None = None
+
+    @classmethod
+    def of(cls, info: KeyInfo) -> KeyOut:
+        return cls(key_id=info.key_id, name=info.name, role=info.role, created_at=info.created_at,
+                   revoked_at=info.revoked_at)
+
+
+class KeyCreated(KeyOut):
+    key: str = Field(description="the whole key, shown this once: only a hash of its secret is stored")
+
+
+class KeyList(BaseModel):
+    keys: list[KeyOut]

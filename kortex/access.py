@@ -13,6 +13,7 @@ class Permission(StrEnum):
     CHAT = "chat"        # sessions, turns, their events; read the tool and provider catalogs, proposals
     DECIDE = "decide"    # confirm or reject a proposed action: an operator's call
     INGEST = "ingest"    # write telemetry into the embedded store
+    KEYS = "keys"        # issue, list and revoke the tenant's API keys
 
 
 ROLES: dict[str, frozenset[Permission]] = {

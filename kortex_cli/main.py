@@ -273,6 +273,46 @@ def create_key(
     print(key)
 
 
+@admin.command("list-keys")
+def list_keys(name: Annotated[str, typer.Argument(help="Tenant name")]) -> None:
+    """List a tenant's API keys (ids, names, roles; never a secret)."""
+    from kortex_cli.runner import list_keys as listed
+
+    for info in listed(name):
+        state = f"revoked {info.revoked_at:%Y-%m-%d %H:%M}" if info.revoked_at else "active"
+        console.print(f"{info.key_id}  {info.role:<8}  {state:<24}  {info.name}")
+
+
+@admin.command("revoke-key")
+def revoke_key(
+    name: Annotated[str, typer.Argument(help="Tenant name")],
+    key_id: Annotated[str, typer.Argument(help="The key's id (list-keys; the part after kx_)")],
+) -> None:
+    """Revoke an API key: it stops working at once (API processes drop it within a second)."""
+    from kortex_cli.runner import revoke_key as revoke
+
+    info = revoke(name, key_id)
+    console.print(f"key {info.key_id} ({info.role}) revoked")
+
+
+@admin.command("disable-tenant")
+def disable_tenant(name: Annotated[str, typer.Argument(help="Tenant name")]) -> None:
+    """Disable a tenant: all its keys stop working; its data and audit trail stay."""
+    from kortex_cli.runner import set_tenant_disabled
+
+    set_tenant_disabled(name, True)
+    console.print(f"tenant {name!r} disabled")
+
+
+@admin.command("enable-tenant")
+def enable_tenant(name: Annotated[str, typer.Argument(help="Tenant name")]) -> None:
+    """Enable a disabled tenant again."""
+    from kortex_cli.runner import set_tenant_disabled
+
+    set_tenant_disabled(name, False)
+    console.print(f"tenant {name!r} enabled")
+
+
 def main(argv: list[str] | None = None) -> Any:
     logging.basicConfig(level=os.environ.get("KORTEX_LOG_LEVEL", "WARNING").upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)

@@ -188,6 +188,24 @@ def issue_key(name: str, role: str = "admin") -> str:
     return _with_container(work)
 
 
+def list_keys(name: str) -> list[Any]:
+    from kortex import keys
+
+    return _with_container(lambda k: keys.list_keys(k, keys.tenant_by_name(k, name).id))  # type: ignore[no-any-return]
+
+
+def revoke_key(name: str, key_id: str) -> Any:
+    from kortex import keys
+
+    return _with_container(lambda k: keys.revoke_key(k, keys.tenant_by_name(k, name).id, key_id, by="cli"))
+
+
+def set_tenant_disabled(name: str, disabled: bool) -> Any:
+    from kortex import keys
+
+    return _with_container(lambda k: keys.set_tenant_disabled(k, name, disabled, by="cli"))
+
+
 def _with_container(work: Any) -> Any:
     settings = load_settings()
     upgrade(settings.effective_database_url)

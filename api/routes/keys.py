@@ -1,0 +1,37 @@
+"""The tenant's API keys, for keys whose role may manage them (admin)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request, Response
+
+from api.deps import AuthCache, CallerDep, KortexDep, allowed
+from api.schemas import CreateKey, KeyCreated, KeyList, KeyOut
+from kortex import keys
+from kortex.access import Permission
+
+router = APIRouter(prefix="/v1/keys", tags=["keys"], dependencies=[Depends(allowed(Permission.KEYS))])
+
+
+@router.get("", response_model=KeyList)
+def list_keys(k: KortexDep, caller: CallerDep) -> KeyList:
+    """Every key of the tenant, revoked ones included, oldest first; never a secret."""
+    return KeyList(keys=[KeyOut.of(i) for i in keys.list_keys(k, caller.tenant.id)])
+
+
+@router.post("", status_code=201, response_model=KeyCreated)
+def create_key(body: CreateKey, k: KortexDep, caller: CallerDep, response: Response) -> KeyCreated:
+    """Issue a key; the answer is the only time its secret is shown."""
+    info, secret = keys.create_key(k, caller.tenant.id, name=body.name, role=body.role, by=f"key:{caller.key_id}")
+    response.headers["Location"] = f"/v1/keys/{info.key_id}"
+    return KeyCreated(**KeyOut.of(info).model_dump(), key=secret)
+
+
+@router.delete("/{key_id}", response_model=KeyOut,
+               responses={409: {"description": "the tenant's last active admin key cannot be revoked"}})
+def revoke_key(key_id: str, k: KortexDep, caller: CallerDep, request: Request) -> KeyOut:
+    """Revoke a key: it fails at once here and within about a second on every other API
+    process. Revoking a revoked key answers the same again."""
+    info = keys.revoke_key(k, caller.tenant.id, key_id, by=f"key:{caller.key_id}")
+    cache: AuthCache = request.app.state.auth_cache
+    cache.clear()  # this process at once; the others when they see the revocation epoch move
+    return KeyOut.of(info)

@@ -1,0 +1,149 @@
+"""API keys and tenants as an administrator manages them: issue a key with a role, list them
+(never a secret), revoke one, disable or enable a tenant.
+
+A revocation must stop a key at once, but API processes keep verified keys for a few seconds
+(api/deps.py AuthCache) so that a busy client does not cost a database lookup per request. Each
+change here bumps a counter in Redis (``revocation_epoch``); every API process reads it about
+once a second and forgets the keys it verified when it moves. In the embedded mode (no shared
+Redis) only the process that made the change forgets at once; others within the cache's TTL.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from redis import Redis
+from redis.exceptions import RedisError
+from sqlalchemy import func, select, update
+from sqlalchemy.engine import Row
+
+from kortex.access import ROLES, Permission, valid_role
+from kortex.container import Kortex
+from kortex.errors import Conflict, InvalidInput, NotFound
+from kortex.storage import audit, tenants
+from kortex.storage.audit import AuditEntry
+from kortex.storage.records import TenantRecord
+from kortex.storage.schema import api_keys
+from kortex.storage.schema import tenants as tenants_table
+from kortex.timeparse import utcnow
+
+log = logging.getLogger(__name__)
+
+MAX_KEY_NAME = 200
+#: roles that may manage keys: a tenant keeps at least one active key with one of them
+MANAGERS = frozenset(role for role, perms in ROLES.items() if Permission.KEYS in perms)
+
+
+@dataclass(frozen=True, slots=True)
+class KeyInfo:
+    key_id: str
+    name: str
+    role: str
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+def epoch_key(prefix: str) -> str:
+    return f"{prefix}:auth:epoch"
+
+
+def revocation_epoch(redis: Redis, prefix: str) -> int:
+    """The counter that moves whenever a key or tenant stops being valid."""
+    value: Any = redis.get(epoch_key(prefix))
+    return int(value or 0)
+
+
+def _bump(k: Kortex) -> None:
+    try:
+        k.redis.incr(epoch_key(k.settings.redis_prefix))
+    except RedisError:  # the change is committed; other processes forget the key within the cache TTL
+        log.warning("could not announce a key revocation; API processes drop it within their cache TTL",
+                    exc_info=True)
+
+
+def _info(row: Row[Any, Any, Any, Any, Any]) -> KeyInfo:  # _COLUMNS
+    return KeyInfo(key_id=row.key_id, name=row.name, role=row.role, created_at=row.created_at,
+                   revoked_at=row.revoked_at)
+
+
+_COLUMNS = (api_keys.c.key_id, api_keys.c.name, api_keys.c.role, api_keys.c.created_at, api_keys.c.revoked_at)
+
+
+def list_keys(k: Kortex, tenant_id: str) -> list[KeyInfo]:
+    with k.db.connect() as conn:
+        rows = conn.execute(select(*_COLUMNS).where(api_keys.c.tenant_id == tenant_id)
+                            .order_by(api_keys.c.created_at, api_keys.c.key_id)).all()
+    return [_info(r) for r in rows]
+
+
+def create_key(k: Kortex, tenant_id: str, *, name: str = "default", role: str = "chat",
+               by: str) -> tuple[KeyInfo, str]:
+    """A new key and its secret (shown once: only a hash is stored)."""
+    valid_role(role)
+    name = name.strip() or "default"
+    if len(name) > MAX_KEY_NAME or "\x00" in name:
+        raise InvalidInput(f"name must be 1-{MAX_KEY_NAME} characters without NUL")
+    with k.db.begin() as conn:
+        issued = tenants.issue_api_key(conn, tenant_id, name=name, role=role)
+        row = conn.execute(select(*_COLUMNS).where(api_keys.c.key_id == issued.key_id)).one()
+        audit.write_entries(conn, [AuditEntry(tenant_id=tenant_id, kind="key_created", subject=issued.key_id,
+                                              ok=True, payload={"by": by, "role": role, "name": name})])
+    return _info(row), issued.key
+
+
+def revoke_key(k: Kortex, tenant_id: str, key_id: str, *, by: str) -> KeyInfo:
+    """Revoke one of the tenant's keys (revoking it again changes nothing). The tenant's last
+    active key that can manage keys is refused: nobody could issue another."""
+    with k.db.begin() as conn:
+        # Lock the tenant's keys, so two revocations racing for its last managers cannot both pass.
+        rows = conn.execute(select(*_COLUMNS).where(api_keys.c.tenant_id == tenant_id).with_for_update()).all()
+        target = next((r for r in rows if r.key_id == key_id), None)
+        if target is None:
+            raise NotFound("API key not found")
+        if target.revoked_at is not None:
+            return _info(target)
+        managers = [r for r in rows if r.revoked_at is None and r.role in MANAGERS]
+        if target.role in MANAGERS and len(managers) == 1:
+            raise Conflict("this is the tenant's last active admin key; issue another admin key first",
+                           code="last_admin_key")
+        now = utcnow()
+        conn.execute(update(api_keys).where(api_keys.c.tenant_id == tenant_id, api_keys.c.key_id == key_id)
+                     .values(revoked_at=now))
+        audit.write_entries(conn, [AuditEntry(tenant_id=tenant_id, kind="key_revoked", subject=key_id, ok=True,
+                                              payload={"by": by, "role": target.role})])
+    _bump(k)
+    return KeyInfo(key_id=target.key_id, name=target.name, role=target.role, created_at=target.created_at,
+                   revoked_at=now)
+
+
+def set_tenant_disabled(k: Kortex, name: str, disabled: bool, *, by: str) -> TenantRecord:
+    """Disable (every key stops working, data kept) or enable a tenant by name."""
+    with k.db.begin() as conn:
+        tenant = tenants.get_tenant_by_name(conn, name)
+        if tenant is None:
+            raise NotFound(f"no tenant named {name!r}")
+        conn.execute(update(tenants_table).where(tenants_table.c.id == tenant.id).values(disabled=disabled))
+        audit.write_entries(conn, [AuditEntry(tenant_id=tenant.id, kind="tenant_disabled" if disabled
+                                              else "tenant_enabled", subject=name, ok=True, payload={"by": by})])
+        active = conn.scalar(select(func.count()).select_from(api_keys).where(
+            api_keys.c.tenant_id == tenant.id, api_keys.c.revoked_at.is_(None)))
+    if disabled:
+        _bump(k)
+    log.info("tenant %s %s (%d active keys)", name, "disabled" if disabled else "enabled", active or 0)
+    return TenantRecord(id=tenant.id, name=tenant.name, disabled=disabled, settings=tenant.settings,
+                        created_at=tenant.created_at)
+
+
+def tenant_by_name(k: Kortex, name: str) -> TenantRecord:
+    with k.db.connect() as conn:
+        tenant = tenants.get_tenant_by_name(conn, name)
+    if tenant is None:
+        raise NotFound(f"no tenant named {name!r}")
+    return tenant
+
+
+__all__ = ["MANAGERS", "KeyInfo", "create_key", "epoch_key", "list_keys", "revocation_epoch", "revoke_key",
+           "set_tenant_disabled", "tenant_by_name"]
