@@ -22,9 +22,8 @@ from starlette.concurrency import run_in_threadpool
 from kortex.access import Permission, require
 from kortex.container import Kortex
 from kortex.errors import AuthError, NotFound
-from kortex.storage import tenants
+from kortex.keys import Caller, authenticate
 from kortex.storage.records import TenantRecord
-from kortex.storage.tenants import Caller
 from kortex.stream.hub import StreamHub
 
 
@@ -69,11 +68,6 @@ async def hub(request: Request) -> StreamHub:
     return request.app.state.hub  # type: ignore[no-any-return]
 
 
-def _authenticate(k: Kortex, key: str) -> Caller:
-    with k.db.connect() as conn:
-        return tenants.authenticate(conn, key)
-
-
 async def current_caller(
     request: Request,
     authorization: Annotated[str | None, Header(include_in_schema=False)] = None,
@@ -86,7 +80,7 @@ async def current_caller(
     digest = hashlib.sha256(key.encode()).hexdigest()
     caller = cache.get(digest)
     if caller is None:
-        caller = await run_in_threadpool(_authenticate, request.app.state.kortex, key)
+        caller = await run_in_threadpool(authenticate, request.app.state.kortex, key)
         cache.put(digest, caller)
     request.state.caller = caller
     return caller

@@ -28,6 +28,7 @@ from kortex.storage.audit import AuditEntry
 from kortex.storage.records import TenantRecord
 from kortex.storage.schema import api_keys
 from kortex.storage.schema import tenants as tenants_table
+from kortex.storage.tenants import Caller
 from kortex.timeparse import utcnow
 
 log = logging.getLogger(__name__)
@@ -137,6 +138,13 @@ def set_tenant_disabled(k: Kortex, name: str, disabled: bool, *, by: str) -> Ten
                         created_at=tenant.created_at)
 
 
+def authenticate(k: Kortex, key: str) -> Caller:
+    """Who ``key`` belongs to (AuthError for any key that is unknown, wrong, revoked or of a
+    disabled tenant, all alike)."""
+    with k.db.connect() as conn:
+        return tenants.authenticate(conn, key)
+
+
 def tenant_by_name(k: Kortex, name: str) -> TenantRecord:
     with k.db.connect() as conn:
         tenant = tenants.get_tenant_by_name(conn, name)
@@ -145,5 +153,5 @@ def tenant_by_name(k: Kortex, name: str) -> TenantRecord:
     return tenant
 
 
-__all__ = ["MANAGERS", "KeyInfo", "create_key", "epoch_key", "list_keys", "revocation_epoch", "revoke_key",
+__all__ = ["MANAGERS", "Caller", "KeyInfo", "authenticate", "create_key", "epoch_key", "list_keys", "revocation_epoch", "revoke_key",
            "set_tenant_disabled", "tenant_by_name"]

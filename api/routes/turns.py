@@ -10,11 +10,12 @@ from starlette.concurrency import run_in_threadpool
 
 from api.deps import CallerDep, HubDep, KortexDep, TenantDep, allowed, object_id
 from api.schemas import TurnOut
-from api.sse import HeldStream, nothing_left, resume_point, turn_events
+from api.sse import HeldStream, resume_point, turn_events
 from kortex.access import Permission
 from kortex.stream.entries import START
 from kortex.turns.cancel import cancel
 from kortex.turns.chat import get_turn
+from kortex.turns.follow import nothing_left
 
 router = APIRouter(prefix="/v1/turns", tags=["turns"], dependencies=[Depends(allowed(Permission.CHAT))])
 
