@@ -16,7 +16,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Coroutine
 from typing import Annotated, Any
 
-from fastapi import Depends, Header, Request
+from fastapi import Depends, Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
 from kortex.access import Permission, require
@@ -68,14 +69,19 @@ async def hub(request: Request) -> StreamHub:
     return request.app.state.hub  # type: ignore[no-any-return]
 
 
+#: the OpenAPI security scheme (Swagger's "Authorize" sends it); parsing stays ours, so a
+#: missing or malformed header is the same 401 as a wrong key
+bearer = HTTPBearer(auto_error=False, bearerFormat="kx_<key id>_<secret>", scheme_name="api_key",
+                    description="An API key: `Authorization: Bearer kx_...` (kortex admin create-key, POST /v1/keys)")
+
+
 async def current_caller(
     request: Request,
-    authorization: Annotated[str | None, Header(include_in_schema=False)] = None,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Security(bearer)] = None,
 ) -> Caller:
-    scheme, _, key = (authorization or "").partition(" ")
-    if scheme.lower() != "bearer" or not key.strip():
+    key = credentials.credentials.strip() if credentials is not None else ""
+    if not key:
         raise AuthError("send 'Authorization: Bearer <api key>'")
-    key = key.strip()
     cache: AuthCache = request.app.state.auth_cache
     digest = hashlib.sha256(key.encode()).hexdigest()
     caller = cache.get(digest)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -12,7 +13,7 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
-from api import errors
+from api import errors, openapi
 from api.deps import AuthCache
 from api.routes import health, ingest, keys, llm, proposals, sessions, tools, turns
 from api.sse import StreamSlots
@@ -136,6 +137,7 @@ def create_app(settings: Settings | None = None, *, dispatch: Callable[[Handoff]
                   description="An LLM investigates production problems with read-only tools and answers "
                               "with evidence, streamed as Server-Sent Events.", **extra)
     errors.install(app)
+    app.openapi = functools.partial(openapi.build, app)  # type: ignore[method-assign]
 
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
     app.include_router(health.router)

@@ -5,11 +5,12 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request, Response
 
 from api.deps import AuthCache, CallerDep, KortexDep, allowed
+from api.openapi import ERRORS
 from api.schemas import CreateKey, KeyCreated, KeyList, KeyOut
 from kortex import keys
 from kortex.access import Permission
 
-router = APIRouter(prefix="/v1/keys", tags=["keys"], dependencies=[Depends(allowed(Permission.KEYS))])
+router = APIRouter(prefix="/v1/keys", tags=["keys"], dependencies=[Depends(allowed(Permission.KEYS))], responses=ERRORS)
 
 
 @router.get("", response_model=KeyList)

@@ -8,10 +8,11 @@ from fastapi import APIRouter, Depends
 from pydantic import BaseModel
 
 from api.deps import KortexDep, TenantDep, allowed
+from api.openapi import ERRORS
 from kortex.access import Permission
 from kortex.llm.base import ModelInfo
 
-router = APIRouter(prefix="/v1/llm", tags=["llm"], dependencies=[Depends(allowed(Permission.CHAT))])
+router = APIRouter(prefix="/v1/llm", tags=["llm"], dependencies=[Depends(allowed(Permission.CHAT))], responses=ERRORS)
 
 PROBE_TIMEOUT = 2.0
 
@@ -54,6 +55,8 @@ class ProvidersOut(BaseModel):
 
 @router.get("/providers", response_model=ProvidersOut)
 def list_providers(k: KortexDep, tenant: TenantDep) -> ProvidersOut:
+    """LLM providers and their models (tier, context, price), whether each can be used and why not;
+    never a secret."""
     llm = k.settings.llm
     unreachable = k.loop.run(k.providers.probe(PROBE_TIMEOUT), timeout=PROBE_TIMEOUT + 3)
     return ProvidersOut(

@@ -16,11 +16,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.deps import KortexDep, TenantDep, allowed, object_id
 from api.errors import error_response
+from api.openapi import ERRORS
 from kortex.access import Permission
 from kortex.errors import Conflict
 from kortex.proposals import DecisionOutcome, ProposalRecord
 
-router = APIRouter(prefix="/v1/proposals", tags=["proposals"], dependencies=[Depends(allowed(Permission.CHAT))])
+router = APIRouter(prefix="/v1/proposals", tags=["proposals"], dependencies=[Depends(allowed(Permission.CHAT))], responses=ERRORS)
 
 
 class ProposalOut(BaseModel):
@@ -72,6 +73,7 @@ def list_proposals(
     session_id: Annotated[str | None, Query(max_length=36)] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
 ) -> ProposalList:
+    """Remediations the model proposed, newest first, filtered by status or session."""
     sid = object_id(session_id, "session") if session_id else None
     found = k.proposals.list(tenant.id, status=status, session_id=sid, limit=limit)
     return ProposalList(proposals=[ProposalOut.of(p) for p in found])
@@ -79,6 +81,7 @@ def list_proposals(
 
 @router.get("/{proposal_id}", response_model=ProposalOut)
 def get_proposal(proposal_id: str, k: KortexDep, tenant: TenantDep) -> ProposalOut:
+    """One proposal with its decision and execution, if any."""
     return ProposalOut.of(k.proposals.get(tenant.id, object_id(proposal_id, "proposal")))
 
 
@@ -100,6 +103,8 @@ def _answer(decide: Any, response: Response) -> Any:
 def confirm(proposal_id: str, k: KortexDep, tenant: TenantDep, response: Response,
             body: DecisionIn | None = None,
             authorization: Annotated[str | None, Header(include_in_schema=False)] = None) -> ProposalOut | JSONResponse:
+    """An operator confirms a pending proposal (its action is then executed or recorded). Repeating it
+    answers 200 again; the other decision is 409; an expired proposal is 410."""
     pid = object_id(proposal_id, "proposal")
     return _answer(lambda: k.proposals.confirm(tenant.id, pid, by=operator(authorization),
                                                note=body.note if body else None), response)
@@ -111,6 +116,8 @@ def confirm(proposal_id: str, k: KortexDep, tenant: TenantDep, response: Respons
 def reject(proposal_id: str, k: KortexDep, tenant: TenantDep, response: Response,
            body: DecisionIn | None = None,
            authorization: Annotated[str | None, Header(include_in_schema=False)] = None) -> ProposalOut | JSONResponse:
+    """An operator rejects a pending proposal. Repeating it answers 200 again; the other decision is
+    409; an expired proposal is 410."""
     pid = object_id(proposal_id, "proposal")
     return _answer(lambda: k.proposals.reject(tenant.id, pid, by=operator(authorization),
                                               note=body.note if body else None), response)

@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import CallerDep, KortexDep, TenantDep, allowed, object_id
+from api.openapi import ERRORS
 from api.schemas import (
     CreateSession,
     MessageOut,
@@ -26,13 +27,15 @@ from kortex.errors import InvalidInput
 from kortex.turns import chat
 from kortex.turns.handoff import Handoff
 
-router = APIRouter(prefix="/v1/sessions", tags=["sessions"], dependencies=[Depends(allowed(Permission.CHAT))])
+router = APIRouter(prefix="/v1/sessions", tags=["sessions"], dependencies=[Depends(allowed(Permission.CHAT))], responses=ERRORS)
 log = logging.getLogger(__name__)
 _INT32 = 2**31
 
 
 @router.post("", status_code=201, response_model=SessionOut)
 def create_session(k: KortexDep, tenant: TenantDep, response: Response, body: CreateSession | None = None) -> SessionOut:
+    """Start a session: a conversation whose turns share history. `model` (provider:model) is its
+    default for every turn; omitted, the configured default."""
     body = body or CreateSession(name=None, model=None)  # every field has a default, so no body at all is fine too
     session = chat.create_session(k, tenant.id, body.name, body.model)
     response.headers["Location"] = f"/v1/sessions/{session.id}"
@@ -53,6 +56,7 @@ def list_sessions(
 
 @router.get("/{session_id}", response_model=SessionOut)
 def get_session(session_id: str, k: KortexDep, tenant: TenantDep) -> SessionOut:
+    """A session and the tokens and cost its turns have used."""
     session, usage = chat.get_session(k, tenant.id, object_id(session_id, "session"))
     return SessionOut.of(session, usage)
 
@@ -89,6 +93,8 @@ def list_messages(
     after: Annotated[str | None, Query(max_length=40, description="position of the last message seen")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
 ) -> MessagePage:
+    """The conversation in order: user messages, the model's answers and tool calls, and each tool
+    result. Page with `after` (a message's `position`)."""
     rows = chat.list_messages(k, tenant.id, object_id(session_id, "session"), after=_position(after), limit=limit)
     messages = [MessageOut.of(m) for m in rows]
     return MessagePage(messages=messages, next_after=messages[-1].position if len(messages) == limit else None)
@@ -109,7 +115,9 @@ def _post(k: Kortex, tenant_id: str, session_id: str, body: PostMessage, idempot
     return posted, False
 
 
-@router.post("/{session_id}/messages", status_code=202, response_model=TurnAccepted)
+@router.post("/{session_id}/messages", status_code=202, response_model=TurnAccepted,
+             responses={409: {"description": "a turn is running in the session (turn_in_progress), or the "
+                                             "Idempotency-Key was used for another request (idempotency_mismatch)"}})
 async def post_message(
     session_id: str,
     body: PostMessage,
@@ -118,6 +126,9 @@ async def post_message(
     tenant: TenantDep,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)] = None,
 ) -> Response:
+    """Ask: stores the message and a queued turn and answers 202 with the turn's `events_url` to
+    follow. One turn at a time per session (409 while one runs). An `Idempotency-Key` header makes a
+    retry return the same turn (`Idempotent-Replayed: true`)."""
     # An async route that answers with its own Response: a plain def would cost FastAPI two
     # thread-pool trips (the route, then validating the returned model against
     # ``response_model``), and the body below is TurnAccepted's JSON as pydantic would write it.

@@ -9,6 +9,7 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import CallerDep, HubDep, KortexDep, TenantDep, allowed, object_id
+from api.openapi import ERRORS
 from api.schemas import TurnOut
 from api.sse import HeldStream, resume_point, turn_events
 from kortex.access import Permission
@@ -17,13 +18,14 @@ from kortex.turns.cancel import cancel
 from kortex.turns.chat import get_turn
 from kortex.turns.follow import nothing_left
 
-router = APIRouter(prefix="/v1/turns", tags=["turns"], dependencies=[Depends(allowed(Permission.CHAT))])
+router = APIRouter(prefix="/v1/turns", tags=["turns"], dependencies=[Depends(allowed(Permission.CHAT))], responses=ERRORS)
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Connection": "keep-alive"}
 
 
 @router.get("/{turn_id}", response_model=TurnOut)
 def read_turn(turn_id: str, k: KortexDep, tenant: TenantDep) -> TurnOut:
+    """A turn's status, step, usage and error."""
     return TurnOut.of(get_turn(k, tenant.id, object_id(turn_id, "turn")))
 
 
@@ -47,6 +49,8 @@ async def stream_events(
     tenant: TenantDep,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=64)] = None,
 ) -> Response:
+    """Follow a turn as Server-Sent Events: everything so far, then live until `done`. Reconnect with
+    `Last-Event-ID` to get exactly the rest; 204 when a finished turn has nothing left."""
     turn = await run_in_threadpool(get_turn, k, tenant.id, object_id(turn_id, "turn"))
     after = resume_point(last_event_id)
     # A turn still running, or a first connection, has something left to send: only a finished
