@@ -120,6 +120,26 @@ def revoke_key(k: Kortex, tenant_id: str, key_id: str, *, by: str) -> KeyInfo:
                    revoked_at=now)
 
 
+def rotate_key(k: Kortex, tenant_id: str, key_id: str, *, by: str) -> tuple[KeyInfo, str]:
+    """Replace a key: a new one with its name and role, and the old one revoked, in one
+    transaction (so rotating the last admin key is allowed: another takes its place)."""
+    with k.db.begin() as conn:
+        old = conn.execute(select(*_COLUMNS).where(api_keys.c.tenant_id == tenant_id, api_keys.c.key_id == key_id)
+                           .with_for_update()).first()
+        if old is None:
+            raise NotFound("API key not found")
+        if old.revoked_at is not None:
+            raise Conflict("this key is revoked; issue a new one instead", code="key_revoked")
+        issued = tenants.issue_api_key(conn, tenant_id, name=old.name, role=old.role)
+        conn.execute(update(api_keys).where(api_keys.c.tenant_id == tenant_id, api_keys.c.key_id == key_id)
+                     .values(revoked_at=utcnow()))
+        row = conn.execute(select(*_COLUMNS).where(api_keys.c.key_id == issued.key_id)).one()
+        audit.write_entries(conn, [AuditEntry(tenant_id=tenant_id, kind="key_rotated", subject=key_id, ok=True,
+                                              payload={"by": by, "role": old.role, "new_key_id": issued.key_id})])
+    _bump(k)
+    return _info(row), issued.key
+
+
 def set_tenant_disabled(k: Kortex, name: str, disabled: bool, *, by: str) -> TenantRecord:
     """Disable (every key stops working, data kept) or enable a tenant by name."""
     with k.db.begin() as conn:
@@ -153,5 +173,5 @@ def tenant_by_name(k: Kortex, name: str) -> TenantRecord:
     return tenant
 
 
-__all__ = ["MANAGERS", "Caller", "KeyInfo", "authenticate", "create_key", "epoch_key", "list_keys", "revocation_epoch", "revoke_key",
+__all__ = ["MANAGERS", "Caller", "KeyInfo", "authenticate", "create_key", "epoch_key", "list_keys", "revocation_epoch", "revoke_key", "rotate_key",
            "set_tenant_disabled", "tenant_by_name"]

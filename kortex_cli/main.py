@@ -295,6 +295,19 @@ def revoke_key(
     console.print(f"key {info.key_id} ({info.role}) revoked")
 
 
+@admin.command("rotate-key")
+def rotate_key(
+    name: Annotated[str, typer.Argument(help="Tenant name")],
+    key_id: Annotated[str, typer.Argument(help="The key's id (list-keys)")],
+) -> None:
+    """Replace a key with a new one of the same name and role; the old one stops working."""
+    from kortex_cli.runner import rotate_key as rotate
+
+    info, key = rotate(name, key_id)
+    console.print(f"key {key_id} revoked; its replacement {info.key_id} ({info.role}), shown once:")
+    print(key)
+
+
 @admin.command("disable-tenant")
 def disable_tenant(name: Annotated[str, typer.Argument(help="Tenant name")]) -> None:
     """Disable a tenant: all its keys stop working; its data and audit trail stay."""

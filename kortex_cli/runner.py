@@ -200,6 +200,12 @@ def revoke_key(name: str, key_id: str) -> Any:
     return _with_container(lambda k: keys.revoke_key(k, keys.tenant_by_name(k, name).id, key_id, by="cli"))
 
 
+def rotate_key(name: str, key_id: str) -> Any:
+    from kortex import keys
+
+    return _with_container(lambda k: keys.rotate_key(k, keys.tenant_by_name(k, name).id, key_id, by="cli"))
+
+
 def set_tenant_disabled(name: str, disabled: bool) -> Any:
     from kortex import keys
 

@@ -36,3 +36,15 @@ def revoke_key(key_id: str, k: KortexDep, caller: CallerDep, request: Request) -
     cache: AuthCache = request.app.state.auth_cache
     cache.clear()  # this process at once; the others when they see the revocation epoch move
     return KeyOut.of(info)
+
+
+@router.post("/{key_id}/rotate", status_code=201, response_model=KeyCreated,
+             responses={409: {"description": "the key is already revoked"}})
+def rotate_key(key_id: str, k: KortexDep, caller: CallerDep, request: Request, response: Response) -> KeyCreated:
+    """Replace a key: a new key with the same name and role (its secret shown this once), and the
+    old one revoked, together."""
+    info, secret = keys.rotate_key(k, caller.tenant.id, key_id, by=f"key:{caller.key_id}")
+    cache: AuthCache = request.app.state.auth_cache
+    cache.clear()
+    response.headers["Location"] = f"/v1/keys/{info.key_id}"
+    return KeyCreated(**KeyOut.of(info).model_dump(), key=secret)

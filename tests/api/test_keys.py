@@ -69,3 +69,17 @@ def test_the_last_admin_key_cannot_be_revoked(client, harness) -> None:
     assert client.delete(f"/v1/keys/{own}", headers=auth(second["key"])).status_code == 200  # rotated
     assert client.get("/v1/keys", headers=auth(admin)).status_code == 401
     assert client.get("/v1/keys", headers=auth(second["key"])).status_code == 200
+
+
+def test_a_key_is_rotated_in_one_step_even_the_last_admin_key(client, harness) -> None:
+    tenant = harness.tenant("acme")
+    admin = harness.api_key(tenant)
+    own = admin.split("_")[1]
+    rotated = client.post(f"/v1/keys/{own}/rotate", headers=auth(admin))
+    assert rotated.status_code == 201 and rotated.json()["role"] == "admin" and rotated.json()["key_id"] != own
+    assert client.get("/v1/keys", headers=auth(admin)).status_code == 401  # the old one is gone at once
+    new = rotated.json()["key"]
+    listed = {k["key_id"]: k["revoked_at"] for k in client.get("/v1/keys", headers=auth(new)).json()["keys"]}
+    assert listed[own] is not None and listed[rotated.json()["key_id"]] is None
+    again = client.post(f"/v1/keys/{own}/rotate", headers=auth(new))
+    assert again.status_code == 409 and again.json()["error"]["code"] == "key_revoked"
