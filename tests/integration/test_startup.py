@@ -86,3 +86,9 @@ def test_an_unknown_configuration_key_stops_the_api_with_the_likely_one_named(tm
     (tmp_path / "kortex.toml").write_text('databse_url = "postgresql://x@127.0.0.1/x"\n')
     line = one_line_error(kortex("api", cwd=tmp_path))
     assert "unknown key 'databse_url' (did you mean 'database_url'?)" in line
+
+
+def test_a_database_url_that_is_not_a_url_stops_the_api_in_one_line() -> None:
+    line = one_line_error(kortex("api", env={"KORTEX_DATABASE_URL": "db.internal:5432/kortex",
+                                             "KORTEX_REDIS_URL": REDIS_URL}))
+    assert line == "error: the database URL is not a URL: use postgresql://user@host/db or sqlite:///path"
