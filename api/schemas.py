@@ -69,6 +69,9 @@ class MessageOut(BaseModel):
     error_code: str | None = None
     truncated: bool = False
     position: str
+    grounding: dict[str, Any] | None = Field(
+        None, description="a final answer's citations as the server checked them: citations [{id, tool, ok}], "
+                          "cited, dangling, uncited_numbers")
     created_at: datetime
 
     @classmethod
@@ -79,6 +82,7 @@ class MessageOut(BaseModel):
         return cls(id=m.id, turn_id=m.turn_id, role=m.role, content=m.content, tool_calls=tool_calls,
                    tool_call_id=m.tool_call_id, tool_name=m.tool_name, result=m.result, is_error=m.is_error,
                    error_code=m.error_code, truncated=m.truncated, position=f"{m.turn_no}.{m.step}.{m.ord}",
+                   grounding=m.grounding,
                    created_at=m.created_at)
 
 

@@ -166,6 +166,17 @@ class PrivacySettings(_Section):
         return value
 
 
+class GroundingSettings(_Section):
+    """What happens when a final answer cites no call of its turn, or a failed one, or quotes
+    numbers found in no tool result (kortex/turns/grounding.py). ``warn``: the answer stands and
+    the done event and stored message carry the flags, with a notice event; ``strict``: the
+    model is asked once more (same step, no tools) to answer citing only its turn's calls, and
+    what remains is flagged as in ``warn``."""
+
+    policy: Literal["warn", "strict"] = "warn"
+    check_numbers: bool = True  # flag quoted numbers found in no result (citations are always checked)
+
+
 class LLMSettings(_Section):
     default_provider: str = "offline"
     default_model: str | None = None
@@ -183,6 +194,7 @@ class LLMSettings(_Section):
     providers: dict[str, ProviderSettings] = Field(default_factory=dict)
     tools: dict[str, ToolOverride] = Field(default_factory=dict)
     budget: BudgetSettings = Field(default_factory=BudgetSettings)
+    grounding: GroundingSettings = Field(default_factory=GroundingSettings)
 
     @property
     def local_only(self) -> bool:

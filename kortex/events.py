@@ -108,11 +108,27 @@ def done_status(turn_status: str) -> DoneStatus:
     return "done"
 
 
+class CitationOut(BaseModel):
+    id: str
+    tool: str | None = Field(None, description="the cited call's tool; null: no call of this turn has this id")
+    ok: bool = Field(description="the id names a call of this turn whose result was not an error")
+
+
+class GroundingOut(BaseModel):
+    cited: int = Field(description="citations that name a successful call of this turn")
+    dangling: list[str] = Field(default_factory=list, description="cited ids of no call of the turn, or of failed ones")
+    uncited_numbers: list[str] = Field(default_factory=list,
+                                       description="numbers the answer quotes that no tool result holds")
+
+
 class DoneEvent(_Event):
     type: Literal["done"] = "done"
     status: DoneStatus
     usage: Usage = Field(default_factory=Usage)
     error: str | None = None
+    # A finished answer's citations as the server checked them (kortex/turns/grounding.py).
+    citations: list[CitationOut] | None = None
+    grounding: GroundingOut | None = None
 
 
 Event = Annotated[

@@ -20,3 +20,14 @@ DEPTH_EXCEEDED = (
     "llm.max_tool_depth = {depth}). The evidence gathered so far is above; ask a narrower question "
     "or raise the limit."
 )
+
+# Sent once after an answer whose citations or numbers the server could not find in the turn's
+# tool results (strict grounding policy, kortex/turns/grounding.py).
+REGROUND_MARK = "[grounding check]"
+REGROUND = REGROUND_MARK + """ Your answer above cites tool calls or quotes numbers that none of \
+this turn's tool results hold.
+- Cited ids that name no successful tool call of this turn: {dangling}
+- Numbers found in no tool result: {numbers}
+The calls you may cite are: {calls}.
+Answer the question again, citing only those calls and quoting only what their results say. If \
+the results do not support a claim, say that it is not established."""

@@ -40,6 +40,7 @@ from kortex.llm.base import (
     ToolCallChunk,
 )
 from kortex.messages import AssistantMessage, ToolCall, UserMessage
+from kortex.prompts import REGROUND_MARK
 
 BUILTIN_SCRIPTS = Path(__file__).resolve().parent.parent / "testing" / "scripts"
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
@@ -77,10 +78,11 @@ class Script(BaseModel):
 
 
 def step_index(messages: Sequence[Any]) -> int:
-    """How many assistant messages follow the last user message."""
+    """How many assistant messages follow the last user message. The server's own grounding
+    re-ask (kortex/prompts.py REGROUND) continues the turn: the script's next step answers it."""
     count = 0
     for message in reversed(messages):
-        if isinstance(message, UserMessage):
+        if isinstance(message, UserMessage) and not message.content.startswith(REGROUND_MARK):
             break
         if isinstance(message, AssistantMessage):
             count += 1

@@ -144,6 +144,7 @@ def message_row(
     step: int,
     ord: int,
     message: Message,
+    grounding: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The insert values for one message at its place in the conversation."""
     row: dict[str, Any] = {
@@ -151,6 +152,7 @@ def message_row(
         "turn_no": turn_no, "step": step, "ord": ord, "role": message.role, "content": "",
         "tool_calls": None, "tool_call_id": None, "tool_name": None, "result": None,
         "is_error": False, "error_code": None, "truncated": False, "created_at": utcnow(),
+        "grounding": grounding,
     }
     if isinstance(message, UserMessage):
         row["content"] = message.content

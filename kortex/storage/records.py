@@ -91,6 +91,7 @@ class MessageRecord(_Record):
     error_code: str | None
     truncated: bool
     created_at: datetime
+    grounding: dict[str, Any] | None = None  # a final answer's checked citations
 
 
 @dataclass(frozen=True, slots=True)

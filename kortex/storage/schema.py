@@ -131,6 +131,8 @@ chat_messages = Table(
     Column("error_code", String(40), nullable=True),
     Column("truncated", Boolean, nullable=False, default=False),
     Column("created_at", UTCDateTime(), nullable=False),
+    # A final answer's citations as the server checked them (kortex/turns/grounding.py).
+    Column("grounding", JSONType, nullable=True),
     UniqueConstraint("session_id", "turn_no", "step", "ord"),
     Index(None, "tenant_id", "session_id", "turn_no"),
 )

@@ -420,13 +420,15 @@ def finish_turn(
     model_used: str | None,
     status: str = "done",
     error: dict[str, Any] | None = None,
+    grounding: dict[str, Any] | None = None,
 ) -> bool:
     """running -> done | failed for the attempt that holds the step, storing the final
-    assistant message. False if the turn moved on (another attempt, the watchdog)."""
+    assistant message (with its checked citations). False if the turn moved on (another
+    attempt, the watchdog)."""
     row = None
     if message is not None and (message.content or message.tool_calls):
         row = message_row(tenant_id=turn.tenant_id, session_id=turn.session_id, turn_id=turn.id,
-                          turn_no=turn.turn_no, step=step, ord=0, message=message)
+                          turn_no=turn.turn_no, step=step, ord=0, message=message, grounding=grounding)
     return _cas_and_message(conn, _FINISH_ALONE, _FINISH_PG, {
         "p_id": turn.id, "p_tenant": turn.tenant_id, "p_step": step, "p_attempt": turn.attempt, "p_status": status,
         "p_error": error, **_usage_params(usage, model_used)}, row)

@@ -3,10 +3,14 @@ stream expired. Entry ids are ``0-<n>``: stream-id shaped, ordered, and below an
 
 from __future__ import annotations
 
+from typing import Any
+
 from kortex.container import Kortex
 from kortex.events import (
+    CitationOut,
     DoneEvent,
     ErrorEvent,
+    GroundingOut,
     TextEvent,
     ToolCallEvent,
     ToolResultEvent,
@@ -46,5 +50,12 @@ def replay_events(k: Kortex, turn: TurnRecord) -> list[Entry]:
     if error:
         events.append(ErrorEvent(code=str(error.get("code", "error")), message=str(error.get("message", ""))))
     usage = Usage(input_tokens=turn.input_tokens, output_tokens=turn.output_tokens, cost_usd=turn.cost_usd)
-    events.append(DoneEvent(status=done_status(turn.status), usage=usage, error=error.get("code") if error else None))
+    checked = next((r.grounding for r in reversed(records) if r.role == "assistant" and r.grounding), None)
+    grounded: dict[str, Any] = {}
+    if checked:  # the final answer's citations, as checked when the turn finished
+        grounded = {"citations": [CitationOut(**c) for c in checked.get("citations", [])],
+                    "grounding": GroundingOut(cited=checked.get("cited", 0), dangling=checked.get("dangling", []),
+                                              uncited_numbers=checked.get("uncited_numbers", []))}
+    events.append(DoneEvent(status=done_status(turn.status), usage=usage, error=error.get("code") if error else None,
+                            **grounded))
     return [Entry(id=f"0-{i}", type=e.type, data=e.model_dump_json()) for i, e in enumerate(events, 1)]

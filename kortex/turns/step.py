@@ -13,12 +13,22 @@ from sqlalchemy.engine import Connection
 from kortex import budget
 from kortex.container import Kortex
 from kortex.errors import BudgetExceeded, Conflict, KortexError, ProviderError, StaleAttempt, StreamError
-from kortex.events import DoneEvent, ErrorEvent, Event, TextEvent, ToolCallEvent, ToolResultEvent, TurnEvent
+from kortex.events import (
+    CitationOut,
+    DoneEvent,
+    ErrorEvent,
+    Event,
+    GroundingOut,
+    TextEvent,
+    ToolCallEvent,
+    ToolResultEvent,
+    TurnEvent,
+)
 from kortex.ids import new_call_id
 from kortex.llm.base import CompletionRequest, DoneChunk, TextChunk, ToolCallChunk, WarningChunk
 from kortex.llm.router import Attempt, Candidate, RoutedStream, plan
-from kortex.messages import AssistantMessage, Message, ToolCall, ToolResult, Usage
-from kortex.prompts import DEPTH_EXCEEDED, INVESTIGATOR
+from kortex.messages import AssistantMessage, Message, ToolCall, ToolResult, Usage, UserMessage
+from kortex.prompts import DEPTH_EXCEEDED, INVESTIGATOR, REGROUND
 from kortex.redaction import scrub
 from kortex.storage import audit, chats, turns
 from kortex.storage.audit import AuditEntry
@@ -26,6 +36,7 @@ from kortex.storage.records import TurnRecord
 from kortex.stream.store import StepPublisher
 from kortex.timeparse import utcnow
 from kortex.turns.closing import publish_done
+from kortex.turns.grounding import Grounding, check, successful_calls
 from kortex.turns.handoff import NOTHING, Handoff, StepDispatch, ToolDispatch
 from kortex.turns.outbox import publish_in, publish_kept
 
@@ -159,12 +170,38 @@ async def _run_claimed(k: Kortex, turn: TurnRecord, step: int, candidates: list[
         metadata={"tenant_id": turn.tenant_id, "session_id": turn.session_id, "turn_id": turn.id,
                   "purpose": "chat"},
     )  # model, max_tokens and temperature are set per provider by the router
-    routed = RoutedStream(candidates, request, settings.llm)
+    # The step's model calls: the answer, and at most one re-ask when the grounding policy is
+    # strict (kortex/turns/grounding.py); every call of either is billed and audited.
+    streams = [RoutedStream(candidates, request, settings.llm)]
+
+    def attempts() -> list[Attempt]:
+        return [a for routed in streams for a in routed.attempts]
+
+    async def answer() -> tuple[str, tuple[ToolCall, ...], DoneChunk, Grounding | None]:
+        text, calls, done = await _consume(streams[0], publisher, _call_ids(history), hold)
+        if calls:
+            return text, calls, done, None
+        policy = settings.llm.grounding
+        grounding = check(text, history, numbers=policy.check_numbers)
+        if policy.policy != "strict" or grounding.grounded:
+            return text, calls, done, grounding
+        publisher.emit(ErrorEvent(code="ungrounded_answer", fatal=False, message=(
+            "the answer above cites or quotes what no tool result of this turn holds; the model is asked "
+            "once more, and its new answer follows")))
+        again = CompletionRequest(system=request.system, metadata=request.metadata, tools=(), messages=(
+            *history, AssistantMessage(content=text), UserMessage(content=REGROUND.format(
+                calls=", ".join(sorted(c.id for c in successful_calls(history))) or "none",
+                dangling=", ".join(grounding.dangling) or "none",
+                numbers=", ".join(grounding.uncited_numbers) or "none"))))
+        streams.append(RoutedStream(candidates, again, settings.llm))
+        text, _, done = await _consume(streams[-1], publisher, _call_ids(history), hold)  # no tools offered
+        return text, (), done, check(text, history, numbers=policy.check_numbers)
+
     try:
-        text, calls, done = await asyncio.wait_for(_consume(routed, publisher, _call_ids(history), hold), limit)
+        text, calls, done, grounding = await asyncio.wait_for(answer(), limit)
     except (LeaseLost, StaleAttempt, Released) as exc:
         publisher.abandon()
-        entries = _llm_audit(turn, step, routed.attempts, error=ProviderError(
+        entries = _llm_audit(turn, step, attempts(), error=ProviderError(
             "the step was handed to another attempt", code="cancelled"))
         if isinstance(exc, Released):
             await hold.io(_audit_alone, k, entries)
@@ -177,19 +214,20 @@ async def _run_claimed(k: Kortex, turn: TurnRecord, step: int, candidates: list[
             # A bug, not the vendor: still bill and audit whatever calls were made.
             log.exception("streaming step %s of turn %s failed", step, turn.id)
             exc = ProviderError("the model call failed unexpectedly", code="internal")
-        last = routed.attempts[-1] if routed.attempts else None  # the call that was running
+        made = attempts()
+        last = made[-1] if made else None  # the call that was running
         error = exc if isinstance(exc, ProviderError) else ProviderError(
             f"no answer within {limit:.0f}s", provider=last.provider if last else candidates[0].provider.name,
             model=last.model.id if last else candidates[0].model.id, code="step_timeout")
         await _settle_text(publisher)
         await hold.io(_fail, k, turn, step, error.code, str(error), retryable=error.retryable,
-                      llm_entries=_llm_audit(turn, step, routed.attempts, error=error),
-                      usage=_usage(routed.attempts))
+                      llm_entries=_llm_audit(turn, step, made, error=error),
+                      usage=_usage(made))
         return NOTHING
-    answered = routed.answered
+    answered = streams[-1].answered
     assert answered is not None
-    usage = _usage(routed.attempts)
-    entries = _llm_audit(turn, step, routed.attempts, calls=calls, text_chars=len(text))
+    usage = _usage(attempts())
+    entries = _llm_audit(turn, step, attempts(), calls=calls, text_chars=len(text))
     if not await _settle_text(publisher):
         await hold.io(_audit_alone, k, entries)
         return NOTHING
@@ -198,7 +236,7 @@ async def _run_claimed(k: Kortex, turn: TurnRecord, step: int, candidates: list[
         return await hold.io(_depth_exceeded, k, turn, step, text, usage, answered.spec, entries, depth)
     if calls:
         return await hold.io(_park, k, turn, step, text, calls, usage, answered.spec, entries)
-    return await hold.io(_finish, k, turn, step, text, usage, answered.spec, entries, done)
+    return await hold.io(_finish, k, turn, step, text, usage, answered.spec, entries, done, grounding)
 
 
 async def _settle_text(publisher: StepPublisher) -> bool:
@@ -219,10 +257,11 @@ async def _settle_text(publisher: StepPublisher) -> bool:
 
 
 def _finish(k: Kortex, turn: TurnRecord, step: int, text: str, usage: Usage, model_used: str,
-            entries: list[AuditEntry], done: DoneChunk) -> Handoff:
+            entries: list[AuditEntry], done: DoneChunk, grounding: Grounding | None = None) -> Handoff:
+    checked = grounding.as_dict() if grounding is not None else None
     with k.db.begin() as conn:
         finished = turns.finish_turn(conn, turn, step=step, message=AssistantMessage(content=text), usage=usage,
-                                     model_used=model_used)
+                                     model_used=model_used, grounding=checked)
         if finished:
             audit.write_entries(conn, entries)
             closing: list[Event] = []
@@ -230,10 +269,29 @@ def _finish(k: Kortex, turn: TurnRecord, step: int, text: str, usage: Usage, mod
                 closing.append(ErrorEvent(code="max_tokens", fatal=False, message=(
                     f"the answer reached {model_used}'s output limit and may be cut short; "
                     "ask a narrower question or raise max_tokens")))
-            publish_done(k, conn, turn, [*closing, DoneEvent(status="done", usage=_total(turn, usage))])
+            if grounding is not None and not grounding.grounded:
+                closing.append(ErrorEvent(code="ungrounded_answer", fatal=False, message=_ungrounded(grounding)))
+            publish_done(k, conn, turn, [*closing, _done(turn, usage, grounding)])
     if not finished:
         _audit_alone(k, entries)
     return NOTHING
+
+
+def _done(turn: TurnRecord, usage: Usage, grounding: Grounding | None) -> DoneEvent:
+    if grounding is None:
+        return DoneEvent(status="done", usage=_total(turn, usage))
+    return DoneEvent(status="done", usage=_total(turn, usage),
+                     citations=[CitationOut(**c.as_dict()) for c in grounding.citations],
+                     grounding=GroundingOut(**grounding.summary()))
+
+
+def _ungrounded(grounding: Grounding) -> str:
+    parts = []
+    if grounding.dangling:
+        parts.append(f"cites {', '.join(grounding.dangling[:5])}, which name no successful tool call of this turn")
+    if grounding.uncited_numbers:
+        parts.append(f"quotes {', '.join(grounding.uncited_numbers[:5])}, found in no tool result")
+    return "the answer " + " and ".join(parts) + "; check those claims before acting on them"
 
 
 def _park(k: Kortex, turn: TurnRecord, step: int, text: str, calls: tuple[ToolCall, ...], usage: Usage,

@@ -15,6 +15,9 @@ from typing import Any, Protocol
 
 from kortex.testing.fakellm.script import FakeCall, FakeStep, FakeStreamError
 
+# kortex.prompts.REGROUND_MARK, written out: the fake speaks vendors' formats and imports no turn code.
+REGROUND_MARK = "[grounding check]"
+
 _RESULT_PREFIX = "Tool result ("  # how kortex/llm/pseudotools.py returns results to marker-driven models
 
 
@@ -61,7 +64,8 @@ def _conversation(messages: list[dict[str, Any]], is_user_turn: Any) -> Conversa
     chars = sum(len(_dumps(m)) for m in messages)
     step = 0
     for message in reversed(messages):
-        if is_user_turn(message):
+        # Kortex's grounding re-ask (kortex/prompts.py) continues the turn: the next step answers it.
+        if is_user_turn(message) and not _text_of(message.get("content")).startswith(REGROUND_MARK):
             break
         if message.get("role") == "assistant":
             step += 1

@@ -123,14 +123,16 @@ def test_an_answer_cut_at_max_tokens_is_kept_and_flagged(harness_factory, fake: 
     turn = h.ask(tenant, "why?")
     assert turn.status == "done"
     events = _events(h, turn.id)
-    assert [e["type"] for e in events] == ["turn", "text", "text", "text", "error", "done"]
-    notice = events[-2]
+    # The cut answer is flagged twice: cut at the limit, and quoting a time no tool result holds.
+    assert [e["type"] for e in events] == ["turn", "text", "text", "text", "error", "error", "done"]
+    notice = events[-3]
     assert notice["code"] == "max_tokens" and not notice["fatal"] and "openai:gpt-5" in notice["message"]
-    assert events[-1]["status"] == "done"
+    assert events[-2]["code"] == "ungrounded_answer" and not events[-2]["fatal"]
+    assert events[-1]["status"] == "done" and events[-1]["grounding"]["uncited_numbers"] == ["14", "31"]
 
 
 def test_a_retried_call_is_announced_and_counted_in_its_audit_row(harness_factory, fake: FakeLLM) -> None:
-    fake.add("gpt-5", {"steps": [{"faults": [{"status": 503, "message": "busy"}], "text": ["Deploy v2.14.0."]}]})
+    fake.add("gpt-5", {"steps": [{"faults": [{"status": 503, "message": "busy"}], "text": ["A deploy changed."]}]})
     providers = {"openai": vendor_config("openai", fake.url, max_retries=2, retry_base=0.01)}
     h = harness_factory(llm={"providers": providers, "default_provider": "openai"})
     tenant = h.tenant("acme")

@@ -1,0 +1,177 @@
+"""Check a final answer against the turn that produced it: every citation must name a call of
+this turn that succeeded, and every number it quotes should be found in a tool result.
+
+Models are told to cite tool call ids in square brackets (``[call_ab12]``, or several as
+``[call_a, call_b]``). A bracketed token counts as a citation when it is one of the turn's call
+ids or looks like one (``call_…``, ``toolu_…``, ``fc_…``); Markdown links (``[text](url)``) and
+ordinary bracketed words do not. A citation is *dangling* when it names no call of this turn
+(an earlier turn's, or an invented one) or a call whose result was an error.
+
+Numbers: each number in the answer (decimals, versions, percentages) must appear in the
+question or in some tool result of the turn, as written, as a result's value rounded to the
+answer's precision (2.6 for 2.6049), or as the number of items in one of a result's lists. Small counting words ("3 probes", "step 2") are left alone:
+integers below 10 are not checked. What is not found is listed, not removed: the answer the
+client saw stands, the flags say how far to trust it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kortex.messages import AssistantMessage, Message, ToolMessage, UserMessage
+
+_BRACKETS = re.compile(r"\[([^\[\]\n]{1,300})\](?!\()")
+_ID_SHAPE = re.compile(r"^(?:call|toolu|tool|fc)_[A-Za-z0-9_\-]{2,120}$")
+_SPLIT = re.compile(r"[\s,;]+")
+# 1,234.5 · 2.60 · v2.14.0 · 99.9% · 503 · 9.3x · 200ms (a unit may follow; not inside a word or an id)
+_NUMBER = re.compile(r"(?<![\w.\-/])v?(\d{1,3}(?:,\d{3})+|\d+)((?:\.\d+)*)(?![\d])")
+MAX_LISTED = 50
+
+
+@dataclass(frozen=True, slots=True)
+class Citation:
+    id: str
+    tool: str | None  # None: no call of this turn has this id
+    ok: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "tool": self.tool, "ok": self.ok}
+
+
+@dataclass(frozen=True, slots=True)
+class Grounding:
+    citations: list[Citation] = field(default_factory=list)
+    uncited_numbers: list[str] = field(default_factory=list)
+
+    @property
+    def dangling(self) -> list[str]:
+        return [c.id for c in self.citations if not c.ok]
+
+    @property
+    def grounded(self) -> bool:
+        return not self.dangling and not self.uncited_numbers
+
+    def summary(self) -> dict[str, Any]:
+        return {"cited": sum(1 for c in self.citations if c.ok), "dangling": self.dangling,
+                "uncited_numbers": self.uncited_numbers}
+
+    def as_dict(self) -> dict[str, Any]:
+        """What the stored message keeps: the citations and the summary."""
+        return {"citations": [c.as_dict() for c in self.citations], **self.summary()}
+
+
+@dataclass
+class _Turn:
+    question: str = ""
+    tools: dict[str, str] = field(default_factory=dict)   # call id -> tool name
+    ok: dict[str, bool] = field(default_factory=dict)     # call id -> its result was not an error
+    results: list[str] = field(default_factory=list)      # each result as text
+    counts: set[float] = field(default_factory=set)       # how many items each list in a result holds
+
+
+def _this_turn(history: Sequence[Message]) -> _Turn:
+    last_user = max((i for i, m in enumerate(history) if isinstance(m, UserMessage)), default=-1)
+    turn = _Turn(question=history[last_user].content if last_user >= 0 else "")  # type: ignore[union-attr]
+    for message in history[last_user + 1:]:
+        if isinstance(message, AssistantMessage):
+            for call in message.tool_calls:
+                turn.tools[call.id] = call.name
+        elif isinstance(message, ToolMessage):
+            result = message.result
+            turn.ok[result.call_id] = not result.is_error
+            content = result.content
+            turn.results.append(content if isinstance(content, str)
+                                else json.dumps(content, ensure_ascii=False, default=str))
+            _count_lists(content, turn.counts)
+    return turn
+
+
+def _count_lists(value: Any, out: set[float], depth: int = 0) -> None:
+    """"12 deploys" counts a result's list: the count is in the result though no digit is."""
+    if depth > 8:
+        return
+    if isinstance(value, list):
+        out.add(float(len(value)))
+        for item in value[:1000]:
+            _count_lists(item, out, depth + 1)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _count_lists(item, out, depth + 1)
+
+
+def citations(answer: str, history: Sequence[Message]) -> list[Citation]:
+    turn = _this_turn(history)
+    return _citations(answer, turn)
+
+
+def _citations(answer: str, turn: _Turn) -> list[Citation]:
+    seen: dict[str, Citation] = {}
+    for match in _BRACKETS.finditer(answer):
+        for token in _SPLIT.split(match.group(1).strip()):
+            token = token.strip("`'\"")
+            if not token or token in seen or not (token in turn.tools or _ID_SHAPE.match(token)):
+                continue
+            seen[token] = Citation(id=token, tool=turn.tools.get(token), ok=turn.ok.get(token, False))
+    return list(seen.values())
+
+
+def _numbers_in(text: str) -> set[str]:
+    return {m.group(0).lstrip("v").replace(",", "") for m in _NUMBER.finditer(text)}
+
+
+def _values(texts: Sequence[str]) -> set[float]:
+    out: set[float] = set()
+    for text in texts:
+        for token in _numbers_in(text):
+            if token.count(".") <= 1:
+                try:
+                    out.add(float(token))
+                except ValueError:
+                    pass
+    return out
+
+
+def uncited_numbers(answer: str, history: Sequence[Message]) -> list[str]:
+    return _uncited(answer, _this_turn(history))
+
+
+def _uncited(answer: str, turn: _Turn) -> list[str]:
+    # Citation ids carry digits of their own: take them out before looking for numbers.
+    text = _BRACKETS.sub(" ", answer)
+    sources = [turn.question, *turn.results]
+    written = set().union(*(_numbers_in(s) for s in sources)) if sources else set()
+    values = _values(sources) | turn.counts
+    missing: list[str] = []
+    for token in sorted(_numbers_in(text), key=text.find):
+        if token in written:
+            continue
+        if token.count(".") <= 1:
+            number = float(token)
+            if number.is_integer() and "." not in token and number < 10:
+                continue  # counting words, not quoted data
+            decimals = len(token.split(".")[1]) if "." in token else 0
+            if any(round(v, decimals) == number for v in values):
+                continue
+        missing.append(token)
+        if len(missing) >= MAX_LISTED:
+            break
+    return missing
+
+
+def successful_calls(history: Sequence[Message]) -> list[Citation]:
+    """The calls of the turn an answer may cite: those whose result was not an error."""
+    turn = _this_turn(history)
+    return [Citation(id=call_id, tool=tool, ok=True) for call_id, tool in turn.tools.items() if turn.ok.get(call_id)]
+
+
+def check(answer: str, history: Sequence[Message], *, numbers: bool = True) -> Grounding:
+    """The answer's citations and the numbers it quotes from nowhere."""
+    turn = _this_turn(history)
+    return Grounding(citations=_citations(answer, turn), uncited_numbers=_uncited(answer, turn) if numbers else [])
+
+
+__all__ = ["Citation", "Grounding", "check", "citations", "successful_calls", "uncited_numbers"]
