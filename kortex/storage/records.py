@@ -67,6 +67,7 @@ class TurnRecord(_Record):
     done_event_id: str | None = None
     #: the outbox holds events of this turn that Redis refused (known when a step is claimed)
     kept_events: bool = False
+    profile: str = "chat"  # kortex/turns/profiles.py
 
     @property
     def finished(self) -> bool:

@@ -102,6 +102,8 @@ turns = Table(
     # The stream id of the published ``done``: once the Redis stream has expired, a client that
     # reconnects with an id at or past it is told it has everything (204), not sent it all again.
     Column("done_event_id", String(48), nullable=True),
+    # The kind of turn (kortex/turns/profiles.py): its prompt, tools, budget scope, finish hook.
+    Column("profile", String(32), nullable=False, default="chat", server_default="chat"),
     UniqueConstraint("session_id", "turn_no"),
     UniqueConstraint("tenant_id", "idempotency_key"),
     Index(None, "status", "updated_at"),

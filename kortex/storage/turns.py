@@ -127,7 +127,7 @@ _INSERT_TURN = turns.insert()
 # (see _ADMIT_COUNT), taken once the lock is held.
 _TURN_COLUMNS = ("id", "tenant_id", "session_id", "status", "step", "attempt", "lease_until", "pending_tools",
                  "model", "model_used", "idempotency_key", "request_hash", "error", "input_tokens", "output_tokens",
-                 "cost_usd", "deadline_at", "created_at", "updated_at", "finished_at")
+                 "cost_usd", "deadline_at", "created_at", "updated_at", "finished_at", "profile")
 _MESSAGE_COLUMNS = tuple(c.name for c in chat_messages.c if c.name != "turn_no")
 _next_turn = _NEXT_TURN_NO.cte("next_turn")
 _new_turn = (
@@ -192,6 +192,7 @@ def create_turn(
     idempotency_key: str | None = None,
     max_active_per_tenant: int | None = None,
     admit: Callable[[Connection, Admission], None] | None = None,
+    profile: str = "chat",
 ) -> NewTurn:
     """Store the user message and a queued turn in the caller's transaction. ``model`` None
     means the session's model. ``admit`` runs only when a new turn is about to be created (not
@@ -219,7 +220,7 @@ def create_turn(
         "model_used": None,
         "idempotency_key": idempotency_key, "request_hash": digest, "error": None,
         "input_tokens": 0, "output_tokens": 0, "cost_usd": 0.0, "deadline_at": now + deadline,
-        "created_at": now, "updated_at": now, "finished_at": None,
+        "created_at": now, "updated_at": now, "finished_at": None, "profile": profile,
     }
     turn_no = _write_turn(conn, row, content)
     if turn_no is None:  # deleted since the read

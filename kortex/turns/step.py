@@ -12,7 +12,7 @@ from sqlalchemy.engine import Connection
 
 from kortex import budget
 from kortex.container import Kortex
-from kortex.errors import BudgetExceeded, Conflict, KortexError, ProviderError, StaleAttempt, StreamError
+from kortex.errors import BudgetExceeded, ConfigError, Conflict, KortexError, ProviderError, StaleAttempt, StreamError
 from kortex.events import (
     CitationOut,
     DoneEvent,
@@ -28,7 +28,7 @@ from kortex.ids import new_call_id
 from kortex.llm.base import CompletionRequest, DoneChunk, TextChunk, ToolCallChunk, WarningChunk
 from kortex.llm.router import Attempt, Candidate, RoutedStream, plan
 from kortex.messages import AssistantMessage, Message, ToolCall, ToolResult, Usage, UserMessage
-from kortex.prompts import DEPTH_EXCEEDED, INVESTIGATOR, REGROUND
+from kortex.prompts import DEPTH_EXCEEDED, REGROUND
 from kortex.redaction import scrub
 from kortex.storage import audit, chats, turns
 from kortex.storage.audit import AuditEntry
@@ -39,6 +39,7 @@ from kortex.turns.closing import publish_done
 from kortex.turns.grounding import Grounding, check, successful_calls
 from kortex.turns.handoff import NOTHING, Handoff, StepDispatch, ToolDispatch
 from kortex.turns.outbox import publish_in, publish_kept
+from kortex.turns.profiles import CHAT, TurnProfile, profile_of
 
 if TYPE_CHECKING:
     from kortex.turns.engine import StepHold
@@ -162,13 +163,19 @@ async def _run_claimed(k: Kortex, turn: TurnRecord, step: int, candidates: list[
         await _settle_text(publisher)
         await hold.io(_fail, k, turn, step, "deadline_exceeded", "the turn did not finish before its deadline")
         return NOTHING
+    try:
+        profile = profile_of(turn.profile)
+    except ConfigError as exc:  # a turn of a kind this process does not run: say so, do not guess
+        await _settle_text(publisher)
+        await hold.io(_fail, k, turn, step, "unknown_profile", str(exc))
+        return NOTHING
     request = CompletionRequest(
-        system=INVESTIGATOR,
+        system=profile.system,
         messages=tuple(history),
         # The last allowed step gets no tools, so a model answers with what it has gathered.
-        tools=k.tools.schemas(k.policy) if step < depth else (),
+        tools=profile.tool_schemas(k) if step < depth else (),
         metadata={"tenant_id": turn.tenant_id, "session_id": turn.session_id, "turn_id": turn.id,
-                  "purpose": "chat"},
+                  "purpose": profile.budget_scope},
     )  # model, max_tokens and temperature are set per provider by the router
     # The step's model calls: the answer, and at most one re-ask when the grounding policy is
     # strict (kortex/turns/grounding.py); every call of either is billed and audited.
@@ -236,7 +243,7 @@ async def _run_claimed(k: Kortex, turn: TurnRecord, step: int, candidates: list[
         return await hold.io(_depth_exceeded, k, turn, step, text, usage, answered.spec, entries, depth)
     if calls:
         return await hold.io(_park, k, turn, step, text, calls, usage, answered.spec, entries)
-    return await hold.io(_finish, k, turn, step, text, usage, answered.spec, entries, done, grounding)
+    return await hold.io(_finish, k, turn, step, text, usage, answered.spec, entries, done, grounding, profile)
 
 
 async def _settle_text(publisher: StepPublisher) -> bool:
@@ -257,8 +264,10 @@ async def _settle_text(publisher: StepPublisher) -> bool:
 
 
 def _finish(k: Kortex, turn: TurnRecord, step: int, text: str, usage: Usage, model_used: str,
-            entries: list[AuditEntry], done: DoneChunk, grounding: Grounding | None = None) -> Handoff:
+            entries: list[AuditEntry], done: DoneChunk, grounding: Grounding | None = None,
+            profile: TurnProfile = CHAT) -> Handoff:
     checked = grounding.as_dict() if grounding is not None else None
+    handoff = NOTHING
     with k.db.begin() as conn:
         finished = turns.finish_turn(conn, turn, step=step, message=AssistantMessage(content=text), usage=usage,
                                      model_used=model_used, grounding=checked)
@@ -271,10 +280,12 @@ def _finish(k: Kortex, turn: TurnRecord, step: int, text: str, usage: Usage, mod
                     "ask a narrower question or raise max_tokens")))
             if grounding is not None and not grounding.grounded:
                 closing.append(ErrorEvent(code="ungrounded_answer", fatal=False, message=_ungrounded(grounding)))
+            if profile.on_finish is not None:  # the kind of turn's own bookkeeping, in the same transaction
+                handoff = profile.on_finish(k, conn, turn, text)
             publish_done(k, conn, turn, [*closing, _done(turn, usage, grounding)])
     if not finished:
         _audit_alone(k, entries)
-    return NOTHING
+    return handoff
 
 
 def _done(turn: TurnRecord, usage: Usage, grounding: Grounding | None) -> DoneEvent:
