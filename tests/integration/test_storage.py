@@ -88,7 +88,7 @@ def test_a_tool_call_the_pipeline_gave_up_on_frees_its_connection_at_its_own_dea
 
     def slow_query(args: _Args, ctx: ToolContext) -> dict[str, Any]:
         with db.connect() as conn:
-            conn.execute(text("SELECT pg_sleep(10)"))
+            conn.execute(text("SELECT pg_sleep(60)"))
         return {"ok": True}
 
     spec = ToolSpec(name="slow_query", description="sleeps in the database", input_model=_Args, run=slow_query,
@@ -100,9 +100,11 @@ def test_a_tool_call_the_pipeline_gave_up_on_frees_its_connection_at_its_own_dea
         started = time.monotonic()
         result = pipeline.run(ToolCall(id="c", name="slow_query", arguments={}), ctx)
         assert result.error_code == "timeout"
-        while pipeline.stuck_calls and time.monotonic() - started < 8:
+        while pipeline.stuck_calls and time.monotonic() - started < 15:
             time.sleep(0.02)
-        assert pipeline.stuck_calls == 0 and time.monotonic() - started < 3  # not the 10 s the query asked for
+        # Stopped near its 0.5 s deadline, not after the 20 s default or the 60 s it asked for; the
+        # margin is wide so a loaded machine cannot fail it (a timing goal is not this test's).
+        assert pipeline.stuck_calls == 0 and time.monotonic() - started < 15
         with db.connect() as conn:  # the pooled connection is back at the default
             assert conn.execute(text("SHOW statement_timeout")).scalar() == "20s"
             assert conn.execute(text("SELECT 1")).scalar() == 1
