@@ -10,6 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from kortex import metrics
 from kortex.errors import (
     AuthError,
     Conflict,
@@ -54,6 +55,8 @@ def install(app: FastAPI) -> None:
             log.warning("%s %s failed: %s", request.method, request.url.path, exc.message)
         headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
         if status == 429:
+            metrics.refused(str((exc.details or {}).get("limit") or exc.code) if isinstance(exc.details, dict)
+                            else exc.code)
             wait = getattr(exc, "retry_after", None)
             headers = {"Retry-After": str(max(1, math.ceil(wait)) if wait is not None else 5)}
         message = exc.message if status < 500 else "a backing service is unavailable; retry shortly"

@@ -9,10 +9,11 @@ from collections.abc import AsyncIterator
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from kortex import metrics
 from kortex.container import Kortex
 from kortex.errors import RateLimited
 from kortex.storage.records import TurnRecord
-from kortex.stream.entries import Entry, resume_id
+from kortex.stream.entries import Entry, entry_age, resume_id
 from kortex.stream.hub import StreamHub, SubscriptionOverflow
 from kortex.turns.follow import follow
 
@@ -56,12 +57,14 @@ class HeldStream(StreamingResponse):
         slots.take(tenant_id)  # RateLimited (429) past the tenant's cap, before any byte is sent
         super().__init__(body, media_type="text/event-stream", headers=headers)
         self._release = lambda: slots.give_back(tenant_id)
+        metrics.SSE_OPEN.inc()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
             self._release()
+            metrics.SSE_OPEN.dec()
 
 
 def format_entry(entry: Entry) -> str:
@@ -93,6 +96,11 @@ async def turn_events(
             if batch is None:
                 yield ": keepalive\n\n"
             elif batch:
+                # The newest event's age: delivery lag for a live stream. Older than a minute
+                # it is a replay to a client catching up, not lag.
+                lag = entry_age(batch[-1].id)
+                if lag is not None and lag < 60:
+                    metrics.STREAM_LAG.observe(lag)
                 yield format_entries(batch)[0]  # everything buffered in one socket write
     except (SubscriptionOverflow, ConnectionError) as exc:
         # The client reconnects with its Last-Event-ID and loses nothing.

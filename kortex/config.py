@@ -311,6 +311,15 @@ class PoolSettings(_Section):
     broker_max_connections: int = Field(32, ge=2, le=10_000)  # per broker channel; raised to concurrency + 8
 
 
+class MetricsSettings(_Section):
+    """Prometheus metrics (kortex/metrics.py): ``/metrics`` on the API; ``kortex worker`` and
+    ``kortex beat`` serve them on ``--metrics-port``. With ``token`` set, scrapes must send
+    ``Authorization: Bearer <token>`` (Prometheus: ``authorization.credentials``)."""
+
+    enabled: bool = True
+    token: Secret = None
+
+
 class TestingSettings(_Section):
     """Switches for fakes. Off in production; a deployment never needs them."""
 
@@ -353,6 +362,7 @@ class Settings(BaseSettings):
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
     turn: TurnSettings = Field(default_factory=TurnSettings)
     pools: PoolSettings = Field(default_factory=PoolSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     testing: TestingSettings = Field(default_factory=TestingSettings)
 
     @field_validator("redis_prefix")

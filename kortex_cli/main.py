@@ -32,6 +32,22 @@ def _fail(message: str, code: int = 1) -> None:
     raise typer.Exit(code)
 
 
+def _metrics_multiprocess(service: str) -> None:
+    """Processes of this service fork (uvicorn workers, prefork children): their metrics go to a
+    directory of their own, emptied now and removed at exit, named before anything imports
+    prometheus-client (it picks its mode at import; kortex/metrics.py)."""
+    import atexit
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    base = Path(os.environ.get("KORTEX_METRICS_DIR") or tempfile.gettempdir()) / f"kortex-metrics-{service}-{os.getpid()}"
+    shutil.rmtree(base, ignore_errors=True)
+    base.mkdir(parents=True)
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(base)
+    atexit.register(shutil.rmtree, base, True)
+
+
 def _preflight(settings: Settings, what: str) -> None:
     """A distributed process refuses to start on a database it cannot share or use: without
     ``KORTEX_DATABASE_URL`` each process would quietly open a SQLite file of its own, and on
@@ -131,6 +147,8 @@ def api(
         _preflight(settings, "the API")
     if workers is None:
         workers = 1 if settings.embedded else DEFAULT_API_PROCESSES
+    if workers > 1:
+        _metrics_multiprocess("api")  # /metrics adds up every worker process
     uvicorn.run("api.main:create_app", factory=True, host=host, port=port, workers=workers,
                 log_level=settings.log_level.lower(), access_log=access_log, proxy_headers=True,
                 timeout_graceful_shutdown=10)
@@ -149,6 +167,8 @@ def worker(
         min=1, help="prefork: replace a child once its resident memory passes this many MiB (after its task)")] = None,
     max_tasks_per_child: Annotated[int | None, typer.Option(
         min=1, help="prefork: replace a child after this many tasks")] = None,
+    metrics_port: Annotated[int | None, typer.Option(
+        min=1, max=65535, help="Serve Prometheus metrics on this port (off by default)")] = None,
 ) -> None:
     """Run a Celery worker for the given queues (distributed mode).
 
@@ -159,6 +179,10 @@ def worker(
     if settings.embedded:
         _fail("set KORTEX_REDIS_URL (and KORTEX_DATABASE_URL) to run workers; the embedded mode needs none")
     _preflight(settings, "a worker")
+    if metrics_port is not None and settings.metrics.enabled:
+        os.environ["KORTEX_METRICS_PORT"] = str(metrics_port)  # workers/app.py serves it at worker_init
+        if pool == "prefork":
+            _metrics_multiprocess("worker")
     if pool not in ("threads", "prefork", "solo"):
         # gevent/eventlet would need monkey-patching before anything is imported, and the step
         # engine already multiplexes LLM streams on its own event loop.
@@ -195,6 +219,8 @@ def beat(
     loglevel: Annotated[str, typer.Option(help="Log level")] = "INFO",
     alive_file: Annotated[Path | None, typer.Option(
         help="Touch this file after every watchdog interval that reached the database (for health checks)")] = None,
+    metrics_port: Annotated[int | None, typer.Option(
+        min=1, max=65535, help="Serve Prometheus metrics (watchdog actions, queue depths) on this port")] = None,
 ) -> None:
     """Run the watchdog process: fails expired turns and re-enqueues lost work. Safe to run
     more than one: one leads at a time, another takes over when it dies."""
@@ -205,7 +231,8 @@ def beat(
     from workers import beat as watchdog
 
     logging.getLogger().setLevel(loglevel.upper())  # main() set up the handler (scrubbed)
-    watchdog.run(settings, alive_file=alive_file)
+    watchdog.run(settings, alive_file=alive_file,
+                 metrics_port=metrics_port if settings.metrics.enabled else None)
 
 
 @app.command()

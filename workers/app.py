@@ -7,10 +7,11 @@ in-process (``memory://``) for the embedded mode.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_init
+from celery.signals import worker_init, worker_process_shutdown
 from kombu import Queue as KombuQueue
 
 from kortex.config import Settings, load_settings
@@ -102,6 +103,29 @@ def _size_broker_pool(sender: Any = None, **_: Any) -> None:
     options = sender.app.conf.broker_transport_options if sender is not None else None
     if options is not None and "max_connections" in options:
         options["max_connections"] = max(int(options["max_connections"]), concurrency + 8)
+
+
+#: the worker's metrics port (``kortex worker --metrics-port`` sets it; celery's own command can too)
+METRICS_PORT_ENV = "KORTEX_METRICS_PORT"
+
+
+@worker_init.connect
+def _serve_metrics(sender: Any = None, **_: Any) -> None:
+    """The worker's parent serves Prometheus its children's samples too (multiprocess mode
+    under prefork, PROMETHEUS_MULTIPROC_DIR set before anything imported the client)."""
+    port = os.environ.get(METRICS_PORT_ENV)
+    if port:
+        from kortex import metrics
+
+        metrics.serve(int(port))
+
+
+@worker_process_shutdown.connect
+def _forget_child(pid: int | None = None, **_: Any) -> None:
+    """A prefork child's live gauges go with it."""
+    from kortex import metrics
+
+    metrics.child_exited(pid or os.getpid())
 
 
 app = make_celery(load_settings())

@@ -20,7 +20,8 @@ from workers.dispatch import CeleryQueue
 log = logging.getLogger(__name__)
 
 
-def run(settings: Settings, stop: threading.Event | None = None, alive_file: Path | None = None) -> None:
+def run(settings: Settings, stop: threading.Event | None = None, alive_file: Path | None = None,
+        metrics_port: int | None = None) -> None:
     """``alive_file``: touched after every interval that reached the database, for a container
     health check (``kortex beat --alive-file``; its age says whether the watchdog still runs)."""
     stop = stop or threading.Event()
@@ -34,9 +35,16 @@ def run(settings: Settings, stop: threading.Event | None = None, alive_file: Pat
     app = make_celery(settings)
     k = runtime.kortex(settings)
     leader = AdvisoryLeader(k.db, settings.redis_prefix)
+    queue = CeleryQueue(app)
+    if metrics_port is not None:
+        from kortex import metrics
+
+        queues = {"turns": "steps", "tools": "tools"}
+        metrics.serve(metrics_port, extra=[metrics.QueueDepth(
+            lambda name: queue.backlog(queues[name]), queues)])  # type: ignore[arg-type]
     log.info("watchdog process started: sweeps every %.1fs while it leads", settings.turn.watchdog_every)
     try:
         alive = alive_file.touch if alive_file is not None else None
-        run_watchdog(k, CeleryQueue(app), leader, every=settings.turn.watchdog_every, stop=stop, alive=alive)
+        run_watchdog(k, queue, leader, every=settings.turn.watchdog_every, stop=stop, alive=alive)
     finally:
         runtime.close()

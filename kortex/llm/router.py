@@ -80,6 +80,7 @@ class Attempt:
     stop_reason: str | None = None  # None while running
     error: ProviderError | None = None
     retries: int = 0  # failed tries the provider made again before this call's outcome
+    first_token_ms: int | None = None  # when the first text or tool call arrived (metrics)
 
     @property
     def spec(self) -> str:
@@ -209,12 +210,16 @@ class RoutedStream:
                             if isinstance(chunk, UsageChunk):
                                 attempt.usage = chunk.usage  # kept should the call fail or be cancelled
                             elif isinstance(chunk, TextChunk):
+                                if attempt.first_token_ms is None:
+                                    attempt.first_token_ms = int((time.monotonic() - attempt.started) * 1000)
                                 if fast:
                                     held.append(chunk.text)
                                 else:
                                     self.text_streamed = True
                                     yield chunk
                             elif isinstance(chunk, ToolCallChunk):
+                                if attempt.first_token_ms is None:
+                                    attempt.first_token_ms = int((time.monotonic() - attempt.started) * 1000)
                                 calls.append(chunk)
                             elif isinstance(chunk, DoneChunk):
                                 done = chunk

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,18 @@ def parse_id(entry_id: str) -> tuple[int, int]:
     if ms > _MAX or seq > _MAX:
         raise ValueError(f"stream entry id out of range: {entry_id!r}")
     return ms, seq
+
+
+def entry_age(entry_id: str, *, now: float | None = None) -> float | None:
+    """Seconds since Redis stamped ``entry_id`` (its milliseconds part); None for ids of a
+    database replay (``0-n``) or ones that are not ids."""
+    try:
+        ms, _seq = parse_id(entry_id)
+    except ValueError:
+        return None
+    if ms == 0:
+        return None
+    return max(0.0, (time.time() if now is None else now) - ms / 1000)
 
 
 def resume_id(value: str | None, field: str = "Last-Event-ID") -> str:

@@ -6,8 +6,9 @@ from collections.abc import Sequence
 
 from sqlalchemy.engine import Connection
 
+from kortex import metrics
 from kortex.container import Kortex
-from kortex.events import _Event
+from kortex.events import DoneEvent, _Event
 from kortex.storage import turns
 from kortex.storage.records import TurnRecord
 from kortex.turns.outbox import publish_in
@@ -26,3 +27,6 @@ def publish_done(k: Kortex, conn: Connection, turn: TurnRecord, events: Sequence
                      attempt=turn.attempt if attempt is None else attempt, final=True)
     if ids:
         turns.record_done_event(conn, turn.tenant_id, turn.id, ids[-1])
+    done = events[-1] if events else None
+    # Every way a turn ends comes through here once (its compare-and-set won), so it is counted here.
+    metrics.turn_finished(turn.profile, done.status if isinstance(done, DoneEvent) else "done")

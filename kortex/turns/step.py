@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Connection
 
-from kortex import budget
+from kortex import budget, metrics
 from kortex.container import Kortex
 from kortex.errors import BudgetExceeded, ConfigError, Conflict, KortexError, ProviderError, StaleAttempt, StreamError
 from kortex.events import (
@@ -93,6 +94,22 @@ async def step_async(k: Kortex, tenant_id: str, turn_id: str, step: int, hold: S
         return NOTHING  # another delivery of this step has it, or the turn moved on
     turn, history = claimed
     hold.attach(turn)
+    if step == 0 and turn.attempt == 1:
+        metrics.turn_started(turn.profile)
+    started = time.monotonic()
+    outcome = "error"
+    try:
+        handoff = await _step_claimed(k, turn, step, history, hold)
+        # tools: parked for its calls; again: handed back or on to another step; ended: the turn
+        # ended (or the step found it had moved on)
+        outcome = "tools" if handoff.tools else "again" if handoff.steps else "ended"
+        return handoff
+    finally:
+        metrics.step_done(time.monotonic() - started, outcome)
+
+
+async def _step_claimed(k: Kortex, turn: TurnRecord, step: int, history: list[Message] | BudgetExceeded,
+                        hold: StepHold) -> Handoff:
     try:
         if turn.kept_events:  # an outage kept events of the step before: they go out first
             try:
@@ -108,6 +125,7 @@ async def step_async(k: Kortex, tenant_id: str, turn_id: str, step: int, hold: S
                                   on_stale=hold.lose)
         publisher.emit(TurnEvent(turn_id=turn.id, status="running", step=step, model=candidates[0].first_spec))
         if isinstance(history, BudgetExceeded):
+            metrics.refused(history.code)
             await _settle_text(publisher)
             await hold.io(_fail, k, turn, step, history.code, history.message)
             return NOTHING
@@ -441,6 +459,10 @@ def _llm_audit(
         }
         if failure is not None:
             payload.update(error_code=failure.code, status=failure.status, retryable=failure.retryable)
+        metrics.llm_call(attempt.provider, attempt.model.id, ok=failure is None,
+                         first_token_s=attempt.first_token_ms / 1000 if attempt.first_token_ms is not None else None,
+                         input_tokens=attempt.usage.input_tokens, output_tokens=attempt.usage.output_tokens,
+                         cost_usd=attempt.cost_usd)
         entries.append(AuditEntry(
             tenant_id=turn.tenant_id, kind="llm_call", subject=attempt.spec, ok=failure is None, payload=payload,
             session_id=turn.session_id, turn_id=turn.id, input_tokens=attempt.usage.input_tokens,

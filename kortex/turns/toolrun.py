@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 
 from sqlalchemy.engine import Connection
 
+from kortex import metrics
 from kortex.container import Kortex
 from kortex.errors import StorageError
 from kortex.events import Event, ToolProgressEvent, ToolResultEvent
@@ -51,7 +52,9 @@ def run_tool(k: Kortex, tenant_id: str, invocation_id: str, tool: str, hard_limi
             step=inv.step, call_id=call.id, name=call.name, elapsed_ms=elapsed_ms,
             message=f"{call.name} is taking longer than usual; still working")])
 
+    started = time.monotonic()
     result = k.pipeline.run(turns.tool_call_from_record(inv), ctx, audit=entries, on_progress=progress)
+    metrics.tool_done(inv.name, time.monotonic() - started, result.error_code or "error" if result.is_error else "ok")
     # Events a tool raised (a proposal card) go out with its result, never with an error.
     return settle(k, inv, result, entries, events=[] if result.is_error else ctx.events)
 

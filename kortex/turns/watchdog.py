@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
+from kortex import metrics
 from kortex.container import Kortex
 from kortex.errors import KortexError
 from kortex.events import DoneEvent, ErrorEvent
@@ -167,6 +168,12 @@ def run_watchdog(k: Kortex, queue: QueuePort, leader: Leadership, *, every: floa
                 if leader.ensure():
                     report = sweep(k, queue)
                     queue.dispatch(report.handoff)
+                    metrics.watchdog({"failed_turns": report.failed_turns, "timed_out_tools": report.timed_out_tools,
+                                      "requeued_steps": report.requeued_steps,
+                                      "requeued_tools": report.requeued_tools,
+                                      "expired_proposals": report.expired_proposals,
+                                      "recovered_executions": report.recovered_executions,
+                                      "republished_events": report.republished_events})
                 if alive is not None:
                     alive()
             except Exception:  # a database or broker outage: the next interval tries again

@@ -309,3 +309,19 @@ def test_a_turn_is_cancelled_over_http_once_and_a_finished_one_is_a_409(env) -> 
     late = client.post(f"/v1/turns/{second['turn_id']}/cancel", headers=auth(key))
     assert late.status_code == 409 and late.json()["error"]["code"] == "turn_finished"
     assert client.post("/v1/turns/not-a-uuid/cancel", headers=auth(key)).status_code == 404
+
+
+def test_metrics_are_scraped_in_prometheus_format_behind_an_optional_token(harness_factory) -> None:
+    open_h = harness_factory()
+    with TestClient(create_app(open_h.settings, dispatch=lambda handoff: None, embedded_worker=False)) as client:
+        scraped = client.get("/metrics")
+        assert scraped.status_code == 200 and scraped.headers["content-type"].startswith("text/plain")
+        assert "# TYPE kortex_turns_finished_total counter" in scraped.text
+    locked = harness_factory(metrics={"token": "s3cret-metrics"})
+    with TestClient(create_app(locked.settings, dispatch=lambda handoff: None, embedded_worker=False)) as client:
+        assert client.get("/metrics").status_code == 401
+        assert client.get("/metrics", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert client.get("/metrics", headers={"Authorization": "Bearer s3cret-metrics"}).status_code == 200
+    off = harness_factory(metrics={"enabled": False})
+    with TestClient(create_app(off.settings, dispatch=lambda handoff: None, embedded_worker=False)) as client:
+        assert client.get("/metrics").status_code == 404

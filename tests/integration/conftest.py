@@ -153,12 +153,20 @@ def worker(pg_url: str, redis_prefix: str, fake_llm: FakeLLM, tmp_path_factory: 
     logs = tmp_path_factory.mktemp("logs")
     argv = [sys.executable, "-m", "celery", "-A", "workers.app", "worker", "-Q", "turns,tools", "-P", "prefork",
             "-c", "4", "-l", "INFO", "--without-mingle", "--without-gossip", "-n", f"test-{redis_prefix}@%h"]
-    env = service_env(pg_url, redis_prefix, **provider_env(fake_llm.url))
+    # Metrics as deployed under prefork: the parent serves its children's samples (multiprocess
+    # mode, its directory named before the worker imports anything). test_metrics.py scrapes it.
+    metrics_port = _free_port()
+    metrics_dir = logs / "metrics"
+    metrics_dir.mkdir()
+    env = service_env(pg_url, redis_prefix, **provider_env(fake_llm.url), KORTEX_METRICS_PORT=str(metrics_port),
+                      PROMETHEUS_MULTIPROC_DIR=str(metrics_dir))
     service = Service("celery worker", argv, env, logs / "worker.log")
+    service.metrics_port = metrics_port  # type: ignore[attr-defined]
     # The watchdog's own process, as deployed (`kortex beat`).
     # --alive-file as compose's health check uses it (test_turns.py reads it).
+    beat_env = {k: v for k, v in env.items() if k not in ("KORTEX_METRICS_PORT", "PROMETHEUS_MULTIPROC_DIR")}
     watchdog = Service("watchdog", [sys.executable, "-m", "kortex_cli.main", "beat",
-                                    "--alive-file", str(logs / "beat.alive")], env, logs / "beat.log")
+                                    "--alive-file", str(logs / "beat.alive")], beat_env, logs / "beat.log")
     service.alive_file = logs / "beat.alive"  # type: ignore[attr-defined]
     try:
         service.wait_for(lambda: " ready." in service.output())
