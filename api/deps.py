@@ -20,6 +20,7 @@ from fastapi import Depends, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
+from kortex import logcontext
 from kortex.access import Permission, require
 from kortex.container import Kortex
 from kortex.errors import AuthError, NotFound
@@ -89,6 +90,7 @@ async def current_caller(
         caller = await run_in_threadpool(authenticate, request.app.state.kortex, key)
         cache.put(digest, caller)
     request.state.caller = caller
+    logcontext.bind(tenant_id=caller.tenant.id)  # the rest of this request's records name its tenant
     return caller
 
 

@@ -6,6 +6,8 @@ import asyncio
 import functools
 import inspect
 import logging
+import re
+import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -17,6 +19,7 @@ from api import errors, openapi
 from api.deps import AuthCache
 from api.routes import health, ingest, keys, llm, metrics, proposals, sessions, tools, turns
 from api.sse import StreamSlots
+from kortex import logcontext, logsafe
 from kortex.config import Settings, load_settings
 from kortex.container import Kortex, redis_factory
 from kortex.keys import revocation_epoch
@@ -69,6 +72,45 @@ class _TooLarge(Exception):
     pass
 
 
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
+
+
+class RequestIds:
+    """Each request's id (the caller's ``X-Request-ID`` when it is a plain token, else a new
+    one) on every log record written while serving it, and echoed in the response."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope.get("headers") or ()).get(b"x-request-id", b"").decode("latin-1")
+        request_id = given if _REQUEST_ID.match(given) else uuid.uuid4().hex
+        header = (b"x-request-id", request_id.encode())
+
+        async def send_with_id(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), header]
+            await send(message)
+
+        with logcontext.bound(request_id=request_id):
+            await self.app(scope, receive, send_with_id)
+
+
+def _setup_logging(settings: Settings) -> None:
+    """uvicorn's worker processes never ran ``kortex``'s own setup: give kortex.* records a
+    handler, scrub them and apply the log format (uvicorn's own loggers too)."""
+    root = logging.getLogger()
+    if not root.handlers:
+        logging.basicConfig(level=settings.log_level.upper(),
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name in ("", "uvicorn", "uvicorn.error", "uvicorn.access"):
+        logsafe.install(logging.getLogger(name))
+        logcontext.configure(logging.getLogger(name))
+
+
 async def _watch_revocations(k: Kortex, cache: AuthCache, every: float = 1.0) -> None:
     """Forget verified keys when a key is revoked or a tenant disabled anywhere (kortex/keys.py):
     a revoked key stops working within about ``every`` seconds on every API process."""
@@ -87,6 +129,7 @@ async def _watch_revocations(k: Kortex, cache: AuthCache, every: float = 1.0) ->
 def create_app(settings: Settings | None = None, *, dispatch: Callable[[Handoff], None] | None = None,
                embedded_worker: bool | None = None) -> FastAPI:
     settings = settings or load_settings()
+    _setup_logging(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -140,6 +183,7 @@ def create_app(settings: Settings | None = None, *, dispatch: Callable[[Handoff]
     app.openapi = functools.partial(openapi.build, app)  # type: ignore[method-assign]
 
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
+    app.add_middleware(RequestIds)
     app.include_router(health.router)
     app.include_router(sessions.router)
     app.include_router(turns.router)

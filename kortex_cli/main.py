@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from kortex import logsafe
+from kortex import logcontext, logsafe
 from kortex.config import Settings, load_settings
 from kortex.errors import KortexError
 
@@ -357,6 +357,7 @@ def main(argv: list[str] | None = None) -> Any:
     logging.basicConfig(level=os.environ.get("KORTEX_LOG_LEVEL", "WARNING").upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     logsafe.install()
+    logcontext.configure()  # KORTEX_LOG_FORMAT=json: one JSON object a line, with the work's ids
     try:
         return app(argv)
     except Exception as exc:  # Click's own errors and exits never get here: it handled them

@@ -9,9 +9,16 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from celery.signals import after_setup_logger, after_setup_task_logger, worker_process_shutdown, worker_shutdown
+from celery.signals import (
+    after_setup_logger,
+    after_setup_task_logger,
+    task_postrun,
+    task_prerun,
+    worker_process_shutdown,
+    worker_shutdown,
+)
 
-from kortex import logsafe
+from kortex import logcontext, logsafe
 from kortex.config import Settings
 from kortex.container import Kortex
 from kortex.turns.handoff import Handoff
@@ -77,5 +84,30 @@ def _close(**_: Any) -> None:
 @after_setup_task_logger.connect
 def _scrub_logs(logger: Any = None, **_: Any) -> None:
     logsafe.install()  # the root logger's handlers: where kortex.* records end up
+    logcontext.configure()
     if logger is not None:
         logsafe.install(logger)
+        logcontext.configure(logger)
+
+
+_task_ids: dict[str, list[Any]] = {}
+
+
+@task_prerun.connect
+def _bind_task(task_id: str | None = None, kwargs: dict[str, Any] | None = None, **_: Any) -> None:
+    """A task's records carry its id and the ids its arguments name (never anything else of them)."""
+    if task_id is None:
+        return
+    given = kwargs or {}
+    _task_ids[task_id] = logcontext.bind(task_id=task_id, tenant_id=given.get("tenant_id"),
+                                         turn_id=given.get("turn_id"))
+
+
+@task_postrun.connect
+def _unbind_task(task_id: str | None = None, **_: Any) -> None:
+    tokens = _task_ids.pop(task_id, None) if task_id is not None else None
+    if tokens:
+        try:
+            logcontext.unbind(tokens)
+        except ValueError:  # set in another context (a retried delivery): it ends with its thread
+            pass

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import logging
 import threading
 import time
@@ -63,7 +64,9 @@ class StepHold:
 
     async def io(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._engine.k.io, lambda: fn(*args, **kwargs))
+        # In the step's context: its log records carry the turn's ids (kortex/logcontext.py).
+        context = contextvars.copy_context()
+        return await loop.run_in_executor(self._engine.k.io, lambda: context.run(fn, *args, **kwargs))
 
     def attach(self, turn: TurnRecord) -> None:
         """The step is claimed: its lease is renewed from now on."""

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Connection
 
-from kortex import budget, metrics
+from kortex import budget, logcontext, metrics
 from kortex.container import Kortex
 from kortex.errors import BudgetExceeded, ConfigError, Conflict, KortexError, ProviderError, StaleAttempt, StreamError
 from kortex.events import (
@@ -94,6 +94,7 @@ async def step_async(k: Kortex, tenant_id: str, turn_id: str, step: int, hold: S
         return NOTHING  # another delivery of this step has it, or the turn moved on
     turn, history = claimed
     hold.attach(turn)
+    logcontext.bind(tenant_id=turn.tenant_id, session_id=turn.session_id, turn_id=turn.id)  # this step's task only
     if step == 0 and turn.attempt == 1:
         metrics.turn_started(turn.profile)
     started = time.monotonic()

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 
 from sqlalchemy.engine import Connection
 
-from kortex import metrics
+from kortex import logcontext, metrics
 from kortex.container import Kortex
 from kortex.errors import StorageError
 from kortex.events import Event, ToolProgressEvent, ToolResultEvent
@@ -53,7 +53,8 @@ def run_tool(k: Kortex, tenant_id: str, invocation_id: str, tool: str, hard_limi
             message=f"{call.name} is taking longer than usual; still working")])
 
     started = time.monotonic()
-    result = k.pipeline.run(turns.tool_call_from_record(inv), ctx, audit=entries, on_progress=progress)
+    with logcontext.bound(tenant_id=inv.tenant_id, session_id=inv.session_id, turn_id=inv.turn_id):
+        result = k.pipeline.run(turns.tool_call_from_record(inv), ctx, audit=entries, on_progress=progress)
     metrics.tool_done(inv.name, time.monotonic() - started, result.error_code or "error" if result.is_error else "ok")
     # Events a tool raised (a proposal card) go out with its result, never with an error.
     return settle(k, inv, result, entries, events=[] if result.is_error else ctx.events)

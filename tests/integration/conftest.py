@@ -158,13 +158,15 @@ def worker(pg_url: str, redis_prefix: str, fake_llm: FakeLLM, tmp_path_factory: 
     metrics_port = _free_port()
     metrics_dir = logs / "metrics"
     metrics_dir.mkdir()
+    # JSON logs as an operator would turn them on (test_logs.py reads the ids off them).
     env = service_env(pg_url, redis_prefix, **provider_env(fake_llm.url), KORTEX_METRICS_PORT=str(metrics_port),
-                      PROMETHEUS_MULTIPROC_DIR=str(metrics_dir))
+                      PROMETHEUS_MULTIPROC_DIR=str(metrics_dir), KORTEX_LOG_FORMAT="json")
     service = Service("celery worker", argv, env, logs / "worker.log")
     service.metrics_port = metrics_port  # type: ignore[attr-defined]
     # The watchdog's own process, as deployed (`kortex beat`).
     # --alive-file as compose's health check uses it (test_turns.py reads it).
-    beat_env = {k: v for k, v in env.items() if k not in ("KORTEX_METRICS_PORT", "PROMETHEUS_MULTIPROC_DIR")}
+    beat_env = {k: v for k, v in env.items()
+                if k not in ("KORTEX_METRICS_PORT", "PROMETHEUS_MULTIPROC_DIR", "KORTEX_LOG_FORMAT")}
     watchdog = Service("watchdog", [sys.executable, "-m", "kortex_cli.main", "beat",
                                     "--alive-file", str(logs / "beat.alive")], beat_env, logs / "beat.log")
     service.alive_file = logs / "beat.alive"  # type: ignore[attr-defined]
