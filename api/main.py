@@ -13,13 +13,14 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
+from opentelemetry.trace import SpanKind
 from starlette.concurrency import run_in_threadpool
 
 from api import errors, openapi
 from api.deps import AuthCache
 from api.routes import health, ingest, keys, llm, metrics, proposals, sessions, tools, turns
 from api.sse import StreamSlots
-from kortex import logcontext, logsafe
+from kortex import logcontext, logsafe, tracing
 from kortex.config import Settings, load_settings
 from kortex.container import Kortex, redis_factory
 from kortex.keys import revocation_epoch
@@ -95,8 +96,15 @@ class RequestIds:
                 message["headers"] = [*message.get("headers", []), header]
             await send(message)
 
-        with logcontext.bound(request_id=request_id):
+        with logcontext.bound(request_id=request_id), tracing.span(
+                f"HTTP {scope.get('method', '')}", kind=SpanKind.SERVER,
+                attributes={"http.method": scope.get("method", ""), "http.target": scope.get("path", ""),
+                            "kortex.request_id": request_id}) as span:
             await self.app(scope, receive, send_with_id)
+            route = scope.get("route")
+            if span is not None and route is not None and getattr(route, "path", None):
+                span.update_name(f"HTTP {scope.get('method', '')} {route.path}")
+                span.set_attribute("http.route", route.path)
 
 
 def _setup_logging(settings: Settings) -> None:
@@ -130,6 +138,7 @@ def create_app(settings: Settings | None = None, *, dispatch: Callable[[Handoff]
                embedded_worker: bool | None = None) -> FastAPI:
     settings = settings or load_settings()
     _setup_logging(settings)
+    tracing.setup_from(settings, "api")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -311,6 +311,15 @@ class PoolSettings(_Section):
     broker_max_connections: int = Field(32, ge=2, le=10_000)  # per broker channel; raised to concurrency + 8
 
 
+class TracingSettings(_Section):
+    """OpenTelemetry spans for turns (kortex/tracing.py): off unless enabled; OTLP over HTTP."""
+
+    enabled: bool = False
+    endpoint: str | None = None  # e.g. http://otel-collector:4318/v1/traces; else OTEL_EXPORTER_OTLP_* env
+    service_name: str = "kortex"
+    sample_ratio: float = Field(1.0, ge=0.0, le=1.0)
+
+
 class MetricsSettings(_Section):
     """Prometheus metrics (kortex/metrics.py): ``/metrics`` on the API; ``kortex worker`` and
     ``kortex beat`` serve them on ``--metrics-port``. With ``token`` set, scrapes must send
@@ -363,6 +372,7 @@ class Settings(BaseSettings):
     turn: TurnSettings = Field(default_factory=TurnSettings)
     pools: PoolSettings = Field(default_factory=PoolSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    tracing: TracingSettings = Field(default_factory=TracingSettings)
     testing: TestingSettings = Field(default_factory=TestingSettings)
 
     @field_validator("redis_prefix")

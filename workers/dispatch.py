@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from celery import Celery
 
-from kortex.turns.handoff import Handoff, StepDispatch, ToolDispatch
+from kortex import tracing
+from kortex.turns.handoff import Handoff, StepDispatch, ToolDispatch, Trace
 from kortex.turns.ports import Work
 from workers.queues import Queue, TaskName
 
@@ -17,9 +18,21 @@ def warm(app: Celery) -> None:
     _ = app.backend
 
 
+#: the W3C trace context a hand-off carries in its message headers (kortex/tracing.py)
+TRACE_HEADERS = ("traceparent", "tracestate")
+
+
+def _headers(trace: Trace) -> dict[str, str] | None:
+    """The trace context of the span that caused the work: the hand-off's own, or (the API
+    posting a turn) the current span's. None when tracing is off: no header at all."""
+    pairs = trace or tracing.carrier()
+    return dict(pairs) if pairs else None
+
+
 def send_step(app: Celery, step: StepDispatch) -> None:
     app.send_task(TaskName.STEP.value, kwargs={"tenant_id": step.tenant_id, "turn_id": step.turn_id,
-                                                "step": step.step}, queue=Queue.TURNS.value)
+                                                "step": step.step}, queue=Queue.TURNS.value,
+                  headers=_headers(step.trace))
 
 
 def send_tool(app: Celery, tool: ToolDispatch) -> None:
@@ -30,6 +43,7 @@ def send_tool(app: Celery, tool: ToolDispatch) -> None:
         queue=Queue.TOOLS.value,
         soft_time_limit=tool.soft_limit,
         time_limit=tool.hard_limit,
+        headers=_headers(tool.trace),
     )
 
 

@@ -18,7 +18,7 @@ from celery.signals import (
     worker_shutdown,
 )
 
-from kortex import logcontext, logsafe
+from kortex import logcontext, logsafe, tracing
 from kortex.config import Settings
 from kortex.container import Kortex
 from kortex.turns.handoff import Handoff
@@ -41,6 +41,7 @@ def kortex(settings: Settings) -> Kortex:
                 _kortex.close()  # settings swapped in this process (embedded mode): release the old one
             _kortex = Kortex.create(settings)
             _pid = os.getpid()
+            tracing.setup_from(settings, "worker")  # after a fork: the exporter's thread is this process's
             from workers.app import app
             from workers.dispatch import warm
 

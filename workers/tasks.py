@@ -12,12 +12,12 @@ from celery.exceptions import SoftTimeLimitExceeded
 from kortex.config import Settings
 from kortex.errors import KortexError, StorageError, StreamError
 from kortex.turns.engine import EngineBusy
-from kortex.turns.handoff import Handoff, StepDispatch
+from kortex.turns.handoff import Handoff, StepDispatch, Trace
 from kortex.turns.toolrun import run_tool
 from kortex.turns.watchdog import sweep
 from workers import runtime
 from workers.app import app
-from workers.dispatch import CeleryQueue, dispatch
+from workers.dispatch import TRACE_HEADERS, CeleryQueue, dispatch
 from workers.queues import Queue, TaskName
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ def step(self: Task, *, tenant_id: str, turn_id: str, step: int) -> None:
     a stopping engine hands it straight back. The step's own time limit is enforced on the
     loop."""
     k = runtime.kortex(_settings())
-    dispatched = StepDispatch(tenant_id=tenant_id, turn_id=turn_id, step=step)
+    dispatched = StepDispatch(tenant_id=tenant_id, turn_id=turn_id, step=step, trace=_trace(self))
     try:
         k.engine.submit(dispatched, _hand_on, block=False)
     except EngineBusy:
@@ -63,13 +63,22 @@ def _hand_on(outcome: Handoff | BaseException) -> None:
     dispatch(app, outcome)
 
 
+def _trace(task: Task) -> Trace:
+    """The caller's trace context, from the message headers (workers/dispatch.py puts it there)."""
+    request = task.request
+    headers = getattr(request, "headers", None) or {}
+    found = {key: headers.get(key) or getattr(request, key, None) for key in TRACE_HEADERS}
+    return tuple(sorted((k, str(v)) for k, v in found.items() if v))
+
+
 @app.task(
-    name=TaskName.TOOL.value, queue=Queue.TOOLS.value, ignore_result=True, acks_late=True,
+    bind=True, name=TaskName.TOOL.value, queue=Queue.TOOLS.value, ignore_result=True, acks_late=True,
     autoretry_for=TRANSIENT, retry_backoff=True, retry_backoff_max=30, max_retries=5,
 )
-def tool(*, tenant_id: str, invocation_id: str, tool: str, hard_limit: float) -> None:
+def tool(self: Task, *, tenant_id: str, invocation_id: str, tool: str, hard_limit: float) -> None:
+    trace = _trace(self)
     try:
-        handoff = runtime.run(_settings(), lambda k: run_tool(k, tenant_id, invocation_id, tool, hard_limit))
+        handoff = runtime.run(_settings(), lambda k: run_tool(k, tenant_id, invocation_id, tool, hard_limit, trace))
     except SoftTimeLimitExceeded:
         # The pipeline answers at the tool's own timeout, so only storage hanging gets here.
         # The watchdog settles the call once its hard deadline passes.

@@ -20,7 +20,9 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
+from typing import Any
 
+from kortex import tracing
 from kortex.config import LLMSettings, ProviderSettings
 from kortex.errors import InvalidInput, ProviderError, ProviderUnavailable
 from kortex.llm.base import (
@@ -162,6 +164,13 @@ def _configured(llm: LLMSettings, name: str) -> str | None:
     return config.model if config else None
 
 
+def _end_span(span: Any, attempt: Attempt, error: str | None = None) -> None:
+    tracing.finish(span, error=error, **{
+        "llm.input_tokens": attempt.usage.input_tokens, "llm.output_tokens": attempt.usage.output_tokens,
+        "llm.stop_reason": attempt.stop_reason, "llm.first_token_ms": attempt.first_token_ms,
+        "llm.retries": attempt.retries})
+
+
 class RoutedStream:
     """Streams one step through the chain. Text is yielded live (held back only for a frugal
     fast attempt); tool calls and the final chunk come once an attempt has succeeded."""
@@ -200,6 +209,8 @@ class RoutedStream:
                 assert model is not None
                 attempt = Attempt(provider=candidate.provider.name, model=model, fast=fast)
                 self.attempts.append(attempt)
+                call_span = tracing.start("llm.call", {"llm.provider": attempt.provider, "llm.model": model.id,
+                                                       "llm.fast": fast})
                 held: list[str] = []
                 calls: list[ToolCallChunk] = []
                 done: DoneChunk | None = None
@@ -238,6 +249,7 @@ class RoutedStream:
                 except ProviderError as exc:
                     exc.provider, exc.model = exc.provider or attempt.provider, exc.model or model.id
                     attempt.end(error=exc)
+                    _end_span(call_span, attempt, error=exc.code)
                     if fast:  # the full model may well manage (a longer context, another capacity pool)
                         yield WarningChunk(code="frugal_escalation", message=(
                             f"{attempt.spec} failed ({exc.message}); {candidate.spec} answers instead"))
@@ -249,8 +261,10 @@ class RoutedStream:
                 except BaseException:  # cancelled (a step timeout, a lost lease): billed all the same
                     attempt.end(error=ProviderError("cancelled", provider=attempt.provider, model=model.id,
                                                     code="cancelled"))
+                    _end_span(call_span, attempt, error="cancelled")
                     raise
                 attempt.end(done=done)
+                _end_span(call_span, attempt)
                 text = "".join(held)
                 if fast and (done.stop_reason == "max_tokens" or NEED_MORE_CONTEXT in text):
                     why = "ran out of tokens" if done.stop_reason == "max_tokens" else "asked for a stronger model"

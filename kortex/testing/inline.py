@@ -21,12 +21,12 @@ def drive(k: Kortex, handoff: Handoff, *, max_handoffs: int = 1000) -> int:
         while pending:
             current = pending.popleft()
             if current.tools:
-                futures = [pool.submit(run_tool, k, t.tenant_id, t.invocation_id, t.tool, t.hard_limit)
+                futures = [pool.submit(run_tool, k, t.tenant_id, t.invocation_id, t.tool, t.hard_limit, t.trace)
                            for t in current.tools]
                 pending.extend(f.result() for f in futures)
                 ran += len(current.tools)
             for step in current.steps:
-                pending.append(run_step(k, step.tenant_id, step.turn_id, step.step))
+                pending.append(run_step(k, step.tenant_id, step.turn_id, step.step, step.trace))
                 ran += 1
             if ran > max_handoffs:
                 raise RuntimeError("runaway turn: too many hand-offs")

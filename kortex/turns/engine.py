@@ -269,7 +269,7 @@ class StepEngine:
         hold = StepHold(self)
         outcome: StepOutcome
         try:
-            outcome = await step_async(self.k, s.tenant_id, s.turn_id, s.step, hold)
+            outcome = await step_async(self.k, s.tenant_id, s.turn_id, s.step, hold, trace=s.trace)
         except StorageError as exc:
             # Before the claim the database did not answer: try again. After it, the lease
             # lapses and the watchdog runs the step again.

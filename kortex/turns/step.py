@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Connection
 
-from kortex import budget, logcontext, metrics
+from kortex import budget, logcontext, metrics, tracing
 from kortex.container import Kortex
 from kortex.errors import BudgetExceeded, ConfigError, Conflict, KortexError, ProviderError, StaleAttempt, StreamError
 from kortex.events import (
@@ -38,7 +38,7 @@ from kortex.stream.store import StepPublisher
 from kortex.timeparse import utcnow
 from kortex.turns.closing import publish_done
 from kortex.turns.grounding import Grounding, check, successful_calls
-from kortex.turns.handoff import NOTHING, Handoff, StepDispatch, ToolDispatch
+from kortex.turns.handoff import NOTHING, Handoff, StepDispatch, ToolDispatch, Trace
 from kortex.turns.outbox import publish_in, publish_kept
 from kortex.turns.profiles import CHAT, TurnProfile, profile_of
 
@@ -72,10 +72,10 @@ def _unique_calls(calls: list[ToolCall], taken: set[str]) -> tuple[ToolCall, ...
     return tuple(out)
 
 
-def run_step(k: Kortex, tenant_id: str, turn_id: str, step: int) -> Handoff:
+def run_step(k: Kortex, tenant_id: str, turn_id: str, step: int, trace: Trace = ()) -> Handoff:
     """Run one step through this process's step engine and wait for it (tests, the inline
     driver); the Celery task submits instead, and returns at once."""
-    return k.engine.run(StepDispatch(tenant_id=tenant_id, turn_id=turn_id, step=step))
+    return k.engine.run(StepDispatch(tenant_id=tenant_id, turn_id=turn_id, step=step, trace=trace))
 
 
 class LeaseLost(Exception):
@@ -86,9 +86,17 @@ class Released(Exception):
     """The step was given back unfinished (its process is stopping); another worker runs it."""
 
 
-async def step_async(k: Kortex, tenant_id: str, turn_id: str, step: int, hold: StepHold) -> Handoff:
+async def step_async(k: Kortex, tenant_id: str, turn_id: str, step: int, hold: StepHold,
+                     trace: Trace = ()) -> Handoff:
     """One step, on the event loop of ``k``: blocking work (SQL, the closing writes) runs on
-    ``k``'s I/O threads, so the loop only ever waits on the network."""
+    ``k``'s I/O threads, so the loop only ever waits on the network. ``trace``: the span that
+    handed the step on (its span is this one's parent; the work it hands on is its child)."""
+    with tracing.span("kortex.step", parent=trace, attributes={"kortex.turn_id": turn_id, "kortex.step": step}):
+        handoff = await _step(k, tenant_id, turn_id, step, hold)
+        return handoff.traced(tracing.carrier())
+
+
+async def _step(k: Kortex, tenant_id: str, turn_id: str, step: int, hold: StepHold) -> Handoff:
     claimed = await hold.io(_claim, k, tenant_id, turn_id, step)
     if claimed is None:
         return NOTHING  # another delivery of this step has it, or the turn moved on

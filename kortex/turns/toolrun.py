@@ -6,10 +6,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from sqlalchemy.engine import Connection
 
-from kortex import logcontext, metrics
+from kortex import logcontext, metrics, tracing
 from kortex.container import Kortex
 from kortex.errors import StorageError
 from kortex.events import Event, ToolProgressEvent, ToolResultEvent
@@ -20,7 +21,7 @@ from kortex.storage.records import InvocationRecord
 from kortex.timeparse import utcnow
 from kortex.tools.spec import ToolContext
 from kortex.turns import spool
-from kortex.turns.handoff import NOTHING, Handoff, StepDispatch
+from kortex.turns.handoff import NOTHING, Handoff, StepDispatch, Trace
 from kortex.turns.outbox import publish_in
 
 log = logging.getLogger(__name__)
@@ -32,7 +33,15 @@ def result_event(inv: InvocationRecord, result: ToolResult) -> ToolResultEvent:
                            elapsed_ms=result.elapsed_ms, content=result.content)
 
 
-def run_tool(k: Kortex, tenant_id: str, invocation_id: str, tool: str, hard_limit: float) -> Handoff:
+def run_tool(k: Kortex, tenant_id: str, invocation_id: str, tool: str, hard_limit: float,
+             trace: Trace = ()) -> Handoff:
+    """Run one tool call (a tool task); ``trace`` is the span of the step that called it."""
+    with tracing.span("kortex.tool", parent=trace, attributes={"kortex.tool": tool}) as current:
+        handoff = _run_tool(k, tenant_id, invocation_id, tool, hard_limit, current)
+        return handoff.traced(tracing.carrier())
+
+
+def _run_tool(k: Kortex, tenant_id: str, invocation_id: str, tool: str, hard_limit: float, current: Any) -> Handoff:
     with k.db.connect() as conn:
         inv = turns.claim_invocation(conn, tenant_id, invocation_id, hard_limit=hard_limit + 5)
         running = None if inv is not None else turns.get_invocation(conn, tenant_id, invocation_id, "running")
@@ -55,7 +64,11 @@ def run_tool(k: Kortex, tenant_id: str, invocation_id: str, tool: str, hard_limi
     started = time.monotonic()
     with logcontext.bound(tenant_id=inv.tenant_id, session_id=inv.session_id, turn_id=inv.turn_id):
         result = k.pipeline.run(turns.tool_call_from_record(inv), ctx, audit=entries, on_progress=progress)
-    metrics.tool_done(inv.name, time.monotonic() - started, result.error_code or "error" if result.is_error else "ok")
+    outcome = result.error_code or "error" if result.is_error else "ok"
+    metrics.tool_done(inv.name, time.monotonic() - started, outcome)
+    if current is not None:
+        current.set_attribute("kortex.outcome", outcome)
+        current.set_attribute("kortex.turn_id", inv.turn_id)
     # Events a tool raised (a proposal card) go out with its result, never with an error.
     return settle(k, inv, result, entries, events=[] if result.is_error else ctx.events)
 

@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -147,9 +148,70 @@ class Service:
         self._file.close()
 
 
+class OTLPReceiver:
+    """A tiny OTLP/HTTP trace receiver: what the services export, decoded (test_tracing.py)."""
+
+    def __init__(self) -> None:
+        import http.server
+
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+        self.spans: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        receiver = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                request = ExportTraceServiceRequest()
+                request.ParseFromString(body)
+                got = []
+                for resource in request.resource_spans:
+                    service = {a.key: a.value.string_value for a in resource.resource.attributes}
+                    for scope in resource.scope_spans:
+                        for span in scope.spans:
+                            got.append({"name": span.name, "trace_id": span.trace_id.hex(), "span_id": span.span_id.hex(),
+                                        "parent_id": span.parent_span_id.hex() or None,
+                                        "process": service.get("kortex.process"),
+                                        "attributes": {a.key: _otlp_value(a.value) for a in span.attributes}})
+                with receiver._lock:
+                    receiver.spans.extend(got)
+                self.send_response(200)
+                self.send_header("content-type", "application/x-protobuf")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1/traces"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self.spans)
+
+
+def _otlp_value(value: Any) -> Any:
+    kind = value.WhichOneof("value")
+    return getattr(value, kind) if kind else None
+
+
 @pytest.fixture(scope="session")
-def worker(pg_url: str, redis_prefix: str, fake_llm: FakeLLM, tmp_path_factory: pytest.TempPathFactory
-           ) -> Iterator[Service]:
+def otlp() -> Iterator[OTLPReceiver]:
+    receiver = OTLPReceiver()
+    yield receiver
+    receiver.server.shutdown()
+
+
+def tracing_env(receiver: OTLPReceiver) -> dict[str, str]:
+    # Exported every 100 ms rather than every 5 s, so a test sees a turn's spans promptly.
+    return {"KORTEX_TRACING__ENABLED": "true", "KORTEX_TRACING__ENDPOINT": receiver.url, "OTEL_BSP_SCHEDULE_DELAY": "100"}
+
+
+@pytest.fixture(scope="session")
+def worker(pg_url: str, redis_prefix: str, fake_llm: FakeLLM, otlp: OTLPReceiver,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     logs = tmp_path_factory.mktemp("logs")
     argv = [sys.executable, "-m", "celery", "-A", "workers.app", "worker", "-Q", "turns,tools", "-P", "prefork",
             "-c", "4", "-l", "INFO", "--without-mingle", "--without-gossip", "-n", f"test-{redis_prefix}@%h"]
@@ -160,7 +222,7 @@ def worker(pg_url: str, redis_prefix: str, fake_llm: FakeLLM, tmp_path_factory: 
     metrics_dir.mkdir()
     # JSON logs as an operator would turn them on (test_logs.py reads the ids off them).
     env = service_env(pg_url, redis_prefix, **provider_env(fake_llm.url), KORTEX_METRICS_PORT=str(metrics_port),
-                      PROMETHEUS_MULTIPROC_DIR=str(metrics_dir), KORTEX_LOG_FORMAT="json")
+                      PROMETHEUS_MULTIPROC_DIR=str(metrics_dir), KORTEX_LOG_FORMAT="json", **tracing_env(otlp))
     service = Service("celery worker", argv, env, logs / "worker.log")
     service.metrics_port = metrics_port  # type: ignore[attr-defined]
     # The watchdog's own process, as deployed (`kortex beat`).
@@ -186,13 +248,14 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def api_service(pg_url: str, redis_prefix: str, worker: Service, fake_llm: FakeLLM,
+def api_service(pg_url: str, redis_prefix: str, worker: Service, fake_llm: FakeLLM, otlp: OTLPReceiver,
                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     port = _free_port()
     logs = tmp_path_factory.mktemp("api")
     argv = [sys.executable, "-m", "uvicorn", "--factory", "api.main:create_app", "--host", "127.0.0.1",
             "--port", str(port), "--log-level", "info"]
-    service = Service("api", argv, service_env(pg_url, redis_prefix, **provider_env(fake_llm.url)), logs / "api.log")
+    service = Service("api", argv, service_env(pg_url, redis_prefix, **provider_env(fake_llm.url), **tracing_env(otlp)),
+                      logs / "api.log")
     url = f"http://127.0.0.1:{port}"
 
     def healthy() -> bool:
