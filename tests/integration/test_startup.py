@@ -92,3 +92,9 @@ def test_a_database_url_that_is_not_a_url_stops_the_api_in_one_line() -> None:
     line = one_line_error(kortex("api", env={"KORTEX_DATABASE_URL": "db.internal:5432/kortex",
                                              "KORTEX_REDIS_URL": REDIS_URL}))
     assert line == "error: the database URL is not a URL: use postgresql://user@host/db or sqlite:///path"
+
+
+def test_the_api_against_a_database_that_does_not_exist_says_so_in_one_line() -> None:
+    url = with_password(PG_ADMIN.rsplit("/", 1)[0] + "/kortex_no_such_database")
+    line = one_line_error(kortex("api", env={"KORTEX_DATABASE_URL": url, "KORTEX_REDIS_URL": REDIS_URL}))
+    assert "cannot use the database" in line and "does not exist" in line and "hunter2" not in line

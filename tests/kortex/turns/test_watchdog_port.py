@@ -90,3 +90,13 @@ def test_the_heartbeat_beats_for_leader_and_standby_but_not_when_the_database_is
     leader = Unreachable(stop, leads_after=2)  # 1: standby, 2: outage, 3 and 4: leads
     watchdog.run_watchdog(h.k, FakeQueue(0), leader, every=0, stop=stop, alive=lambda: beats.append(leader.asked))
     assert beats == [1, 3, 4]
+
+
+def test_a_watchdog_with_nothing_to_do_writes_no_info_line(harness_factory, caplog) -> None:
+    import logging
+    h = harness_factory()
+    stop = threading.Event()
+    leader = Follower(stop, leads_after=0)  # leads from the first interval; three sweeps, all idle
+    with caplog.at_level(logging.INFO):
+        watchdog.run_watchdog(h.k, FakeQueue(0), leader, every=0, stop=stop)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO] == []
