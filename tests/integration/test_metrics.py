@@ -4,9 +4,6 @@ and the turn's increments come back from its query API."""
 
 from __future__ import annotations
 
-import shutil
-import socket
-import subprocess
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -15,6 +12,7 @@ import httpx
 import pytest
 
 from tests.conftest import Harness
+from tests.integration import promproc
 from tests.integration.sse import read_events
 
 pytestmark = pytest.mark.timeout(180)
@@ -26,41 +24,13 @@ def auth(key: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def prometheus(api_url: str, worker: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    binary = shutil.which("prometheus")
-    if binary is None:
-        pytest.fail("prometheus is not installed: apt-get install -y prometheus (./dev test installs it)")
     root = tmp_path_factory.mktemp("prometheus-scrape")
     api = api_url.split("://", 1)[1]
-    (root / "prometheus.yml").write_text(
-        "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n"
-        f"  - job_name: api\n    static_configs: [{{targets: ['{api}']}}]\n"
-        f"  - job_name: worker\n    static_configs: [{{targets: ['127.0.0.1:{worker.metrics_port}']}}]\n")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    log = (root / "prometheus.log").open("wb")
-    proc = subprocess.Popen([binary, f"--config.file={root / 'prometheus.yml'}", f"--storage.tsdb.path={root / 'data'}",
-                             f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, (root / "prometheus.log").read_text()[-3000:]
-            try:
-                if httpx.get(f"{url}/-/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "prometheus did not become ready"
-            time.sleep(0.2)
+    config = ("global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n"
+              f"  - job_name: api\n    static_configs: [{{targets: ['{api}']}}]\n"
+              f"  - job_name: worker\n    static_configs: [{{targets: ['127.0.0.1:{worker.metrics_port}']}}]\n")
+    with promproc.prometheus(root, config, f"--storage.tsdb.path={root / 'data'}") as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
 
 
 def _query(prometheus: str, expr: str) -> dict[str, float]:

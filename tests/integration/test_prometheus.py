@@ -5,33 +5,23 @@ backfilled from a generated OpenMetrics file, so every value is known in advance
 
 from __future__ import annotations
 
-import shutil
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
-import httpx
 import pytest
 
 from kortex.errors import InvalidInput, UpstreamError
 from kortex.telemetry.prometheus import PrometheusMetrics
 from kortex.telemetry.sources import MetricQuery
 from tests.conftest import Harness
+from tests.integration import promproc
 
 pytestmark = pytest.mark.integration
 
 P99 = "http_request_duration_seconds_p99"
 ONSET = timedelta(minutes=40)
-
-
-def _binary(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        pytest.fail(f"{name} is not installed: install the Debian package 'prometheus' "
-                    "(apt-get install -y prometheus; .ci/run does it)")
-    return path
 
 
 def p99_value(i: int, bad: bool) -> float:
@@ -41,7 +31,7 @@ def p99_value(i: int, bad: bool) -> float:
 
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, datetime]]:
-    prom, promtool = _binary("prometheus"), _binary("promtool")
+    promtool = promproc.binary("promtool")
     root = tmp_path_factory.mktemp("prometheus")
     now = datetime.now(UTC).replace(second=0, microsecond=0)
     lines = [f"# TYPE {P99} gauge"]
@@ -64,37 +54,9 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
     data = root / "data"
     subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(source), str(data)], check=True,
                    capture_output=True, timeout=120)
-    config = root / "prometheus.yml"
-    config.write_text("global:\n  scrape_interval: 1m\nscrape_configs: []\n")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    log = (root / "prometheus.log").open("wb")
-    proc = subprocess.Popen([prom, f"--config.file={config}", f"--storage.tsdb.path={data}",
-                             f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=30d"],
-                            stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"prometheus exited:\n{(root / 'prometheus.log').read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{url}/-/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"prometheus did not become ready:\n{(root / 'prometheus.log').read_text()[-3000:]}")
-            time.sleep(0.2)
+    with promproc.prometheus(root, "global:\n  scrape_interval: 1m\nscrape_configs: []\n",
+                             f"--storage.tsdb.path={data}", "--storage.tsdb.retention.time=30d") as url:
         yield url, now
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
 
 
 def test_raw_samples_come_back_exactly(prometheus: tuple[str, datetime]) -> None:

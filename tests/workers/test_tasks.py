@@ -38,7 +38,16 @@ def test_dispatch_sends_tools_with_their_time_limits_and_steps_to_turns() -> Non
     assert tool_opts["soft_time_limit"] == 40.0 and tool_opts["time_limit"] == 50.0
     assert tool_opts["kwargs"] == {"tenant_id": "t", "invocation_id": "i1", "tool": "get_logs", "hard_limit": 50.0}
     assert step_name == "kortex.turn.step" and step_opts == {
-        "kwargs": {"tenant_id": "t", "turn_id": "u", "step": 2}, "queue": "turns"}
+        "kwargs": {"tenant_id": "t", "turn_id": "u", "step": 2}, "queue": "turns", "headers": None}
+    assert tool_opts["headers"] is None  # tracing off: no header at all
+
+
+def test_a_traced_hand_off_carries_its_trace_context_in_the_message_headers() -> None:
+    fake = FakeApp()
+    parent = (("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),)
+    dispatch(fake, Handoff(steps=(StepDispatch("t", "u", 1, trace=parent),),  # type: ignore[arg-type]
+                           tools=(ToolDispatch("t", "i1", "get_logs", 40.0, 50.0, trace=parent),)))
+    assert [opts["headers"] for _, opts in fake.sent] == [dict(parent), dict(parent)]
 
 
 def test_a_worker_raises_the_broker_channel_pool_to_its_concurrency() -> None:

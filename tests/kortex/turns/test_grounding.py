@@ -6,10 +6,8 @@ wire format (the fake server) and the checker on its own."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 from sqlalchemy import select
 
 from kortex.messages import AssistantMessage, ToolCall, ToolMessage, ToolResult, UserMessage
@@ -21,18 +19,6 @@ from tests.kortex.llm.conftest import vendor_config
 
 DEPLOYS = {"product": "checkout", "time_range": "last 2h"}
 MODEL = "claude-opus-4-6"  # the anthropic default in tests/kortex/llm/conftest.py
-
-
-@pytest.fixture(autouse=True)
-def _no_vendor_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("ANTHROPIC_API_KEY", "OPENAI_API_KEY", "OLLAMA_HOST"):
-        monkeypatch.delenv(name, raising=False)
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeLLM]:
-    with FakeLLM() as server:
-        yield server
 
 
 def _harness(harness_factory: Any, fake: FakeLLM, policy: str = "warn") -> Harness:

@@ -4,7 +4,6 @@ in the closing transaction and hands work on, and a turn of an unknown kind fail
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -19,12 +18,6 @@ from kortex.turns.handoff import Handoff, StepDispatch
 from kortex.turns.profiles import CHAT, TurnProfile, profile_of, register
 from tests.conftest import Harness
 from tests.kortex.llm.conftest import vendor_config
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeLLM]:
-    with FakeLLM() as server:
-        yield server
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ the turn and in the audit trail, failover and failures."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,18 +16,6 @@ from tests.conftest import Harness
 from tests.kortex.llm.conftest import vendor_config
 
 DEPLOYS = {"product": "checkout", "time_range": "last 2h"}
-
-
-@pytest.fixture(autouse=True)
-def _no_vendor_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("ANTHROPIC_API_KEY", "OPENAI_API_KEY", "OLLAMA_HOST"):
-        monkeypatch.delenv(name, raising=False)
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeLLM]:
-    with FakeLLM() as server:
-        yield server
 
 
 def harness_for(harness_factory: Any, fake: FakeLLM, turn: dict[str, Any] | None = None, **llm: Any) -> Harness:
