@@ -247,14 +247,14 @@ def evidence_lines(intent: Intent, view: View, found: PlatformFindings) -> list[
                 before, after, ratio, period = found.trend
                 out.append(f"- {cite} get_latency_trends ({ev.call.arguments.get('since')}): {found.focus['id']} p95 "
                            f"{fmt_ms(after)} in the hour from {clock(parse_ts(period))} against a median of "
-                           f"{fmt_ms(before)} ({ratio:.1f}x).")
+                           f"{fmt_ms(before)}.")
             else:
                 summary = content.get("summary") or {}
                 out.append(f"- {cite} get_latency_trends: {summary.get('total_requests', 0)} requests, average p95 "
                            f"{fmt_ms(float(summary.get('avg_latency_p95_ms') or 0))}, no deployment stands out.")
         elif key == "llm:volume":
             spikes = "; ".join(f"{g} tier: {n} requests in the hour from {clock(parse_ts(p))} against a median of "
-                               f"{m:.0f} ({r:.0f}x)" for g, n, m, r, p in found.spikes) or "no tier stands out"
+                               f"{m:.0f}" for g, n, m, _r, p in found.spikes) or "no tier stands out"
             out.append(f"- {cite} get_request_volume (by tier, {ev.call.arguments.get('since')}): {spikes}.")
         elif key == "llm:requests":
             reqs = found.requests
@@ -295,7 +295,7 @@ def summary(intent: Intent, view: View, found: PlatformFindings) -> str:
     trends = view.get("llm:trends")
     if found.trend and trends is not None:
         before, after, ratio, period = found.trend
-        sentences.append(f"Its p95 latency rose from {fmt_ms(before)} to {fmt_ms(after)} ({ratio:.1f}x) in the hour "
+        sentences.append(f"Its p95 latency rose from {fmt_ms(before)} to {fmt_ms(after)} in the hour "
                          f"from {clock(parse_ts(period))} [{trends.call.id}].")
     incidents = view.get("llm:incidents")
     if found.incident and incidents is not None:

@@ -238,8 +238,7 @@ def evidence_lines(intent: Intent, view: View, found: ServiceFindings) -> list[s
             if shift is not None:
                 metric = ev.call.arguments.get("metric_name")
                 line = (f"- {cite} {ev.call.name} {metric}: {fmt_value(shift.shift.before, shift.unit)} before "
-                        f"{clock(shift.shift.onset)}, {fmt_value(shift.shift.after, shift.unit)} after "
-                        f"({shift.shift.ratio:.1f}x)")
+                        f"{clock(shift.shift.onset)}, {fmt_value(shift.shift.after, shift.unit)} after")
                 if shift.baseline:
                     line += (f"; 24 h baseline {fmt_value(shift.baseline[0], shift.unit)} ± "
                              f"{fmt_value(shift.baseline[1], shift.unit)}, {content.get('anomaly_count')} anomalous "
@@ -282,7 +281,7 @@ def summary(intent: Intent, view: View, found: ServiceFindings) -> str:
     if main is not None:
         metric = main.evidence.call.arguments.get("metric_name", "the metric")
         text = (f"{product}'s {metric} went from {fmt_value(main.shift.before, main.unit)} to "
-                f"{fmt_value(main.shift.after, main.unit)} ({main.shift.ratio:.1f}x) at {clock(main.shift.onset)}")
+                f"{fmt_value(main.shift.after, main.unit)} at {clock(main.shift.onset)}")
         if main.baseline:
             text += f", far outside its 24 h baseline (max z-score {main.baseline[2]:.0f})"
         sentences.append(text + f" [{main.evidence.call.id}].")
