@@ -135,7 +135,8 @@ def _proposal_line(view: View) -> list[str]:
         return []
     if not proposed.ok:
         message = (proposed.result.content or {}).get("message") if isinstance(proposed.result.content, dict) else None
-        return [f"- [{proposed.call.id}] propose_action {proposed.call.arguments.get('action')} failed: {message}"]
+        # A failed call is named, not cited: it is no evidence (kortex/turns/grounding.py).
+        return [f"- propose_action {proposed.call.arguments.get('action')} failed (call {proposed.call.id}): {message}"]
     args = proposed.call.arguments
     return [f"- [{proposed.call.id}] propose_action: proposed {args.get('action')} of {args.get('product')} "
             f"({', '.join(f'{k}={v}' for k, v in (args.get('params') or {}).items())}) as proposal "
@@ -154,7 +155,7 @@ def _failures(view: View, state: TurnState) -> list[str]:
             continue
         content = result.content if isinstance(result.content, dict) else {}
         reason = content.get("message") or content.get("error") or "no usable result"
-        out.append(f"- [{call.id}] {call.name} failed: {reason}")
+        out.append(f"- {call.name} failed (call {call.id}): {reason}")  # named, not cited: no evidence
     return out
 
 

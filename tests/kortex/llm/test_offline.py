@@ -196,10 +196,14 @@ def test_failed_metric_queries_are_not_read_as_a_steady_metric(harness: Harness)
 
 
 def test_failed_log_and_history_lookups_make_no_claims(harness: Harness) -> None:
+    import re as _re
     tenant = harness.tenant("acme")
     harness.seed(tenant)
     text = _ask_with_failing(harness, tenant, "Why is checkout slow?", "logs", "query_logs")
     assert "no matching lines" not in text and "get_logs failed" in text
+    # The failed call is named, never cited: a citation is evidence (kortex/turns/grounding.py).
+    failed_id = _re.search(r"get_logs failed \(call (call_[0-9a-f]+)\)", text)
+    assert failed_id is not None and f"[{failed_id.group(1)}]" not in text
     assert "connection-pool exhaustion" not in text  # the cause came from the logs: no logs, no cause
 
 
@@ -231,3 +235,16 @@ def test_a_failed_incident_lookup_is_not_read_as_no_incident(harness: Harness) -
 def test_causes_match_whole_words(line: str, cause: str | None) -> None:
     found = classify(line)
     assert (found.name if found else None) == cause
+
+
+@pytest.mark.parametrize("scenario", ["checkout-deploy-regression", "connection-pool-exhaustion", "noisy-neighbour",
+                                      "llm-backend-degraded"])
+def test_the_analyst_cites_only_calls_of_its_turn_that_succeeded(harness: Harness, scenario: str) -> None:
+    import json as _json
+
+    from kortex.telemetry.scenarios import get_scenario
+    tenant = harness.tenant(f"cites-{scenario}")
+    harness.seed(tenant, scenario)
+    turn = harness.ask(tenant, get_scenario(scenario).question)
+    done = _json.loads(harness.events(turn.id)[-1].data)
+    assert done["grounding"]["dangling"] == [] and done["grounding"]["cited"] >= 3
