@@ -19,6 +19,7 @@ from kortex.storage.schema import (
     telemetry_deploys,
     telemetry_incidents,
     telemetry_logs,
+    telemetry_metrics,
     telemetry_products,
     telemetry_spans,
 )
@@ -37,6 +38,7 @@ from kortex.telemetry.sources import (
     LogLine,
     LogPage,
     LogQuery,
+    ProductSeen,
     Span,
     TelemetrySources,
     Trace,
@@ -271,6 +273,30 @@ class EmbeddedTelemetry:
             return None
         return {**dict(row.info or {}), "reported_at": row.updated_at}
 
+    def list_products(self, tenant_id: str, start: datetime, end: datetime, *, limit: int) -> list[ProductSeen]:
+        """What the embedded store knows of: each table that names products, bounded to the
+        window and to the newest mention per product (one grouped query per table)."""
+        tables = (("metrics", telemetry_metrics, telemetry_metrics.c.product, telemetry_metrics.c.ts),
+                  ("logs", telemetry_logs, telemetry_logs.c.product, telemetry_logs.c.ts),
+                  ("deploys", telemetry_deploys, telemetry_deploys.c.product, telemetry_deploys.c.ts),
+                  ("admin", telemetry_products, telemetry_products.c.product, telemetry_products.c.updated_at),
+                  ("incidents", telemetry_incidents, telemetry_incidents.c.product, telemetry_incidents.c.opened_at))
+        seen: dict[str, tuple[list[str], datetime]] = {}
+        with self.db.connect() as conn:
+            for kind, table, product, ts in tables:
+                # Products whose last report is older than the window still exist: the admin
+                # envelope and incidents are read whole, the streams by the window.
+                window = [ts >= start] if kind in ("metrics", "logs", "deploys") else []
+                rows = conn.execute(select(product, func.max(ts)).where(
+                    table.c.tenant_id == tenant_id, product.is_not(None), ts <= end, *window)
+                    .group_by(product).limit(limit * 4)).all()
+                for name, last in rows:
+                    kinds, newest = seen.get(name, ([], last))
+                    kinds.append(kind)
+                    seen[name] = (kinds, max(newest, last))
+        ordered = sorted(seen.items(), key=lambda kv: (-kv[1][1].timestamp(), kv[0]))[:limit]
+        return [ProductSeen(product=name, seen_in=tuple(kinds), last_seen=last) for name, (kinds, last) in ordered]
+
     def sources(self) -> TelemetrySources:
         return TelemetrySources(logs=self, metrics=self.metrics, deploys=self, traces=self, incidents=self, admin=self,
-                                llmops=self.llmops)
+                                llmops=self.llmops, products=self)

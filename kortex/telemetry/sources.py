@@ -198,6 +198,19 @@ class AdminInfoSource(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class ProductSeen:
+    product: str
+    seen_in: tuple[str, ...]  # which kinds of telemetry name it: metrics, logs, deploys, admin, incidents
+    last_seen: datetime
+
+
+class ProductSource(Protocol):
+    def list_products(self, tenant_id: str, start: datetime, end: datetime, *, limit: int) -> list[ProductSeen]:
+        """Products the tenant's telemetry names in the window, most recently seen first."""
+        ...
+
+
 @dataclass(slots=True)
 class TelemetrySources:
     """The sources a tool context carries, one per kind of telemetry."""
@@ -209,6 +222,7 @@ class TelemetrySources:
     incidents: IncidentSource
     admin: AdminInfoSource
     llmops: LLMOpsSource
+    products: ProductSource | None = None  # None: nothing can list what exists
     extra: dict[str, Any] = field(default_factory=dict)
 
     def close(self) -> None:

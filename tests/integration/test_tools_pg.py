@@ -136,3 +136,10 @@ def test_metric_series_bucket_average_and_filter_in_postgres(pg: Harness) -> Non
     stepped = pg.call(tenant, "get_metrics", {**base, "step": "1h"}, now=now).content
     assert [s["ts"] for s in stepped["samples"]] == [
         (now - timedelta(hours=h)).isoformat(timespec="milliseconds").replace("+00:00", "Z") for h in (3, 2, 1)]
+
+
+def test_list_products_on_postgresql(pg: Harness, service: str, platform: str) -> None:
+    names = {p["product"] for p in pg.call(service, "list_products", {}).content["products"]}
+    assert "checkout" in names
+    empty = pg.tenant(f"pg-empty-{uuid.uuid4().hex[:6]}")
+    assert pg.call(empty, "list_products", {}).content["products"] == []  # another tenant's products are not its

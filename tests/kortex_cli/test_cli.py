@@ -123,6 +123,10 @@ def test_api_runs_two_processes_by_default_in_the_distributed_mode(
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setattr(migrate, "require_schema", lambda url: None)  # its own tests: tests/integration/test_startup.py
+    # Two API processes share a metrics directory the command names in the environment: keep it
+    # out of this test process's (monkeypatch restores what it first records).
+    monkeypatch.setenv("KORTEX_METRICS_DIR", str(home))
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "")
     ran: dict[str, object] = {}
     monkeypatch.setattr(uvicorn, "run", lambda target, **kw: ran.update(kw, target=target))
     result = CliRunner().invoke(app, ["api", *args], catch_exceptions=False)

@@ -129,6 +129,17 @@ def top_pattern(lines: list[dict[str, Any]]) -> tuple[str, int, str] | None:
     return shape, len(examples), examples[0]
 
 
+def dominant_host(lines: list[dict[str, Any]], shape: str, share: float = 0.8) -> str | None:
+    """The host that wrote most of the lines of ``shape`` (at least ``share`` of them), when the
+    lines name hosts: a fault on one machine, not the whole product."""
+    hosts = [str(line.get("host") or "") for line in lines if template(line.get("message", "")) == shape]
+    named = [h for h in hosts if h]
+    if not named:
+        return None
+    top = max(set(named), key=named.count)
+    return top if named.count(top) >= share * len(hosts) else None
+
+
 def classify(text: str) -> Cause | None:
     return next((cause for cause in CAUSES if cause.pattern.search(text)), None)
 

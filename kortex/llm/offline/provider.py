@@ -8,9 +8,9 @@ answer says plainly that it comes from rules, not from a language model.
 
 from __future__ import annotations
 
-import hashlib
+import secrets
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kortex.config import ProviderSettings, Settings
 from kortex.llm.base import (
@@ -24,6 +24,7 @@ from kortex.llm.base import (
     ToolCallChunk,
 )
 from kortex.llm.offline import platform, service
+from kortex.llm.offline import subject as subjects
 from kortex.llm.offline.plan import PlanState, Probe, View, walk
 from kortex.llm.offline.question import Intent, read_question
 from kortex.messages import AssistantMessage, Message, ToolCall, ToolMessage, ToolResult, UserMessage
@@ -82,6 +83,18 @@ class OfflineAnalyst(Provider):
         state = read_turn(request.messages)
         available = {t.name for t in request.tools}
         intent = read_question(state.question)
+        if intent.domain != "llm" and not intent.product and not intent.trace_id and "list_products" in available:
+            found = subjects.listed(state.done_calls())
+            if found is None and state.rounds < MAX_ROUNDS:  # first learn what exists
+                call = self._with_id(ToolCall(id="", name="list_products", arguments={}), state, 0)
+                yield ToolCallChunk(call=call)
+                yield DoneChunk(stop_reason="tool_use", usage=TokenUsage(input_tokens=1, output_tokens=10),
+                                model="analyst")
+                return
+            if found is not None:
+                product = subjects.resolve(intent.text, found[1])
+                if product is not None:
+                    intent = replace(intent, product=product)
         in_tokens = max(1, sum(len(_text_of(m)) for m in request.messages) // 4)
         calls, view = investigate(intent, state, available)
         if state.rounds >= MAX_ROUNDS:
@@ -101,8 +114,8 @@ class OfflineAnalyst(Provider):
                         model="analyst")
 
     def _with_id(self, call: ToolCall, state: TurnState, index: int) -> ToolCall:
-        seed = f"{state.turn_index}|{state.rounds}|{index}|{call.name}|{state.question}"
-        return call.model_copy(update={"id": "call_" + hashlib.sha256(seed.encode()).hexdigest()[:16]})
+        # Random, as a vendor's are: ids derived from the question repeated across sessions.
+        return call.model_copy(update={"id": "call_" + secrets.token_hex(8)})
 
 
 def _text_of(message: Message) -> str:
@@ -148,7 +161,7 @@ def _failures(view: View, state: TurnState) -> list[str]:
     cited = {e.call.id for e in view.by_key.values() if e.ok}
     out = []
     for call, result in state.done_calls():
-        if call.id in cited or call.name == "propose_action":
+        if call.id in cited or call.name in ("propose_action", "list_products"):  # read elsewhere
             continue
         if not result.is_error:
             out.append(f"- [{call.id}] {call.name}: returned data these rules do not read.")
@@ -163,7 +176,10 @@ def write_answer(intent: Intent, state: TurnState, available: set[str], view: Vi
     head = f"**{LABEL}**"
     view = view or View()
     if intent.domain != "llm" and not intent.product and not intent.trace_id:
-        return (f"{head}: I could not tell which product or service the question is about. "
+        known = subjects.listed(state.done_calls())
+        names = (f" The telemetry names these products: {', '.join(known[1][:20])} [{known[0].id}]."
+                 if known is not None and known[1] else "")
+        return (f"{head}: I could not tell which product or service the question is about.{names} "
                 "Name it, for example: \"Why is checkout slow?\" or \"Is payments failing since 14:30?\"")
     if not state.done_calls():
         if not available:

@@ -13,6 +13,7 @@ from kortex.llm.offline.evidence import (
     classify,
     clock,
     culprit,
+    dominant_host,
     fmt_us,
     fmt_value,
     nearest_deploy,
@@ -108,8 +109,10 @@ def probes(intent: Intent) -> list[Probe]:
                      product(lambda i, v, p: {"product": p, "time_range": i.window}), needs=("trace",)))
     for symptom in intent.symptoms:
         out.append(Probe(f"metric:{symptom}", METRIC_TOOLS, _metric(symptom), needs=("trace",)))
+    # Warnings too: the line that names a cause (a flag flipped, a cache expiring, a slow
+    # neighbour) is often a warning, with the errors it causes after it.
     out.append(Probe("logs", ("get_logs",),
-                     product(lambda i, v, p: {"product": p, "time_range": i.window, "level": "error"}),
+                     product(lambda i, v, p: {"product": p, "time_range": i.window, "level": "warn"}),
                      needs=("trace",)))
     out.append(Probe("admin", ("get_admin_info",), product(lambda i, v, p: {"product": p}), needs=("trace",)))
     for symptom in intent.symptoms:
@@ -140,6 +143,7 @@ class ServiceFindings:
     deploys: list[dict[str, Any]] = field(default_factory=list)
     linked: tuple[dict[str, Any], Any] | None = None
     pattern: tuple[str, int, str] | None = None
+    pattern_host: str | None = None  # the one host writing the dominant line, if one is
     log_total: int = 0
     cause: Cause | None = None
     culprit: str | None = None
@@ -187,6 +191,7 @@ def analyse(intent: Intent, view: View) -> ServiceFindings:
     found.log_total = int(logs.get("total_matches") or len(lines))
     found.pattern = top_pattern(lines)
     if found.pattern:
+        found.pattern_host = dominant_host(lines, found.pattern[0])
         found.cause = classify(found.pattern[2])
         found.culprit = culprit(found.pattern[2])
     incidents = view.content("history").get("incidents") or []
@@ -253,7 +258,7 @@ def evidence_lines(intent: Intent, view: View, found: ServiceFindings) -> list[s
             if found.pattern:
                 shown = len(content.get("lines") or [])
                 out.append(f"- {cite} get_logs ({scope}, {ev.call.arguments.get('time_range')}): {found.log_total} "
-                           f"matching lines; most common ({found.pattern[1]} of the {shown} shown): "
+                           f"matching lines; the most common of the {shown} shown: "
                            f"\"{found.pattern[2]}\".")
             else:
                 out.append(f"- {cite} get_logs ({scope}): no matching lines.")
@@ -303,10 +308,11 @@ def summary(intent: Intent, view: View, found: ServiceFindings) -> str:
             sentences.append(f"I found no step change in {product}'s metrics over the window.")
         elif metrics:  # every metric query failed: that is no evidence of a steady metric
             sentences.append(f"I could not read {product}'s metrics: "
-                             + ", ".join(f"{ev.call.name} failed [{ev.call.id}]" for ev in metrics) + ".")
+                             + ", ".join(f"{ev.call.name} failed (call {ev.call.id})" for ev in metrics) + ".")
     logs = view.get("logs")
     if found.pattern and logs is not None:
-        sentences.append(f"{found.log_total} error lines since; the dominant one reads \"{found.pattern[2]}\" "
+        where = f", all from host {found.pattern_host}" if found.pattern_host else ""
+        sentences.append(f"{found.log_total} warning or error lines since; the dominant one reads \"{found.pattern[2]}\"{where} "
                          f"[{logs.call.id}].")
     admin = view.get("admin")
     if admin is not None and admin.ok and found.cause is not None:

@@ -18,6 +18,7 @@ from kortex.tools.builtin import (
     get_request_volume,
     get_traces,
     get_user_context,
+    list_products,
     propose_action,
 )
 from kortex.tools.spec import ToolSpec
@@ -31,6 +32,7 @@ BUILTIN_TOOLS: tuple[ToolSpec, ...] = (
     get_recent_deploys.SPEC,
     get_incident_history.SPEC,
     get_admin_info.SPEC,
+    list_products.SPEC,
     propose_action.SPEC,
     # llm-ops-agent-tools.md
     get_deployment_status.SPEC,

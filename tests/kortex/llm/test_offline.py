@@ -65,7 +65,26 @@ def test_question_without_a_product_asks_for_one(harness: Harness) -> None:
     turn = harness.ask(tenant, "hello there")
     text, data = _answer(harness, turn)
     assert "could not tell which product" in text
-    assert not [d for d in data if d["type"] == "tool_call"]
+    # it first looked for what exists (nothing here), and guessed nothing
+    assert [d["name"] for d in data if d["type"] == "tool_call"] == ["list_products"]
+
+
+def test_a_subject_the_question_does_not_place_is_resolved_against_the_products_that_exist(harness: Harness) -> None:
+    tenant = harness.tenant("acme")
+    harness.seed(tenant, "connection-pool-exhaustion")
+    turn = harness.ask(tenant, "Why are inventory requests timing out?")  # no word position names it
+    text, data = _answer(harness, turn)
+    calls = [d["name"] for d in data if d["type"] == "tool_call"]
+    assert calls[0] == "list_products" and len(calls) > 1
+    assert "could not tell" not in text and "inventory's" in text
+    # resolution itself: whole words, then a hyphenated name's first part, then a close spelling
+    from kortex.llm.offline.subject import resolve
+    names = ["api-gateway", "ledger", "search", "storefront"]
+    assert resolve("why did ledger start throwing errors", names) == "ledger"
+    assert resolve("why can't the mobile app reach the api?", names) == "api-gateway"
+    assert resolve("why is the storefornt slow", names) == "storefront"
+    assert resolve("is everything ok?", names) is None
+    assert resolve("is everything ok?", ["billing"]) == "billing"  # the only thing that exists
 
 
 def test_follows_up_on_a_missing_metric_with_one_that_exists(harness: Harness) -> None:
@@ -248,3 +267,14 @@ def test_the_analyst_cites_only_calls_of_its_turn_that_succeeded(harness: Harnes
     turn = harness.ask(tenant, get_scenario(scenario).question)
     done = _json.loads(harness.events(turn.id)[-1].data)
     assert done["grounding"]["dangling"] == [] and done["grounding"]["cited"] >= 3
+
+
+def test_the_dominant_error_names_its_one_host_and_not_a_mixed_set() -> None:
+    from kortex.llm.offline.evidence import dominant_host, template
+    one = [{"message": f"write failed: No space left on device (wal {i})", "host": "ledger-3"} for i in range(9)]
+    mixed = [{"message": f"write failed: No space left on device (wal {i})", "host": f"ledger-{i % 3}"}
+             for i in range(9)]
+    shape = template(one[0]["message"])
+    assert dominant_host(one + [{"message": "entry saved", "host": "ledger-1"}], shape) == "ledger-3"
+    assert dominant_host(mixed, shape) is None
+    assert dominant_host([{"message": one[0]["message"]}], shape) is None  # lines without hosts name none

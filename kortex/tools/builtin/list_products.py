@@ -1,0 +1,46 @@
+"""list_products: what exists — the products the tenant's telemetry names, so a model can
+resolve the subject of a question ("the app", "storefront", "ledger") against real names
+instead of guessing one from the question's words."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from kortex.errors import UpstreamError
+from kortex.timeparse import isoformat
+from kortex.tools.builtin.common import TimeRange, window
+from kortex.tools.spec import ToolContext, ToolInput, ToolSpec
+
+MAX_PRODUCTS = 200
+
+
+class ListProductsInput(ToolInput):
+    time_range: TimeRange = Field("last 24h", description="Seen in metrics, logs or deploys within this range; "
+                                                          "admin info and incidents count whenever reported")
+
+
+def run(args: ListProductsInput, ctx: ToolContext) -> dict[str, Any]:
+    source = ctx.sources.products
+    if source is None:
+        raise UpstreamError("no telemetry source here can list products")
+    start, end = window(args.time_range, ctx)
+    found = source.list_products(ctx.tenant_id, start, end, limit=MAX_PRODUCTS + 1)
+    result: dict[str, Any] = {"products": [{"product": p.product, "seen_in": list(p.seen_in),
+                                            "last_seen": isoformat(p.last_seen)} for p in found[:MAX_PRODUCTS]]}
+    if len(found) > MAX_PRODUCTS:
+        result["truncated"] = True
+    return result
+
+
+SPEC = ToolSpec(
+    name="list_products",
+    description="List the products (services) this tenant's telemetry names, most recently seen first, with which "
+                "kinds of telemetry name them. Use it to find the exact product a question is about.",
+    input_model=ListProductsInput,
+    run=run,
+    category="analysis",
+    redact=("products[].product", "products[].seen_in", "products[].last_seen", "truncated"),
+    list_field="products",
+)
