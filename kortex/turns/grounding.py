@@ -9,7 +9,8 @@ ordinary bracketed words do not. A citation is *dangling* when it names no call 
 
 Numbers: each number in the answer (decimals, versions, percentages) must appear in the
 question or in some tool result of the turn, as written, as a result's value rounded to the
-answer's precision (2.6 for 2.6049), or as the number of items in one of a result's lists. Small counting words ("3 probes", "step 2") are left alone:
+answer's precision (2.6 for 2.6049), in seconds where the result has milliseconds, or as the
+number of items in one of a result's lists. Small counting words ("3 probes", "step 2") are left alone:
 integers below 10 are not checked. What is not found is listed, not removed: the answer the
 client saw stands, the flags say how far to trust it.
 """
@@ -29,6 +30,7 @@ _ID_SHAPE = re.compile(r"^(?:call|toolu|tool|fc)_[A-Za-z0-9_\-]{2,120}$")
 _SPLIT = re.compile(r"[\s,;]+")
 # 1,234.5 · 2.60 · v2.14.0 · 99.9% · 503 · 9.3x · 200ms (a unit may follow; not inside a word or an id)
 _NUMBER = re.compile(r"(?<![\w.\-/])v?(\d{1,3}(?:,\d{3})+|\d+)((?:\.\d+)*)(?![\d])")
+_DIGITS = re.compile(r"\d+")
 MAX_LISTED = 50
 
 
@@ -143,8 +145,11 @@ def _uncited(answer: str, turn: _Turn) -> list[str]:
     # Citation ids carry digits of their own: take them out before looking for numbers.
     text = _BRACKETS.sub(" ", answer)
     sources = [turn.question, *turn.results]
-    written = set().union(*(_numbers_in(s) for s in sources)) if sources else set()
+    # Every digit run of a result counts as written there: an answer's "14:31 UTC" quotes the
+    # 14 and 31 of a result's "2026-04-07T14:31:02Z", where no number stands alone.
+    written = set().union(*(_numbers_in(s) | set(_DIGITS.findall(s)) for s in sources)) if sources else set()
     values = _values(sources) | turn.counts
+    values |= {v / 1000 for v in values}  # milliseconds quoted as seconds ("3.9 s" for a result's 3900 ms)
     missing: list[str] = []
     for token in sorted(_numbers_in(text), key=text.find):
         if token in written:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from kortex.llm.offline.evidence import (
@@ -102,6 +103,10 @@ def _minutes(found: ServiceFindings) -> str:
     return f"{minutes} minutes" if minutes > 0 else "right"
 
 
+CHANGE_QUERY = ('|~ "(?i)(feature flag|flag .* (enabled|disabled)|migration|config(uration)? (change|reload)|'
+                'rolled (out|back)|campaign|scaled (up|down)|failover)"')
+
+
 def probes(intent: Intent) -> list[Probe]:
     out = [Probe("trace", ("get_traces",), _trace)]
     product = _with_product
@@ -115,6 +120,11 @@ def probes(intent: Intent) -> list[Probe]:
                      product(lambda i, v, p: {"product": p, "time_range": i.window, "level": "warn"}),
                      needs=("trace",)))
     out.append(Probe("admin", ("get_admin_info",), product(lambda i, v, p: {"product": p}), needs=("trace",)))
+    # Changes recorded at any level (a flag flipped, a migration applied, a campaign sent): what
+    # happened just before a metric moved is the first suspect after a deploy.
+    out.append(Probe("changes", ("get_logs",),
+                     product(lambda i, v, p: {"product": p, "time_range": i.window, "query": CHANGE_QUERY,
+                                              "limit": 20}), needs=("trace",)))
     for symptom in intent.symptoms:
         out.append(Probe(f"metric-alt:{symptom}", METRIC_TOOLS, _alternative(symptom), needs=(f"metric:{symptom}",)))
     out.append(Probe("history", ("get_incident_history",), _history, needs=("logs",)))
@@ -144,6 +154,7 @@ class ServiceFindings:
     linked: tuple[dict[str, Any], Any] | None = None
     pattern: tuple[str, int, str] | None = None
     pattern_host: str | None = None  # the one host writing the dominant line, if one is
+    change: dict[str, Any] | None = None  # a logged change just before the onset (or the latest one)
     log_total: int = 0
     cause: Cause | None = None
     culprit: str | None = None
@@ -196,6 +207,10 @@ def analyse(intent: Intent, view: View) -> ServiceFindings:
         found.culprit = culprit(found.pattern[2])
     incidents = view.content("history").get("incidents") or []
     found.incident = incidents[0] if incidents else None
+    changes = view.content("changes").get("lines") or []
+    onset = main.shift.onset if main is not None else None
+    before = [c for c in changes if onset is None or parse_ts(c["ts"]) <= onset + timedelta(minutes=1)]
+    found.change = max(before, key=lambda c: c["ts"]) if before else None
     return found
 
 
@@ -218,6 +233,10 @@ def admin_summary(content: dict[str, Any], cause: Cause | None) -> str:
     config = content.get("config") or {}
     if cause is not None:
         parts += [f"{k} = {v}" for k, v in config.items() if cause.config_hint in k.lower()][:3]
+    flags = content.get("feature_flags")
+    if isinstance(flags, dict) and flags:
+        on = [name for name, value in flags.items() if value]
+        parts.append(f"feature flags on: {', '.join(on[:8])}" if on else "no feature flag on")
     uptime = content.get("uptime_s")
     if isinstance(uptime, int):
         parts.append(f"up {uptime // 3600} h {uptime % 3600 // 60} min" if uptime >= 3600 else
@@ -264,6 +283,12 @@ def evidence_lines(intent: Intent, view: View, found: ServiceFindings) -> list[s
                 out.append(f"- {cite} get_logs ({scope}): no matching lines.")
         elif key == "admin":
             out.append(f"- {cite} get_admin_info: {admin_summary(content, found.cause)}.")
+        elif key == "changes":
+            lines = content.get("lines") or []
+            latest = max(lines, key=lambda c: c["ts"]) if lines else None
+            out.append(f"- {cite} get_logs (changes: flags, migrations, config, campaigns): "
+                       + (f"{len(lines)} lines; latest at {clock(parse_ts(latest['ts']))}: \"{latest['message']}\"."
+                          if latest else "none recorded."))
         elif key == "history":
             incidents = content.get("incidents") or []
             if incidents:
@@ -301,10 +326,21 @@ def summary(intent: Intent, view: View, found: ServiceFindings) -> str:
             sentences.append(f"No deploy of {product} landed near that change [{deploys.call.id}].")
         elif deploys is not None:
             sentences.append(f"I could not check whether a deploy of {product} landed near that change: "
-                             f"get_recent_deploys failed [{deploys.call.id}].")
+                             f"get_recent_deploys failed (call {deploys.call.id}).")
     else:
         metrics = [ev for k, ev in view.by_key.items() if k.startswith("metric")]
-        if any(ev.ok for ev in metrics):
+        admin = view.get("admin")
+        health = str((admin.content.get("health") if admin is not None and admin.ok else "") or "")
+        if any(ev.ok for ev in metrics) and not found.pattern and health not in ("degraded", "down", "unhealthy"):
+            logs_ev = view.get("logs")
+            parts = [f"I found no step change in {product}'s metrics over the window "
+                     + " ".join(f"[{ev.call.id}]" for ev in metrics if ev.ok)]
+            if logs_ev is not None and logs_ev.ok:
+                parts.append(f"no warning or error lines [{logs_ev.call.id}]")
+            if admin is not None and health:
+                parts.append(f"it reports health {health} [{admin.call.id}]")
+            sentences.append("Nothing abnormal: " + ", ".join(parts) + ".")
+        elif any(ev.ok for ev in metrics):
             sentences.append(f"I found no step change in {product}'s metrics over the window.")
         elif metrics:  # every metric query failed: that is no evidence of a steady metric
             sentences.append(f"I could not read {product}'s metrics: "
@@ -314,6 +350,11 @@ def summary(intent: Intent, view: View, found: ServiceFindings) -> str:
         where = f", all from host {found.pattern_host}" if found.pattern_host else ""
         sentences.append(f"{found.log_total} warning or error lines since; the dominant one reads \"{found.pattern[2]}\"{where} "
                          f"[{logs.call.id}].")
+    changes = view.get("changes")
+    if found.change is not None and changes is not None:
+        host = f" on {found.change['host']}" if found.change.get("host") else ""
+        sentences.append(f"Just before, the logs record a change at {clock(parse_ts(found.change['ts']))}{host}: "
+                         f"\"{found.change['message']}\" [{changes.call.id}].")
     admin = view.get("admin")
     if admin is not None and admin.ok and found.cause is not None:
         config = admin.content.get("config") or {}

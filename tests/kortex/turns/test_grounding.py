@@ -153,3 +153,15 @@ def test_a_count_of_a_result_s_items_is_found_in_that_result() -> None:
     history = _history(("call_l1", "get_logs", {"lines": [{"m": "x"}] * 12, "total": 188}, False))
     assert check("12 lines shown of 188 [call_l1].", history).uncited_numbers == []
     assert check("13 lines shown [call_l1].", history).uncited_numbers == ["13"]
+
+
+def test_a_time_of_day_taken_from_a_result_s_timestamp_is_found_there() -> None:
+    history = _history(("call_d1", "get_recent_deploys", {"deploys": [{"ts": "2026-04-07T14:31:02Z"}]}, False))
+    assert check("The deploy landed at 14:31 UTC [call_d1].", history).uncited_numbers == []
+    assert check("The deploy landed at 15:47 UTC [call_d1].", history).uncited_numbers == ["15", "47"]
+
+
+def test_milliseconds_quoted_as_seconds_are_found() -> None:
+    history = _history(("call_s1", "get_deployment_status", {"latency_p95_ms": 3900, "p99_ms": 30012}, False))
+    assert check("p95 3.9 s, p99 30.0 s [call_s1].", history).uncited_numbers == []
+    assert check("p95 4.9 s [call_s1].", history).uncited_numbers == ["4.9"]
