@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -68,6 +69,34 @@ def _alternative(symptom: str) -> Any:
     return _with_product(make)
 
 
+# Another product named in the dominant line: the first hop to look at when it is slow or failing.
+DEPENDENCY = (
+    re.compile(r"\b(?:call|calls|request|requests) to ([a-z][a-z0-9_-]{1,60})\b"),
+    re.compile(r"\bupstream ([a-z][a-z0-9_-]{1,60})\b"),
+    re.compile(r"\b([a-z][a-z0-9_-]{1,60}) (?:returned|responded|answered) (?:HTTP )?[45]\d\d\b"),
+)
+
+
+def dependency(found: ServiceFindings) -> str | None:
+    """The product the dominant warning or error names, if it is another one."""
+    if not found.pattern:
+        return None
+    text = found.pattern[2]
+    for pattern in DEPENDENCY:
+        match = pattern.search(text)
+        if match and match.group(1) != found.product:
+            return match.group(1)
+    return None
+
+
+def _dependency_deploys(intent: Intent, view: View) -> dict[str, Any] | None:
+    found = analyse(intent, view)
+    other = dependency(found)
+    if other is None or found.linked:  # its own deploy explains it first
+        return None
+    return {"product": other, "time_range": intent.window}
+
+
 def _history(intent: Intent, view: View) -> dict[str, Any] | None:
     found = analyse(intent, view)
     if found.cause is None or not found.product:
@@ -128,6 +157,7 @@ def probes(intent: Intent) -> list[Probe]:
     for symptom in intent.symptoms:
         out.append(Probe(f"metric-alt:{symptom}", METRIC_TOOLS, _alternative(symptom), needs=(f"metric:{symptom}",)))
     out.append(Probe("history", ("get_incident_history",), _history, needs=("logs",)))
+    out.append(Probe("dependency", ("get_recent_deploys",), _dependency_deploys, needs=("logs", "deploys")))
     gathered = tuple(p.key for p in out)
     out.append(Probe("propose", ("propose_action",), _remedy, needs=gathered))
     return out
@@ -283,6 +313,10 @@ def evidence_lines(intent: Intent, view: View, found: ServiceFindings) -> list[s
                 out.append(f"- {cite} get_logs ({scope}): no matching lines.")
         elif key == "admin":
             out.append(f"- {cite} get_admin_info: {admin_summary(content, found.cause)}.")
+        elif key == "dependency":
+            listed = ", ".join(f"{d['version']} at {clock(parse_ts(d['ts']))}" for d in (content.get("deploys") or [])[:5])
+            out.append(f"- {cite} get_recent_deploys of {ev.call.arguments.get('product')}, named in the logs "
+                       f"({ev.call.arguments.get('time_range')}): {listed or 'none'}.")
         elif key == "changes":
             lines = content.get("lines") or []
             latest = max(lines, key=lambda c: c["ts"]) if lines else None
@@ -350,6 +384,14 @@ def summary(intent: Intent, view: View, found: ServiceFindings) -> str:
         where = f", all from host {found.pattern_host}" if found.pattern_host else ""
         sentences.append(f"{found.log_total} warning or error lines since; the dominant one reads \"{found.pattern[2]}\"{where} "
                          f"[{logs.call.id}].")
+    other = dependency(found)
+    dep = view.get("dependency")
+    if other is not None and dep is not None and dep.ok and main is not None:
+        near = nearest_deploy(dep.content.get("deploys") or [], main.shift.onset)
+        if near is not None:
+            d = near[0]
+            sentences.append(f"The dominant line points at {other}, which deployed {d['version']} at "
+                             f"{clock(parse_ts(d['ts']))}, just before [{dep.call.id}].")
     changes = view.get("changes")
     if found.change is not None and changes is not None:
         host = f" on {found.change['host']}" if found.change.get("host") else ""

@@ -278,3 +278,22 @@ def test_the_dominant_error_names_its_one_host_and_not_a_mixed_set() -> None:
     assert dominant_host(one + [{"message": "entry saved", "host": "ledger-1"}], shape) == "ledger-3"
     assert dominant_host(mixed, shape) is None
     assert dominant_host([{"message": one[0]["message"]}], shape) is None  # lines without hosts name none
+
+
+def test_the_same_question_in_two_sessions_gets_different_call_ids(harness: Harness) -> None:
+    tenant = harness.tenant("acme")
+    harness.seed(tenant)
+    ids = []
+    for _ in range(2):
+        _text, data = _answer(harness, harness.ask(tenant, "Why is checkout slow?"))
+        ids.append({d["call_id"] for d in data if d["type"] == "tool_call"})
+    assert ids[0] and ids[1] and not ids[0] & ids[1]
+
+
+def test_a_product_named_by_the_dominant_line_is_looked_at_one_hop_further(harness: Harness) -> None:
+    from kortex.llm.offline.service import ServiceFindings, dependency
+    found = ServiceFindings(product="orders", pattern=("t", 3, "call to inventory took 1480ms (reserve stock)"))
+    assert dependency(found) == "inventory"
+    found = ServiceFindings(product="checkout", pattern=("t", 3, "charge failed: upstream payments returned 503"))
+    assert dependency(found) == "payments"
+    assert dependency(ServiceFindings(product="ledger", pattern=("t", 3, "write failed: disk full"))) is None
