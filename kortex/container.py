@@ -26,6 +26,7 @@ from kortex.llm.providers import BUILTIN_PROVIDERS
 from kortex.llm.registry import ProviderFactory, ProviderRegistry
 from kortex.proposals import ActionExecutor, ProposalService
 from kortex.storage.db import Database
+from kortex.storage.turns import TurnCalls
 from kortex.stream.store import EventStore
 from kortex.telemetry.factory import build_sources
 from kortex.telemetry.sources import TelemetrySources
@@ -228,7 +229,7 @@ class Kortex:
             settings=settings, db=db, redis=redis, events=events,
             providers=ProviderRegistry(settings, providers or BUILTIN_PROVIDERS),
             tools=registry, policy=policy, pipeline=pipeline, sources=build_sources(settings, telemetry_db), cursors=cursors,
-            proposals=proposals, services={"cursors": cursors, "proposals": proposals},
+            proposals=proposals, services={"cursors": cursors, "proposals": proposals, "calls": TurnCalls(db)},
             # As many I/O threads as the pool has connections, but one: a thread never waits
             # for a connection, and the step engine's lease renewal always finds one.
             io=ThreadPoolExecutor(max(1, db.max_connections - 1), thread_name_prefix="kortex-io"),

@@ -71,6 +71,7 @@ def make_celery(settings: Settings) -> Celery:
             TaskName.STEP.value: {"queue": Queue.TURNS.value},
             TaskName.WATCHDOG.value: {"queue": Queue.TURNS.value},
             TaskName.TOOL.value: {"queue": Queue.TOOLS.value},
+            TaskName.POSTMORTEM_ITEM.value: {"queue": Queue.BATCH.value},
         },
         broker_transport_options=transport,
         broker_transport=transport_class,

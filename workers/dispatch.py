@@ -5,7 +5,7 @@ from __future__ import annotations
 from celery import Celery
 
 from kortex import tracing
-from kortex.turns.handoff import Handoff, StepDispatch, ToolDispatch, Trace
+from kortex.turns.handoff import Handoff, ItemDispatch, Lane, StepDispatch, ToolDispatch, Trace
 from kortex.turns.ports import Work
 from workers.queues import Queue, TaskName
 
@@ -29,9 +29,14 @@ def _headers(trace: Trace) -> dict[str, str] | None:
     return dict(pairs) if pairs else None
 
 
+def _queue(lane: Lane, chat: Queue) -> str:
+    """A batch turn's steps and tools share the batch queue; a chat turn's have one each."""
+    return Queue.BATCH.value if lane == "batch" else chat.value
+
+
 def send_step(app: Celery, step: StepDispatch) -> None:
     app.send_task(TaskName.STEP.value, kwargs={"tenant_id": step.tenant_id, "turn_id": step.turn_id,
-                                                "step": step.step}, queue=Queue.TURNS.value,
+                                                "step": step.step}, queue=_queue(step.lane, Queue.TURNS),
                   headers=_headers(step.trace))
 
 
@@ -40,11 +45,17 @@ def send_tool(app: Celery, tool: ToolDispatch) -> None:
         TaskName.TOOL.value,
         kwargs={"tenant_id": tool.tenant_id, "invocation_id": tool.invocation_id, "tool": tool.tool,
                 "hard_limit": tool.hard_limit},
-        queue=Queue.TOOLS.value,
+        queue=_queue(tool.lane, Queue.TOOLS),
         soft_time_limit=tool.soft_limit,
         time_limit=tool.hard_limit,
         headers=_headers(tool.trace),
     )
+
+
+def send_item(app: Celery, item: ItemDispatch) -> None:
+    # Ids only: Flower shows the task by name with nothing a tenant would not want shown.
+    app.send_task(TaskName.POSTMORTEM_ITEM.value, kwargs={"tenant_id": item.tenant_id, "item_id": item.item_id},
+                  queue=Queue.BATCH.value)
 
 
 def dispatch(app: Celery, handoff: Handoff) -> None:
@@ -52,13 +63,15 @@ def dispatch(app: Celery, handoff: Handoff) -> None:
         send_tool(app, tool)
     for step in handoff.steps:
         send_step(app, step)
+    for item in handoff.items:
+        send_item(app, item)
 
 
 class CeleryQueue:
     """The queue port (kortex.turns.ports.QueuePort) on Celery: hands off as ``dispatch`` does
     and reads a queue's depth from the broker (Redis: the lengths of its lists)."""
 
-    _QUEUES: dict[Work, Queue] = {"steps": Queue.TURNS, "tools": Queue.TOOLS}
+    _QUEUES: dict[Work, Queue] = {"steps": Queue.TURNS, "tools": Queue.TOOLS, "batch": Queue.BATCH}
 
     def __init__(self, app: Celery) -> None:
         self.app = app

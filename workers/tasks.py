@@ -11,6 +11,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 
 from kortex.config import Settings
 from kortex.errors import KortexError, StorageError, StreamError
+from kortex.postmortems.jobs import start_item
 from kortex.turns.engine import EngineBusy
 from kortex.turns.handoff import Handoff, StepDispatch, Trace
 from kortex.turns.toolrun import run_tool
@@ -85,6 +86,17 @@ def tool(self: Task, *, tenant_id: str, invocation_id: str, tool: str, hard_limi
         log.warning("tool %s (%s) hit the worker's soft time limit", tool, invocation_id)
         return
     dispatch(app, handoff)
+
+
+@app.task(
+    bind=True, name=TaskName.POSTMORTEM_ITEM.value, queue=Queue.BATCH.value, ignore_result=True, acks_late=True,
+    autoretry_for=TRANSIENT, retry_backoff=True, retry_backoff_max=30, max_retries=5, soft_time_limit=30,
+    time_limit=60,
+)
+def postmortem_item(self: Task, *, tenant_id: str, item_id: str) -> None:
+    """Start one incident's post-mortem: create its turn and hand step 0 to the batch lane.
+    Ids only in the arguments (Flower shows them); the job's progress lives in the database."""
+    dispatch(app, runtime.run(_settings(), lambda k: start_item(k, tenant_id, item_id)))
 
 
 @app.task(name=TaskName.WATCHDOG.value, queue=Queue.TURNS.value, ignore_result=True, acks_late=False,

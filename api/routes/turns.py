@@ -14,7 +14,7 @@ from api.schemas import TurnOut
 from api.sse import HeldStream, resume_point, turn_events
 from kortex.access import Permission
 from kortex.stream.entries import START
-from kortex.turns.cancel import cancel
+from kortex.turns.cancel import cancel_turn as cancel
 from kortex.turns.chat import get_turn
 from kortex.turns.follow import nothing_left
 
@@ -31,11 +31,14 @@ def read_turn(turn_id: str, k: KortexDep, tenant: TenantDep) -> TurnOut:
 
 @router.post("/{turn_id}/cancel", response_model=TurnOut,
              responses={409: {"description": "the turn already ended otherwise (done or failed)"}})
-def cancel_turn(turn_id: str, k: KortexDep, caller: CallerDep) -> TurnOut:
+def cancel_turn(turn_id: str, request: Request, k: KortexDep, caller: CallerDep) -> TurnOut:
     """Stop a queued or running turn: a streaming step stops at its next chunk, running tool
     calls' results are ignored, and the stream ends with ``done`` status ``cancelled``.
     Cancelling a cancelled turn answers the same again."""
-    return TurnOut.of(cancel(k, caller.tenant.id, object_id(turn_id, "turn"), by=f"key:{caller.key_id}"))
+    turn, handoff = cancel(k, caller.tenant.id, object_id(turn_id, "turn"), by=f"key:{caller.key_id}")
+    if handoff:  # a batch item's turn: its job starts the next item (the watchdog would, later)
+        request.app.state.dispatch(handoff)
+    return TurnOut.of(turn)
 
 
 @router.get("/{turn_id}/events", response_class=StreamingResponse,

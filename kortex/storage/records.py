@@ -111,3 +111,4 @@ class InvocationRecord(_Record):
     status: str
     attempts: int
     deadline_at: datetime | None
+    profile: str = "chat"  # its turn's (kortex/turns/profiles.py)

@@ -164,6 +164,9 @@ tool_invocations = Table(
     Column("started_at", UTCDateTime(), nullable=True),
     Column("deadline_at", UTCDateTime(), nullable=True),
     Column("finished_at", UTCDateTime(), nullable=True),
+    # The profile of the call's turn (kortex/turns/profiles.py): the tool task runs the call
+    # under that profile's policy, on its lane (a batch turn's calls stay off the chat queues).
+    Column("profile", String(32), nullable=False, default="chat", server_default="chat"),
     UniqueConstraint("turn_id", "call_id"),
     Index(None, "status", "enqueued_at"),
 )
@@ -420,6 +423,76 @@ proposals = Table(
     Index(None, "tenant_id", "session_id"),
     Index(None, "status", "expires_at"),  # the watchdog's expiry sweep, across tenants
     Index(None, "execution_status", "execution_started_at"),  # the watchdog's execution recovery
+)
+
+# ---- post-mortem jobs (kortex/postmortems/) --------------------------------------------------
+
+# A batch of incidents to write post-mortems for. Its counts are read from its items; ``status``
+# moves queued -> running -> done | cancelled (failed only when no item could even start).
+postmortem_jobs = Table(
+    "postmortem_jobs",
+    metadata,
+    Column("id", UUIDStr(), primary_key=True),
+    _tenant(),
+    Column("status", String(16), nullable=False),
+    Column("selection", JSONType, nullable=False),  # the ids or filter it was asked for, as given
+    Column("model", String(200), nullable=True),
+    Column("max_usd", Float, nullable=True),
+    Column("concurrency", Integer, nullable=False),
+    Column("template", String(64), nullable=True),
+    Column("force", Boolean, nullable=False, default=False),
+    Column("idempotency_key", String(200), nullable=True),
+    Column("request_hash", String(64), nullable=True),
+    Column("session_id", UUIDStr(), ForeignKey("chat_sessions.id", ondelete="SET NULL"), nullable=True),
+    Column("created_by", String(64), nullable=True),  # a key id, never a secret
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("started_at", UTCDateTime(), nullable=True),
+    Column("finished_at", UTCDateTime(), nullable=True),
+    UniqueConstraint("tenant_id", "idempotency_key"),
+    Index(None, "tenant_id", "created_at"),
+    Index(None, "status"),
+)
+
+# One incident of a job: queued -> dispatched -> running -> done | failed | skipped | cancelled.
+# ``dispatched`` means its task was handed to the batch queue (the watchdog re-sends one that
+# sat there too long); ``running`` means its investigation turn exists.
+postmortem_items = Table(
+    "postmortem_items",
+    metadata,
+    Column("id", UUIDStr(), primary_key=True),
+    _tenant(),
+    Column("job_id", UUIDStr(), ForeignKey("postmortem_jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("position", Integer, nullable=False),
+    Column("incident_ref", String(64), nullable=False),
+    Column("incident", JSONType, nullable=False),  # the incident as it was when the job was made
+    Column("status", String(16), nullable=False),
+    Column("turn_id", UUIDStr(), nullable=True, unique=True),
+    Column("error", JSONType, nullable=True),
+    Column("cost_usd", Float, nullable=False, default=0.0),
+    Column("dispatched_at", UTCDateTime(), nullable=True),
+    Column("started_at", UTCDateTime(), nullable=True),
+    Column("finished_at", UTCDateTime(), nullable=True),
+    UniqueConstraint("job_id", "incident_ref"),
+    Index(None, "job_id", "status", "position"),
+    Index(None, "status", "dispatched_at"),
+)
+
+# A validated post-mortem (kortex/postmortems/document.py). One per item, ever: a re-run item
+# or a re-delivered hook finds it there. The latest per incident is what the API serves.
+postmortems = Table(
+    "postmortems",
+    metadata,
+    Column("id", UUIDStr(), primary_key=True),
+    _tenant(),
+    Column("item_id", UUIDStr(), ForeignKey("postmortem_items.id", ondelete="SET NULL"), nullable=True,
+           unique=True),
+    Column("job_id", UUIDStr(), nullable=True),
+    Column("turn_id", UUIDStr(), nullable=True),
+    Column("incident_ref", String(64), nullable=False),
+    Column("document", JSONType, nullable=False),
+    Column("grounding", JSONType, nullable=True),  # its citations as the server checked them
+    Column("created_at", UTCDateTime(), nullable=False),
+    Index(None, "tenant_id", "incident_ref", "created_at"),
 )
 
 TENANT_TABLES = tuple(t for t in metadata.sorted_tables if "tenant_id" in t.c)

@@ -342,7 +342,7 @@ def park_for_tools(
             id=uuid7(), tenant_id=turn.tenant_id, session_id=turn.session_id, turn_id=turn.id,
             turn_no=turn.turn_no, step=step, idx=idx, call_id=call.id, name=call.name,
             arguments=call.arguments, arguments_error=call.arguments_error,
-            status="pending" if result is None else "done", attempts=0, deadline_at=None,
+            status="pending" if result is None else "done", attempts=0, deadline_at=None, profile=turn.profile,
         )
         rows.append({
             "id": record.id, "tenant_id": record.tenant_id, "session_id": record.session_id,
@@ -351,7 +351,7 @@ def park_for_tools(
             "arguments_error": call.arguments_error, "status": record.status, "is_error": result is not None,
             "error_code": result.error_code if result else None, "truncated": False, "elapsed_ms": 0,
             "attempts": 0, "created_at": now, "enqueued_at": now, "started_at": None, "deadline_at": None,
-            "finished_at": now if result else None,
+            "finished_at": now if result else None, "profile": turn.profile,
         })
         if result is None:
             records.append(record)
@@ -617,6 +617,30 @@ def session_usage(conn: Connection, tenant_id: str, session_id: str) -> Usage:
         .where(_t.tenant_id == tenant_id, _t.session_id == session_id)
     ).one()
     return Usage(input_tokens=int(row[0]), output_tokens=int(row[1]), cost_usd=round(float(row[2]), 8))
+
+
+def cost_of(tenant_id: str, turn_id: str) -> Any:
+    """What a turn has cost so far (a statement: its caller reads it in its own transaction)."""
+    return select(_t.cost_usd).where(_t.id == turn_id, _t.tenant_id == tenant_id)
+
+
+def succeeded_calls(conn: Connection, tenant_id: str, turn_id: str) -> set[str]:
+    """Call ids of the turn whose tool ran and answered without an error: what may be cited."""
+    rows = conn.execute(select(_i.call_id).where(_i.turn_id == turn_id, _i.tenant_id == tenant_id,
+                                                 _i.status == "done", _i.is_error.is_(False))).scalars()
+    return set(rows)
+
+
+class TurnCalls:
+    """The ``calls`` service tools receive (ToolContext.services): which calls of a turn
+    succeeded, so a structured-output tool can refuse citations of anything else."""
+
+    def __init__(self, db: Any) -> None:
+        self.db = db
+
+    def succeeded(self, tenant_id: str, turn_id: str) -> set[str]:
+        with self.db.connect() as conn:
+            return succeeded_calls(conn, tenant_id, turn_id)
 
 
 def tool_call_from_record(inv: InvocationRecord) -> ToolCall:

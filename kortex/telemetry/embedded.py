@@ -262,6 +262,26 @@ class EmbeddedTelemetry:
                                 .limit(max(1, min(limit, 500)))).all()
         return [self._incident(r) for r in rows]
 
+    def select_incidents(self, tenant_id: str, *, refs: tuple[str, ...] = (), product: str | None = None,
+                         severity: str | None = None, start: datetime | None = None, end: datetime | None = None,
+                         limit: int = 1000) -> list[Incident]:
+        t = telemetry_incidents
+        where: list[Any] = [t.c.tenant_id == tenant_id]
+        if refs:
+            where.append(t.c.ref.in_(refs))
+        if product is not None:
+            where.append(t.c.product == product)
+        if severity is not None:
+            where.append(t.c.severity == severity)
+        if start is not None:
+            where.append(t.c.opened_at >= start)
+        if end is not None:
+            where.append(t.c.opened_at < end)
+        with self.db.connect() as conn:
+            rows = conn.execute(select(t).where(*where).order_by(t.c.opened_at, t.c.id)
+                                .limit(max(1, limit))).all()
+        return [self._incident(r) for r in rows]
+
     # ---- product info ----------------------------------------------------------------------
 
     def get_admin_info(self, tenant_id: str, product: str) -> dict[str, Any] | None:

@@ -191,6 +191,13 @@ class IncidentSource(Protocol):
         """Incidents open at ``at`` (None: open now), optionally only those about some targets."""
         ...
 
+    def select_incidents(self, tenant_id: str, *, refs: tuple[str, ...] = (), product: str | None = None,
+                         severity: str | None = None, start: datetime | None = None, end: datetime | None = None,
+                         limit: int = 1000) -> list[Incident]:
+        """Incidents by their refs, or those that opened in [start, end) matching the filters,
+        oldest first (a batch of post-mortems, kortex/postmortems/jobs.py)."""
+        ...
+
 
 class AdminInfoSource(Protocol):
     def get_admin_info(self, tenant_id: str, product: str) -> dict[str, Any] | None:

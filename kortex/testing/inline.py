@@ -8,6 +8,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
 from kortex.container import Kortex
+from kortex.postmortems.jobs import start_item
 from kortex.turns.handoff import Handoff
 from kortex.turns.step import run_step
 from kortex.turns.toolrun import run_tool
@@ -27,6 +28,9 @@ def drive(k: Kortex, handoff: Handoff, *, max_handoffs: int = 1000) -> int:
                 ran += len(current.tools)
             for step in current.steps:
                 pending.append(run_step(k, step.tenant_id, step.turn_id, step.step, step.trace))
+                ran += 1
+            for item in current.items:  # a batch job's item: its task creates the item's turn
+                pending.append(start_item(k, item.tenant_id, item.item_id))
                 ran += 1
             if ran > max_handoffs:
                 raise RuntimeError("runaway turn: too many hand-offs")

@@ -33,6 +33,14 @@ class ToolRegistry:
     def get(self, name: str) -> ToolSpec | None:
         return self._specs.get(name)
 
+    def names(self) -> frozenset[str]:
+        return frozenset(self._specs)
+
+    def offered_to(self, name: str, profile: str) -> bool:
+        """Whether turns of ``profile`` may be offered the tool (most tools: every profile)."""
+        spec = self._specs.get(name)
+        return spec is not None and (spec.profiles is None or profile in spec.profiles)
+
     def __iter__(self) -> Iterator[ToolSpec]:
         return iter(self._specs.values())
 

@@ -98,6 +98,9 @@ class ToolSpec:
     #: for tools with an effect: the stored outcome of a call whose worker died before its
     #: result was kept (the watchdog answers with it instead of a timeout)
     recover: RecoverFn | None = None
+    #: the turn profiles offered this tool (kortex/turns/profiles.py); None: all of them. An
+    #: output channel (submit_postmortem) is no investigation tool, so chat never sees it.
+    profiles: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
         if self.category not in CATEGORIES:

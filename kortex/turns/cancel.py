@@ -21,11 +21,20 @@ from kortex.storage import audit, turns
 from kortex.storage.audit import AuditEntry
 from kortex.storage.records import TurnRecord
 from kortex.turns.closing import publish_done
+from kortex.turns.handoff import Handoff
 
 
 def cancel(k: Kortex, tenant_id: str, turn_id: str, *, by: str) -> TurnRecord:
-    """The turn, cancelled (now or before). ``by`` names who asked, for the audit row (a key
-    id, never a secret). A turn that already finished otherwise is a Conflict."""
+    """``cancel_turn`` for a caller with nothing to enqueue after it: a chat turn, whose profile
+    has no end hook."""
+    return cancel_turn(k, tenant_id, turn_id, by=by)[0]
+
+
+def cancel_turn(k: Kortex, tenant_id: str, turn_id: str, *, by: str) -> tuple[TurnRecord, Handoff]:
+    """The turn, cancelled (now or before), and the work its profile's end hook hands on. ``by``
+    names who asked, for the audit row (a key id, never a secret). A turn that already
+    finished otherwise is a Conflict."""
+    handoff = Handoff()
     with k.db.begin() as conn:
         turn = turns.get_turn(conn, tenant_id, turn_id)
         if not turn.finished and turns.cancel_turn(conn, turn, {"code": "cancelled",
@@ -36,12 +45,13 @@ def cancel(k: Kortex, tenant_id: str, turn_id: str, *, by: str) -> TurnRecord:
                                                   session_id=turn.session_id, turn_id=turn.id)])
             usage = Usage(input_tokens=turn.input_tokens, output_tokens=turn.output_tokens, cost_usd=turn.cost_usd)
             # Unfenced (attempt 0): the stream closes for the attempt that holds it, whichever it is.
-            publish_done(k, conn, turn, [DoneEvent(status="cancelled", usage=usage, error="cancelled")], attempt=0)
+            handoff = publish_done(k, conn, turn, [DoneEvent(status="cancelled", usage=usage, error="cancelled")],
+                                   attempt=0)
         turn = turns.get_turn(conn, tenant_id, turn_id)
     if turn.status != "cancelled":
         raise Conflict(f"the turn already ended ({turn.status}); only a queued or running turn can be cancelled",
                        code="turn_finished", details={"status": turn.status})
-    return turn
+    return turn, handoff
 
 
-__all__ = ["cancel"]
+__all__ = ["cancel", "cancel_turn"]

@@ -3,12 +3,24 @@ without knowing it is Celery (workers/dispatch.py) or anything else."""
 
 from __future__ import annotations
 
-from typing import Literal, Protocol
+from collections.abc import Callable
+from datetime import datetime
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from kortex.turns.handoff import Handoff
 
-#: the two kinds of queued work the watchdog polices
-Work = Literal["steps", "tools"]
+if TYPE_CHECKING:
+    from kortex.container import Kortex
+
+#: the kinds of queued work the watchdog polices: chat steps, chat tool calls, and the batch
+#: lane (batch turns' steps and tools, and batch items, on one queue)
+Work = Literal["steps", "tools", "batch"]
+
+#: a kind of batch work's own sweep, run by the watchdog each pass: (container, now, whether
+#: the batch queue is empty) -> work to re-send. Registered by the module that owns the work
+#: (kortex/postmortems/jobs.py), so the watchdog does not import it.
+JobSweep = Callable[["Kortex", datetime, bool], Handoff]
+JOB_SWEEPS: list[JobSweep] = []
 
 
 class QueuePort(Protocol):
@@ -28,4 +40,4 @@ class Leadership(Protocol):
     def release(self) -> None: ...
 
 
-__all__ = ["Leadership", "QueuePort", "Work"]
+__all__ = ["JOB_SWEEPS", "JobSweep", "Leadership", "QueuePort", "Work"]

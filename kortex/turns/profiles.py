@@ -1,8 +1,8 @@
 """The kinds of turn: what a step tells the model and lets it do is data, not a branch in
 step.py. A profile names the system prompt, the tools the model is offered (narrower than the
-deployment's policy, never wider), the budget scope its spend counts under, and an optional
-hook run in the transaction that finishes the turn (a batch job's bookkeeping, say), which may
-hand more work on.
+deployment's policy, never wider), the budget scope its spend counts under, the lane its work
+is queued on, and an optional hook run in the transaction that ends the turn, however it ends
+(done, failed, cancelled, expired): a batch job's bookkeeping, say, which may hand more work on.
 
 Chat is the profile every turn had before; a post-mortem item (issue 12) is the next. A turn
 stores its profile's name, so a step resumed on another worker runs it the same way; an
@@ -11,22 +11,36 @@ unknown name is a configuration error of that deployment, reported as the turn's
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from sqlalchemy.engine import Connection
 
 from kortex.container import Kortex
-from kortex.errors import ConfigError
+from kortex.errors import ConfigError, KortexError
 from kortex.llm.base import ToolSchema
+from kortex.messages import Message
 from kortex.prompts import INVESTIGATOR
 from kortex.storage.records import TurnRecord
 from kortex.tools.policy import ToolPolicy
-from kortex.turns.handoff import Handoff
+from kortex.turns.handoff import Handoff, Lane
 
-#: what a profile's finish hook receives: the container, the closing transaction, the turn
-#: (before its finish) and the final answer's text; it returns work to hand on
-FinishHook = Callable[[Kortex, Connection, TurnRecord, str], Handoff]
+
+@dataclass(frozen=True, slots=True)
+class TurnEnd:
+    """How a turn ended, as its end hook hears it."""
+
+    status: Literal["done", "failed", "cancelled"]
+    answer: str | None = None  # the final answer's text, when it ended done
+    error: str | None = None   # the error code, when it did not
+
+
+#: what a profile's end hook receives: the container, the transaction whose compare-and-set
+#: ended the turn, the turn (as it was before it ended) and how it ended; it returns work to
+#: hand on once that transaction commits
+EndHook = Callable[[Kortex, Connection, TurnRecord, TurnEnd], Handoff]
 
 
 @dataclass(frozen=True)
@@ -36,14 +50,20 @@ class TurnProfile:
     #: tool names this profile may offer (None: every tool the deployment's policy allows)
     tools: frozenset[str] | None = None
     budget_scope: str = "chat"
-    on_finish: FinishHook | None = field(default=None, compare=False)
+    lane: Lane = "chat"
+    on_end: EndHook | None = field(default=None, compare=False)
+    #: checked before every LLM call of the turn, in the transaction that claims the step, with
+    #: the conversation so far: an error ends the turn with its code (a batch job's spent
+    #: ``max_usd``, a document the model failed to get valid), None lets the call go ahead
+    before_call: Callable[[Connection, TurnRecord, list[Message]], KortexError | None] | None = \
+        field(default=None, compare=False)
 
     def policy(self, k: Kortex) -> ToolPolicy:
         """The deployment's policy, narrowed to this profile's tools: a profile can take tools
         away, never add one the deployment did not allow."""
-        if self.tools is None:
-            return k.policy
-        return k.policy.narrowed(self.tools)
+        names = self.tools if self.tools is not None else k.tools.names()
+        # An output channel such as submit_postmortem is offered only to the profiles it names.
+        return k.policy.narrowed({n for n in names if k.tools.offered_to(n, self.name)})
 
     def tool_schemas(self, k: Kortex) -> tuple[ToolSchema, ...]:
         return k.tools.schemas(self.policy(k))
@@ -52,6 +72,20 @@ class TurnProfile:
 CHAT = TurnProfile(name="chat", system=INVESTIGATOR)
 
 _PROFILES: dict[str, TurnProfile] = {CHAT.name: CHAT}
+#: modules that define the product's other profiles, imported on first lookup: every process
+#: (API, workers, beat) must know every kind of turn it may meet, without the turn engine
+#: importing the rooms built on it
+_BUILTIN = ("kortex.postmortems.profile",)
+_loaded = False
+
+
+def load_builtin() -> None:
+    """Import the product's profile modules (once): they register their profiles and sweeps."""
+    global _loaded
+    if not _loaded:
+        _loaded = True
+        for module in _BUILTIN:
+            importlib.import_module(module)
 
 
 def register(profile: TurnProfile) -> None:
@@ -62,6 +96,7 @@ def register(profile: TurnProfile) -> None:
 
 
 def profile_of(name: str) -> TurnProfile:
+    load_builtin()
     try:
         return _PROFILES[name]
     except KeyError:
@@ -70,7 +105,16 @@ def profile_of(name: str) -> TurnProfile:
 
 
 def names() -> list[str]:
+    load_builtin()
     return list(_PROFILES)
 
 
-__all__ = ["CHAT", "FinishHook", "TurnProfile", "names", "profile_of", "register"]
+def lane_of(name: str) -> Lane:
+    """The lane of a stored turn's profile; chat for a profile this process does not know (its
+    step fails the turn as ``unknown_profile``, which chat workers can do as well as any)."""
+    load_builtin()
+    found = _PROFILES.get(name)
+    return found.lane if found is not None else "chat"
+
+
+__all__ = ["CHAT", "EndHook", "TurnEnd", "TurnProfile", "lane_of", "load_builtin", "names", "profile_of", "register"]

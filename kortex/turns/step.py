@@ -40,7 +40,7 @@ from kortex.turns.closing import publish_done
 from kortex.turns.grounding import Grounding, check, successful_calls
 from kortex.turns.handoff import NOTHING, Handoff, StepDispatch, ToolDispatch, Trace
 from kortex.turns.outbox import publish_in, publish_kept
-from kortex.turns.profiles import CHAT, TurnProfile, profile_of
+from kortex.turns.profiles import lane_of, profile_of
 
 if TYPE_CHECKING:
     from kortex.turns.engine import StepHold
@@ -49,11 +49,11 @@ log = logging.getLogger(__name__)
 FLUSH_LIMIT = 30.0  # seconds the streamed text may take to reach Redis once the model is done
 
 
-def tool_dispatch(k: Kortex, tenant_id: str, invocation_id: str, tool: str) -> ToolDispatch:
+def tool_dispatch(k: Kortex, tenant_id: str, invocation_id: str, tool: str, profile: str = "chat") -> ToolDispatch:
     timeout, _ceiling = k.pipeline.limits_for(tool)
     soft = timeout + k.settings.tools.soft_grace
     return ToolDispatch(tenant_id=tenant_id, invocation_id=invocation_id, tool=tool, soft_limit=soft,
-                        hard_limit=soft + k.settings.tools.hard_grace)
+                        hard_limit=soft + k.settings.tools.hard_grace, lane=lane_of(profile))
 
 
 def _unique_calls(calls: list[ToolCall], taken: set[str]) -> tuple[ToolCall, ...]:
@@ -117,7 +117,7 @@ async def _step(k: Kortex, tenant_id: str, turn_id: str, step: int, hold: StepHo
         metrics.step_done(time.monotonic() - started, outcome)
 
 
-async def _step_claimed(k: Kortex, turn: TurnRecord, step: int, history: list[Message] | BudgetExceeded,
+async def _step_claimed(k: Kortex, turn: TurnRecord, step: int, history: list[Message] | KortexError,
                         hold: StepHold) -> Handoff:
     try:
         if turn.kept_events:  # an outage kept events of the step before: they go out first
@@ -128,28 +128,25 @@ async def _step_claimed(k: Kortex, turn: TurnRecord, step: int, history: list[Me
         try:
             candidates = plan(k.providers, turn.model)
         except KortexError as exc:
-            await hold.io(_fail, k, turn, step, exc.code, exc.message)
-            return NOTHING
+            return await hold.io(_fail, k, turn, step, exc.code, exc.message)
         publisher = StepPublisher(k.events, turn.id, step, turn.attempt, k.settings.turn.text_flush_ms,
                                   on_stale=hold.lose)
         publisher.emit(TurnEvent(turn_id=turn.id, status="running", step=step, model=candidates[0].first_spec))
-        if isinstance(history, BudgetExceeded):
+        if isinstance(history, KortexError):
             metrics.refused(history.code)
             await _settle_text(publisher)
-            await hold.io(_fail, k, turn, step, history.code, history.message)
-            return NOTHING
+            return await hold.io(_fail, k, turn, step, history.code, history.message)
         return await _run_claimed(k, turn, step, candidates, history, hold, publisher)
     except Released:
         return await hold.io(_release, k, turn, step)
     except Exception as exc:  # whatever broke, the client must hear the turn ended
         log.exception("step %s of turn %s failed", step, turn.id)
         code = exc.code if isinstance(exc, KortexError) else "internal"
-        await hold.io(_fail, k, turn, step, code, "the turn failed unexpectedly; see the server logs")
-        return NOTHING
+        return await hold.io(_fail, k, turn, step, code, "the turn failed unexpectedly; see the server logs")
 
 
 def _claim(k: Kortex, tenant_id: str, turn_id: str, step: int
-           ) -> tuple[TurnRecord, list[Message] | BudgetExceeded] | None:
+           ) -> tuple[TurnRecord, list[Message] | KortexError] | None:
     """Claim the step and read what its model call needs, in one trip to an I/O thread and
     one transaction."""
     with k.db.begin() as conn:
@@ -162,17 +159,24 @@ def _release(k: Kortex, turn: TurnRecord, step: int) -> Handoff:
         released = turns.release_step(conn, turn, step)
     if not released:
         return NOTHING
-    return Handoff(steps=(StepDispatch(tenant_id=turn.tenant_id, turn_id=turn.id, step=step),))
+    return Handoff(steps=(StepDispatch(tenant_id=turn.tenant_id, turn_id=turn.id, step=step,
+                                       lane=lane_of(turn.profile)),))
 
 
-def _load(k: Kortex, conn: Connection, turn: TurnRecord) -> list[Message] | BudgetExceeded:
+def _load(k: Kortex, conn: Connection, turn: TurnRecord) -> list[Message] | KortexError:
     """The conversation so far, once the budget allows another LLM call (it is checked before
     every call, not only when the turn began)."""
     try:
         budget.check_spend(k.settings.llm.budget, budget.spend(conn, turn.tenant_id, turn.session_id))
     except BudgetExceeded as exc:
         return exc
-    return chats.load_history(conn, turn.tenant_id, turn.session_id, limit=k.settings.llm.max_history_messages)
+    history = chats.load_history(conn, turn.tenant_id, turn.session_id, limit=k.settings.llm.max_history_messages)
+    try:
+        gate = profile_of(turn.profile).before_call
+    except ConfigError:
+        gate = None  # the step fails the turn as unknown_profile before any call
+    refusal = gate(conn, turn, history) if gate is not None else None
+    return refusal if refusal is not None else history  # refused: the kind of turn's own limit
 
 
 def _time_limit(k: Kortex, turn: TurnRecord) -> float:
@@ -188,14 +192,12 @@ async def _run_claimed(k: Kortex, turn: TurnRecord, step: int, candidates: list[
     limit = _time_limit(k, turn)
     if limit <= 0:
         await _settle_text(publisher)
-        await hold.io(_fail, k, turn, step, "deadline_exceeded", "the turn did not finish before its deadline")
-        return NOTHING
+        return await hold.io(_fail, k, turn, step, "deadline_exceeded", "the turn did not finish before its deadline")
     try:
         profile = profile_of(turn.profile)
     except ConfigError as exc:  # a turn of a kind this process does not run: say so, do not guess
         await _settle_text(publisher)
-        await hold.io(_fail, k, turn, step, "unknown_profile", str(exc))
-        return NOTHING
+        return await hold.io(_fail, k, turn, step, "unknown_profile", str(exc))
     request = CompletionRequest(
         system=profile.system,
         messages=tuple(history),
@@ -254,10 +256,8 @@ async def _run_claimed(k: Kortex, turn: TurnRecord, step: int, candidates: list[
             f"no answer within {limit:.0f}s", provider=last.provider if last else candidates[0].provider.name,
             model=last.model.id if last else candidates[0].model.id, code="step_timeout")
         await _settle_text(publisher)
-        await hold.io(_fail, k, turn, step, error.code, str(error), retryable=error.retryable,
-                      llm_entries=_llm_audit(turn, step, made, error=error),
-                      usage=_usage(made))
-        return NOTHING
+        return await hold.io(_fail, k, turn, step, error.code, str(error), retryable=error.retryable,
+                             llm_entries=_llm_audit(turn, step, made, error=error), usage=_usage(made))
     answered = streams[-1].answered
     assert answered is not None
     usage = _usage(attempts())
@@ -270,7 +270,7 @@ async def _run_claimed(k: Kortex, turn: TurnRecord, step: int, candidates: list[
         return await hold.io(_depth_exceeded, k, turn, step, text, usage, answered.spec, entries, depth)
     if calls:
         return await hold.io(_park, k, turn, step, text, calls, usage, answered.spec, entries)
-    return await hold.io(_finish, k, turn, step, text, usage, answered.spec, entries, done, grounding, profile)
+    return await hold.io(_finish, k, turn, step, text, usage, answered.spec, entries, done, grounding)
 
 
 async def _settle_text(publisher: StepPublisher) -> bool:
@@ -291,8 +291,7 @@ async def _settle_text(publisher: StepPublisher) -> bool:
 
 
 def _finish(k: Kortex, turn: TurnRecord, step: int, text: str, usage: Usage, model_used: str,
-            entries: list[AuditEntry], done: DoneChunk, grounding: Grounding | None = None,
-            profile: TurnProfile = CHAT) -> Handoff:
+            entries: list[AuditEntry], done: DoneChunk, grounding: Grounding | None = None) -> Handoff:
     checked = grounding.as_dict() if grounding is not None else None
     handoff = NOTHING
     with k.db.begin() as conn:
@@ -307,9 +306,7 @@ def _finish(k: Kortex, turn: TurnRecord, step: int, text: str, usage: Usage, mod
                     "ask a narrower question or raise max_tokens")))
             if grounding is not None and not grounding.grounded:
                 closing.append(ErrorEvent(code="ungrounded_answer", fatal=False, message=_ungrounded(grounding)))
-            if profile.on_finish is not None:  # the kind of turn's own bookkeeping, in the same transaction
-                handoff = profile.on_finish(k, conn, turn, text)
-            publish_done(k, conn, turn, [*closing, _done(turn, usage, grounding)])
+            handoff = publish_done(k, conn, turn, [*closing, _done(turn, usage, grounding)], answer=text)
     if not finished:
         _audit_alone(k, entries)
     return handoff
@@ -368,7 +365,8 @@ def _park(k: Kortex, turn: TurnRecord, step: int, text: str, calls: tuple[ToolCa
         log.warning("turn %s moved on during step %s; dropping its result", turn.id, step)
         _audit_alone(k, entries)
         return NOTHING
-    return Handoff(tools=tuple(tool_dispatch(k, turn.tenant_id, inv.id, inv.name) for inv in invocations))
+    return Handoff(tools=tuple(tool_dispatch(k, turn.tenant_id, inv.id, inv.name, turn.profile)
+                               for inv in invocations))
 
 
 def _audit_alone(k: Kortex, entries: list[AuditEntry]) -> None:
@@ -487,33 +485,36 @@ def _depth_exceeded(
     note = DEPTH_EXCEEDED.format(depth=depth)
     content = f"{text}\n\n{note}" if text else note
     error = {"code": "tool_depth_exceeded", "message": note}
+    handoff = NOTHING
     with k.db.begin() as conn:
         finished = turns.finish_turn(conn, turn, step=step, message=AssistantMessage(content=content),
                                      usage=usage, model_used=model_used, error=error)
         if finished:
             audit.write_entries(conn, entries)
-            publish_done(k, conn, turn, [
+            handoff = publish_done(k, conn, turn, [
                 TextEvent(step=step, delta=("\n\n" if text else "") + note),
                 ErrorEvent(code="tool_depth_exceeded", message=note),
                 DoneEvent(status="done", usage=_total(turn, usage), error="tool_depth_exceeded"),
-            ])
+            ], answer=content)
     if not finished:
         _audit_alone(k, entries)
-    return NOTHING
+    return handoff
 
 
 def _fail(
     k: Kortex, turn: TurnRecord, step: int, code: str, message: str, *, retryable: bool = False,
     llm_entries: list[AuditEntry] | None = None, usage: Usage | None = None,
-) -> None:
+) -> Handoff:
     usage = usage or Usage()  # calls that were billed before the failure still count
+    handoff = NOTHING
     with k.db.begin() as conn:
         finished = turns.finish_turn(conn, turn, step=step, message=None, usage=usage, model_used=None,
                                      status="failed", error={"code": code, "message": message})
         if finished:
             if llm_entries:
                 audit.write_entries(conn, llm_entries)
-            publish_done(k, conn, turn, [ErrorEvent(code=code, message=message, retryable=retryable),
-                                         DoneEvent(status="failed", usage=_total(turn, usage), error=code)])
+            handoff = publish_done(k, conn, turn, [ErrorEvent(code=code, message=message, retryable=retryable),
+                                                   DoneEvent(status="failed", usage=_total(turn, usage), error=code)])
     if not finished and llm_entries:
         _audit_alone(k, llm_entries)
+    return handoff

@@ -12,16 +12,18 @@ from sqlalchemy.engine import Connection
 
 from kortex import logcontext, metrics, tracing
 from kortex.container import Kortex
-from kortex.errors import StorageError
+from kortex.errors import ConfigError, StorageError
 from kortex.events import Event, ToolProgressEvent, ToolResultEvent
 from kortex.messages import ToolCall, ToolResult
 from kortex.storage import audit, turns
 from kortex.storage.audit import AuditEntry
 from kortex.storage.records import InvocationRecord
 from kortex.timeparse import utcnow
+from kortex.tools.policy import ToolPolicy
 from kortex.tools.spec import ToolContext
 from kortex.turns import spool
 from kortex.turns.handoff import NOTHING, Handoff, StepDispatch, Trace
+from kortex.turns.profiles import lane_of, profile_of
 from kortex.turns.outbox import publish_in
 
 log = logging.getLogger(__name__)
@@ -63,7 +65,8 @@ def _run_tool(k: Kortex, tenant_id: str, invocation_id: str, tool: str, hard_lim
 
     started = time.monotonic()
     with logcontext.bound(tenant_id=inv.tenant_id, session_id=inv.session_id, turn_id=inv.turn_id):
-        result = k.pipeline.run(turns.tool_call_from_record(inv), ctx, audit=entries, on_progress=progress)
+        result = k.pipeline.run(turns.tool_call_from_record(inv), ctx, audit=entries, on_progress=progress,
+                                policy=_policy(k, inv))
     outcome = result.error_code or "error" if result.is_error else "ok"
     metrics.tool_done(inv.name, time.monotonic() - started, outcome)
     if current is not None:
@@ -96,7 +99,17 @@ def settle(k: Kortex, inv: InvocationRecord, result: ToolResult, entries: list[A
         return NOTHING
     if completion.next_step is None:
         return NOTHING
-    return Handoff(steps=(StepDispatch(tenant_id=inv.tenant_id, turn_id=inv.turn_id, step=completion.next_step),))
+    return Handoff(steps=(StepDispatch(tenant_id=inv.tenant_id, turn_id=inv.turn_id, step=completion.next_step,
+                                       lane=lane_of(inv.profile)),))
+
+
+def _policy(k: Kortex, inv: InvocationRecord) -> ToolPolicy:
+    """The policy of the call's turn profile, as the model was offered it: a tool the profile
+    did not offer is denied even if the deployment allows it (deny by default)."""
+    try:
+        return profile_of(inv.profile).policy(k)
+    except ConfigError:
+        return ToolPolicy(allowed=frozenset())
 
 
 def settle_spooled(k: Kortex, inv: InvocationRecord, spooled: spool.Spooled) -> Handoff:

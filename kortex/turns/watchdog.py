@@ -26,7 +26,8 @@ from kortex.tools.spec import ToolContext
 from kortex.turns import outbox, spool
 from kortex.turns.closing import publish_done
 from kortex.turns.handoff import Handoff, StepDispatch
-from kortex.turns.ports import Leadership, QueuePort, Work
+from kortex.turns.ports import JOB_SWEEPS, Leadership, QueuePort, Work
+from kortex.turns.profiles import lane_of, load_builtin
 from kortex.turns.step import tool_dispatch
 from kortex.turns.toolrun import settle, settle_spooled
 
@@ -72,7 +73,9 @@ def sweep(k: Kortex, queue: QueuePort | None = None) -> SweepReport:
     failed = 0
     for turn in expired:
         try:
-            failed += _expire(k, turn)
+            moved, after = _expire(k, turn)
+            failed += moved
+            handoff += after
         except KortexError:  # one bad row must not stop the sweep; the next one retries it
             log.exception("watchdog could not fail turn %s", turn.id)
 
@@ -86,15 +89,29 @@ def sweep(k: Kortex, queue: QueuePort | None = None) -> SweepReport:
 
     cutoff = now - timedelta(seconds=k.settings.turn.requeue_after)
     steps_waiting, tools_waiting = _backlog(queue, "steps"), _backlog(queue, "tools")
+    batch_waiting = _backlog(queue, "batch")  # a batch turn's steps and tools share one queue
+
+    def idle(lane: str, chat_waiting: int) -> bool:
+        return (batch_waiting if lane == "batch" else chat_waiting) == 0
+
     with k.db.begin() as conn:
         lapsed = sweeps.lapsed_steps(conn, now)  # their worker died mid-step: run the step again
         audit.write_entries(conn, [_lost_call(t) for t in lapsed])
-        stale_turns = lapsed + (sweeps.stale_queued_turns(conn, cutoff) if steps_waiting == 0 else [])
-        stale_tools = sweeps.stale_pending_invocations(conn, cutoff) if tools_waiting == 0 else []
+        stale_turns = lapsed + [t for t in sweeps.stale_queued_turns(conn, cutoff)
+                                if idle(lane_of(t.profile), steps_waiting)]
+        stale_tools = [i for i in sweeps.stale_pending_invocations(conn, cutoff)
+                       if idle(lane_of(i.profile), tools_waiting)]
     handoff += Handoff(
-        steps=tuple(StepDispatch(tenant_id=t.tenant_id, turn_id=t.id, step=t.step) for t in stale_turns),
-        tools=tuple(tool_dispatch(k, i.tenant_id, i.id, i.name) for i in stale_tools),
+        steps=tuple(StepDispatch(tenant_id=t.tenant_id, turn_id=t.id, step=t.step, lane=lane_of(t.profile))
+                    for t in stale_turns),
+        tools=tuple(tool_dispatch(k, i.tenant_id, i.id, i.name, i.profile) for i in stale_tools),
     )
+    load_builtin()  # the rooms built on the engine register their sweeps when loaded
+    for job_sweep in JOB_SWEEPS:  # kinds of batch work keep their own items moving (kortex/postmortems/)
+        try:
+            handoff += job_sweep(k, now, batch_waiting == 0)
+        except KortexError:
+            log.exception("watchdog could not sweep batch jobs")
     expired_proposals = k.proposals.expire_due(now)  # each one an audit row, as a human decision is
     try:  # confirmed proposals whose execution a dying process cut off
         recovered = k.proposals.recover_executions(now)
@@ -143,17 +160,18 @@ def _settle_overdue(k: Kortex, inv: InvocationRecord) -> Handoff:
     return settle(k, inv, result, [entry])
 
 
-def _expire(k: Kortex, turn: TurnRecord) -> int:
+def _expire(k: Kortex, turn: TurnRecord) -> tuple[int, Handoff]:
     error = {"code": "deadline_exceeded", "message": "the turn did not finish before its deadline"}
     usage = Usage(input_tokens=turn.input_tokens, output_tokens=turn.output_tokens, cost_usd=turn.cost_usd)
+    handoff = Handoff()
     with k.db.begin() as conn:
         moved = turns.fail_turn(conn, turn, error)
         if moved:
             # Unfenced: the compare-and-set above won, so whichever attempt last wrote is over.
-            publish_done(k, conn, turn, [ErrorEvent(code="deadline_exceeded", message=error["message"]),
-                                         DoneEvent(status="failed", usage=usage, error="deadline_exceeded")],
-                         attempt=0)
-    return 1 if moved else 0
+            handoff = publish_done(k, conn, turn, [ErrorEvent(code="deadline_exceeded", message=error["message"]),
+                                                   DoneEvent(status="failed", usage=usage, error="deadline_exceeded")],
+                                   attempt=0)
+    return (1 if moved else 0), handoff
 
 
 def run_watchdog(k: Kortex, queue: QueuePort, leader: Leadership, *, every: float,

@@ -21,6 +21,7 @@ PLATFORM_TOOLS = {"get_deployment_status", "get_active_incidents", "get_latency_
 EXPECTED_TOOLS = {
     "checkout-deploy-regression": SERVICE_TOOLS,
     "connection-pool-exhaustion": SERVICE_TOOLS,
+    "incident-archive": SERVICE_TOOLS,
     "llm-backend-degraded": PLATFORM_TOOLS | {"get_request_detail"},
     "noisy-neighbour": PLATFORM_TOOLS | {"get_user_context", "get_request_detail"},
 }

@@ -8,6 +8,7 @@ answer says plainly that it comes from rules, not from a language model.
 
 from __future__ import annotations
 
+import json
 import secrets
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -23,7 +24,7 @@ from kortex.llm.base import (
     TokenUsage,
     ToolCallChunk,
 )
-from kortex.llm.offline import platform, service
+from kortex.llm.offline import platform, postmortem, service
 from kortex.llm.offline import subject as subjects
 from kortex.llm.offline.plan import PlanState, Probe, View, walk
 from kortex.llm.offline.question import Intent, read_question
@@ -82,6 +83,10 @@ class OfflineAnalyst(Provider):
     async def stream(self, request: CompletionRequest) -> AsyncIterator[StreamChunk]:
         state = read_turn(request.messages)
         available = {t.name for t in request.tools}
+        if postmortem.SUBMIT in available:  # a post-mortem turn: its answer is a submitted document
+            async for chunk in self._postmortem(state, available):
+                yield chunk
+            return
         intent = read_question(state.question)
         if intent.domain != "llm" and not intent.product and not intent.trace_id and "list_products" in available:
             found = subjects.listed(state.done_calls())
@@ -112,6 +117,36 @@ class OfflineAnalyst(Provider):
         yield DoneChunk(stop_reason="end_turn",
                         usage=TokenUsage(input_tokens=in_tokens, output_tokens=max(1, len(answer) // 4)),
                         model="analyst")
+
+    async def _postmortem(self, state: TurnState, available: set[str]) -> AsyncIterator[StreamChunk]:
+        usage = TokenUsage(input_tokens=max(1, len(state.question) // 4), output_tokens=20)
+        wanted = postmortem.read_request(state.question)
+        submitted = [(c, r) for c, r in state.done_calls() if c.name == postmortem.SUBMIT]
+        calls: list[ToolCall] = []
+        if wanted is not None and not submitted:
+            calls, view = investigate(postmortem.intent_of(wanted), state, available)
+            record = postmortem.record_call(wanted)
+            made = {(c.name, json.dumps(c.arguments, sort_keys=True)) for c in state.calls}
+            if record.name in available and (record.name, json.dumps(record.arguments, sort_keys=True)) not in made:
+                calls.append(record)
+            if not calls or state.rounds >= MAX_ROUNDS:  # investigated: submit what it shows
+                document = postmortem.document(wanted, view, state.done_calls())
+                calls = [ToolCall(id="", name=postmortem.SUBMIT, arguments=document)]
+        if calls:
+            for i, call in enumerate(calls):
+                yield ToolCallChunk(call=self._with_id(call, state, i))
+            yield DoneChunk(stop_reason="tool_use", usage=usage, model="analyst")
+            return
+        if wanted is None:
+            text = f"**{LABEL}**: the request names no incident (an `incident: {{...}}` line), so there is nothing to write."
+        elif submitted and not submitted[-1][1].is_error:
+            text = f"**{LABEL}**: the post-mortem of {wanted.ref} is submitted [{submitted[-1][0].id}]."
+        else:
+            error = submitted[-1][1].content if submitted else None
+            text = f"**{LABEL}**: the post-mortem of {wanted.ref} was refused: {json.dumps(error)[:1000]}"
+        for piece in _pieces(text, self.chunk_chars):
+            yield TextChunk(text=piece)
+        yield DoneChunk(stop_reason="end_turn", usage=usage, model="analyst")
 
     def _with_id(self, call: ToolCall, state: TurnState, index: int) -> ToolCall:
         # Random, as a vendor's are: ids derived from the question repeated across sessions.

@@ -17,7 +17,7 @@ from sqlalchemy.engine import Connection
 
 from kortex.errors import InvalidInput
 from kortex.telemetry import ingest
-from kortex.telemetry.scenarios import checkout, inventory, llm
+from kortex.telemetry.scenarios import archive, checkout, inventory, llm
 from kortex.telemetry.scenarios.batch import TelemetryBatch
 
 
@@ -67,6 +67,16 @@ SCENARIOS: dict[str, Scenario] = {
             root_cause="a noisy neighbour: user globex-batch (budget tier) floods llama-70b/k8s and fills its queue",
             key_facts=("noisy neighbour", "globex-batch", "llama-70b/k8s"),
             build=llm.build_noisy_neighbour,
+        ),
+        Scenario(
+            name="incident-archive",
+            title="a month of closed incidents across six products (for `kortex postmortem run --since 30d`), "
+                  "with checkout's deploy regression live",
+            question="Why is checkout slow?",
+            root_cause="today: deploy v2.14.0 of checkout exhausts its DB connection pool; the past incidents each "
+                       "have their own cause (a deploy, a logged change, a dependency, a resource running out)",
+            key_facts=("v2.14.0", "connection-pool exhaustion"),
+            build=archive.build,
         ),
     )
 }

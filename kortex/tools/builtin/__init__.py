@@ -20,6 +20,7 @@ from kortex.tools.builtin import (
     get_user_context,
     list_products,
     propose_action,
+    submit_postmortem,
 )
 from kortex.tools.spec import ToolSpec
 
@@ -34,6 +35,8 @@ BUILTIN_TOOLS: tuple[ToolSpec, ...] = (
     get_admin_info.SPEC,
     list_products.SPEC,
     propose_action.SPEC,
+    # kortex/postmortems/: the post-mortem profile's structured output
+    submit_postmortem.SPEC,
     # llm-ops-agent-tools.md
     get_deployment_status.SPEC,
     get_active_incidents.SPEC,

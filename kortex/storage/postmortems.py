@@ -1,0 +1,285 @@
+"""Post-mortem jobs, their items and the documents they produce. Every query is scoped to a
+tenant, except the watchdog's sweeps, which hand back rows that carry their tenant.
+
+Item status moves by compare-and-set only (``queued -> dispatched -> running -> done | failed |
+skipped | cancelled``), so a duplicate task, a re-delivered hook or a racing cancel finds the
+item moved on and does nothing; and ``postmortems.item_id`` is unique, so one item never has
+two documents whatever runs twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import and_, exists, func, insert, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection
+
+from kortex.errors import NotFound
+from kortex.storage.records import _Record
+from kortex.storage.schema import postmortem_items, postmortem_jobs, postmortems, turns
+
+_j = postmortem_jobs.c
+_it = postmortem_items.c
+_p = postmortems.c
+
+#: an item still owing work: the job is not over while one is in these
+OPEN = ("queued", "dispatched", "running")
+ACTIVE = ("dispatched", "running")  # what counts against a job's concurrency
+ITEM_STATUSES = ("queued", "dispatched", "running", "done", "failed", "skipped", "cancelled")
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord(_Record):
+    id: str
+    tenant_id: str
+    status: str
+    selection: dict[str, Any]
+    model: str | None
+    max_usd: float | None
+    concurrency: int
+    template: str | None
+    force: bool
+    created_by: str | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class ItemRecord(_Record):
+    id: str
+    tenant_id: str
+    job_id: str
+    position: int
+    incident_ref: str
+    incident: dict[str, Any]
+    status: str
+    turn_id: str | None
+    error: dict[str, Any] | None
+    cost_usd: float
+    dispatched_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class PostmortemRecord(_Record):
+    id: str
+    tenant_id: str
+    item_id: str | None
+    job_id: str | None
+    turn_id: str | None
+    incident_ref: str
+    document: dict[str, Any]
+    grounding: dict[str, Any] | None
+    created_at: datetime
+
+
+def insert_job(conn: Connection, job: dict[str, Any], items: Sequence[dict[str, Any]]) -> None:
+    conn.execute(insert(postmortem_jobs), [job])
+    if items:
+        conn.execute(insert(postmortem_items), list(items))
+
+
+def job_by_key(conn: Connection, tenant_id: str, key: str) -> tuple[JobRecord, str | None] | None:
+    """The job an Idempotency-Key made, with the hash of the request that made it."""
+    row = conn.execute(select(postmortem_jobs).where(_j.tenant_id == tenant_id, _j.idempotency_key == key)).first()
+    return (JobRecord.from_row(row), row.request_hash) if row else None
+
+
+def get_job(conn: Connection, tenant_id: str, job_id: str, *, lock: bool = False) -> JobRecord:
+    query = select(postmortem_jobs).where(_j.id == job_id, _j.tenant_id == tenant_id)
+    row = conn.execute(query.with_for_update() if lock else query).first()
+    if row is None:
+        raise NotFound("post-mortem job not found")
+    return JobRecord.from_row(row)
+
+
+def list_jobs(conn: Connection, tenant_id: str, *, limit: int) -> list[JobRecord]:
+    rows = conn.execute(select(postmortem_jobs).where(_j.tenant_id == tenant_id)
+                        .order_by(_j.created_at.desc(), _j.id.desc()).limit(limit)).all()
+    return [JobRecord.from_row(r) for r in rows]
+
+
+def job_session(conn: Connection, tenant_id: str, job_id: str) -> str | None:
+    return conn.execute(select(_j.session_id).where(_j.id == job_id, _j.tenant_id == tenant_id)).scalar()
+
+
+def counts(conn: Connection, tenant_id: str, job_id: str) -> dict[str, int]:
+    rows = conn.execute(select(_it.status, func.count()).where(_it.job_id == job_id, _it.tenant_id == tenant_id)
+                        .group_by(_it.status)).all()
+    found = {status: int(n) for status, n in rows}
+    return {status: found.get(status, 0) for status in ITEM_STATUSES}
+
+
+def spend(conn: Connection, tenant_id: str, job_id: str) -> float:
+    """What the job's turns have cost so far, running ones included (each step adds its calls'
+    cost to its turn as it ends), so a budget check before an LLM call sees every earlier call."""
+    total = conn.execute(
+        select(func.coalesce(func.sum(turns.c.cost_usd), 0.0))
+        .select_from(postmortem_items.join(turns, turns.c.id == _it.turn_id))
+        .where(_it.job_id == job_id, _it.tenant_id == tenant_id)
+    ).scalar()
+    return float(total or 0.0)
+
+
+def list_items(conn: Connection, tenant_id: str, job_id: str, *, after: int, limit: int,
+               status: str | None = None) -> list[ItemRecord]:
+    where = [_it.job_id == job_id, _it.tenant_id == tenant_id, _it.position > after]
+    if status is not None:
+        where.append(_it.status == status)
+    rows = conn.execute(select(postmortem_items).where(*where).order_by(_it.position).limit(limit)).all()
+    return [ItemRecord.from_row(r) for r in rows]
+
+
+def changed_items(conn: Connection, tenant_id: str, job_id: str, since: datetime | None) -> list[ItemRecord]:
+    """Items that started or ended after ``since`` (all that did, when None): a progress feed."""
+    where = [_it.job_id == job_id, _it.tenant_id == tenant_id]
+    if since is not None:
+        where.append((_it.started_at > since) | (_it.finished_at > since))
+    else:
+        where.append(_it.started_at.is_not(None) | _it.finished_at.is_not(None))
+    rows = conn.execute(select(postmortem_items).where(*where).order_by(_it.position)).all()
+    return [ItemRecord.from_row(r) for r in rows]
+
+
+def get_item(conn: Connection, tenant_id: str, item_id: str) -> ItemRecord | None:
+    row = conn.execute(select(postmortem_items).where(_it.id == item_id, _it.tenant_id == tenant_id)).first()
+    return ItemRecord.from_row(row) if row else None
+
+
+def item_of_turn(conn: Connection, tenant_id: str, turn_id: str) -> ItemRecord | None:
+    row = conn.execute(select(postmortem_items).where(_it.turn_id == turn_id, _it.tenant_id == tenant_id)).first()
+    return ItemRecord.from_row(row) if row else None
+
+
+def active_count(conn: Connection, job_id: str) -> int:
+    return int(conn.execute(select(func.count()).where(_it.job_id == job_id, _it.status.in_(ACTIVE))).scalar() or 0)
+
+
+def dispatch_next(conn: Connection, job_id: str, n: int, now: datetime) -> list[ItemRecord]:
+    """queued -> dispatched for the job's next ``n`` items in order. Rows another transaction
+    is taking are skipped (PostgreSQL), so two advances of one job never take the same item."""
+    if n <= 0:
+        return []
+    chosen = (select(_it.id).where(_it.job_id == job_id, _it.status == "queued").order_by(_it.position).limit(n)
+              .with_for_update(skip_locked=True))
+    rows = conn.execute(update(postmortem_items).where(_it.id.in_(chosen.scalar_subquery()), _it.status == "queued")
+                        .values(status="dispatched", dispatched_at=now).returning(*postmortem_items.c)).all()
+    return sorted((ItemRecord.from_row(r) for r in rows), key=lambda i: i.position)
+
+
+def start_item(conn: Connection, tenant_id: str, item_id: str, turn_id: str, now: datetime) -> bool:
+    """dispatched -> running with its turn: once, whatever delivers the item's task twice."""
+    row = conn.execute(update(postmortem_items)
+                       .where(_it.id == item_id, _it.tenant_id == tenant_id, _it.status == "dispatched")
+                       .values(status="running", turn_id=turn_id, started_at=now).returning(_it.id)).first()
+    return row is not None
+
+
+def end_item(conn: Connection, tenant_id: str, item_id: str, status: str, now: datetime, *,
+             error: dict[str, Any] | None = None, cost_usd: float = 0.0,
+             from_status: Sequence[str] = ("running",)) -> bool:
+    row = conn.execute(update(postmortem_items)
+                       .where(_it.id == item_id, _it.tenant_id == tenant_id, _it.status.in_(tuple(from_status)))
+                       .values(status=status, error=error, cost_usd=cost_usd, finished_at=now)
+                       .returning(_it.id)).first()
+    return row is not None
+
+
+def end_open_items(conn: Connection, tenant_id: str, job_id: str, status: str, now: datetime,
+                   error: dict[str, Any], from_status: Sequence[str] = ("queued", "dispatched")) -> int:
+    """Items not yet started, ended in one statement (a cancel, a spent budget)."""
+    rows = conn.execute(update(postmortem_items)
+                        .where(_it.job_id == job_id, _it.tenant_id == tenant_id,
+                               _it.status.in_(tuple(from_status)))
+                        .values(status=status, error=error, finished_at=now).returning(_it.id)).all()
+    return len(rows)
+
+
+def running_turns(conn: Connection, tenant_id: str, job_id: str) -> list[str]:
+    return list(conn.execute(select(_it.turn_id).where(_it.job_id == job_id, _it.tenant_id == tenant_id,
+                                                       _it.status == "running", _it.turn_id.is_not(None))).scalars())
+
+
+def set_job_status(conn: Connection, tenant_id: str, job_id: str, status: str, now: datetime, *,
+                   from_status: Sequence[str]) -> bool:
+    values: dict[str, Any] = {"status": status}
+    if status == "running":
+        values["started_at"] = now
+    else:
+        values["finished_at"] = now
+    row = conn.execute(update(postmortem_jobs)
+                       .where(_j.id == job_id, _j.tenant_id == tenant_id, _j.status.in_(tuple(from_status)))
+                       .values(**values).returning(_j.id)).first()
+    return row is not None
+
+
+def finish_if_complete(conn: Connection, tenant_id: str, job_id: str, now: datetime) -> bool:
+    """running (or queued) -> done once no item is open; one winner when two items end at once."""
+    still_open = exists().where(_it.job_id == job_id, _it.status.in_(OPEN))
+    row = conn.execute(update(postmortem_jobs)
+                       .where(_j.id == job_id, _j.tenant_id == tenant_id, _j.status.in_(("queued", "running")),
+                              ~still_open)
+                       .values(status="done", finished_at=now).returning(_j.id)).first()
+    return row is not None
+
+
+def insert_postmortem(conn: Connection, row: dict[str, Any]) -> bool:
+    """Store an item's document unless it already has one; True when this call stored it. The
+    ``rowcount`` of an ``ON CONFLICT DO NOTHING`` is not to be trusted across drivers, so the
+    answer comes from ``RETURNING``."""
+    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    statement = dialect.insert(postmortems).values(**row).on_conflict_do_nothing(index_elements=["item_id"])
+    return conn.execute(statement.returning(_p.id)).first() is not None
+
+
+def latest_postmortem(conn: Connection, tenant_id: str, incident_ref: str) -> PostmortemRecord:
+    row = conn.execute(select(postmortems).where(_p.tenant_id == tenant_id, _p.incident_ref == incident_ref)
+                       .order_by(_p.created_at.desc(), _p.id.desc()).limit(1)).first()
+    if row is None:
+        raise NotFound("no post-mortem for this incident")
+    return PostmortemRecord.from_row(row)
+
+
+def postmortems_of_job(conn: Connection, tenant_id: str, job_id: str) -> list[PostmortemRecord]:
+    rows = conn.execute(select(postmortems).where(_p.tenant_id == tenant_id, _p.job_id == job_id)
+                        .order_by(_p.incident_ref)).all()
+    return [PostmortemRecord.from_row(r) for r in rows]
+
+
+def existing_refs(conn: Connection, tenant_id: str, refs: Sequence[str]) -> dict[str, str]:
+    """Incident refs that already have a post-mortem, with the latest one's id."""
+    if not refs:
+        return {}
+    rows = conn.execute(select(_p.incident_ref, _p.id).where(_p.tenant_id == tenant_id, _p.incident_ref.in_(refs))
+                        .order_by(_p.created_at)).all()
+    return {r.incident_ref: r.id for r in rows}
+
+
+def stale_dispatched(conn: Connection, cutoff: datetime, limit: int = 500) -> list[ItemRecord]:
+    """Items handed to the batch queue before ``cutoff`` whose task never started them."""
+    rows = conn.execute(select(postmortem_items).where(_it.status == "dispatched", _it.dispatched_at < cutoff)
+                        .order_by(_it.dispatched_at).limit(limit)).all()
+    return [ItemRecord.from_row(r) for r in rows]
+
+
+def jobs_with_room(conn: Connection, limit: int = 100) -> list[tuple[str, str]]:
+    """(tenant, job) of running jobs with queued items and fewer active ones than their
+    concurrency, or none open at all (done, but not yet marked so)."""
+    active = (select(func.count()).where(_it.job_id == _j.id, _it.status.in_(ACTIVE))
+              .correlate(postmortem_jobs).scalar_subquery())
+    queued = exists().where(_it.job_id == _j.id, _it.status == "queued")
+    opened = exists().where(_it.job_id == _j.id, _it.status.in_(OPEN))
+    rows = conn.execute(select(_j.tenant_id, _j.id).where(
+        _j.status.in_(("queued", "running")),
+        (and_(queued, active < _j.concurrency)) | ~opened,
+    ).limit(limit)).all()
+    return [(r.tenant_id, r.id) for r in rows]
+
+
+__all__ = ["ACTIVE", "ITEM_STATUSES", "OPEN", "ItemRecord", "JobRecord", "PostmortemRecord"]

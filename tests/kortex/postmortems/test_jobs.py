@@ -1,0 +1,158 @@
+"""Post-mortem jobs, end to end in-process (the Celery shell is tested in tests/integration):
+each item is a turn of the post-mortem profile, its document validated and stored once, the
+job advanced by the turns' end hooks, stopped by its budget or a cancel, and invisible to other
+tenants. The same tests run on PostgreSQL in tests/integration/test_postmortems_pg.py (the
+fixture ``h`` is replaced there)."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from sqlalchemy import update
+
+from kortex.errors import NotFound
+from kortex.postmortems import jobs
+from kortex.postmortems.document import PostMortem
+from kortex.storage import turns as turn_store
+from kortex.storage.schema import turns as turns_table
+from kortex.testing.inline import drive
+from kortex.turns.chat import get_turn
+from kortex.turns.handoff import Handoff
+from tests.conftest import Harness
+
+
+@pytest.fixture
+def h(harness: Harness) -> Harness:
+    return harness
+
+
+@pytest.fixture
+def tenant(h: Harness) -> str:
+    tenant = h.tenant(f"pm-{uuid.uuid4().hex[:8]}")
+    h.seed(tenant, "incident-archive")
+    return tenant
+
+
+ALL = jobs.JobRequest(filter=jobs.JobFilter(since="30d"), concurrency=3)
+
+
+def test_a_job_writes_one_valid_cited_post_mortem_per_incident(h: Harness, tenant: str) -> None:
+    submitted = jobs.submit(h.k, tenant, ALL, by="test")
+    total = sum(submitted.view.counts.values())
+    assert total >= 12 and submitted.view.counts["queued"] == total - 3 and submitted.view.counts["dispatched"] == 3
+    assert len(submitted.handoff.items) == 3  # the job's concurrency, no more
+
+    drive(h.k, submitted.handoff)
+
+    view = jobs.view(h.k, tenant, submitted.view.job.id)
+    assert view.job.status == "done" and view.counts["done"] == total, view.counts
+    items = jobs.list_items(h.k, tenant, view.job.id, limit=1000)
+    assert [i.position for i in items] == list(range(total))
+    for item in items:
+        stored = jobs.postmortem_of(h.k, tenant, item.incident_ref)
+        document = PostMortem.model_validate(stored.document)  # what was stored is a valid document
+        assert document.incident_id == item.incident_ref and stored.item_id == item.id
+        with h.k.db.connect() as conn:
+            succeeded = turn_store.succeeded_calls(conn, tenant, item.turn_id)
+        assert document.cited() and set(document.cited()) <= succeeded, "every citation names a call that answered"
+        assert stored.grounding == {"cited": len(document.cited()), "dangling": []}
+        assert get_turn(h.k, tenant, item.turn_id).profile == "postmortem"
+    # The deploy regression in the archive is named as the cause of its incident.
+    inc = jobs.postmortem_of(h.k, tenant, "INC-1101").document
+    assert "v2.11.0" in inc["root_cause"]["statement"] and inc["severity"] == "error"
+    assert "# Post-mortem: checkout p99 up after v2.11.0" in PostMortem.model_validate(inc).markdown()
+
+
+def test_running_twice_never_writes_two_and_a_rerun_skips_what_is_done(h: Harness, tenant: str) -> None:
+    request = jobs.JobRequest(incident_ids=["INC-1110", "INC-1101"], concurrency=2)
+    first = jobs.submit(h.k, tenant, request, by="test")
+    # The item's task delivered twice: the second delivery finds the item started.
+    again = [jobs.start_item(h.k, tenant, i.item_id) for i in first.handoff.items]
+    assert all(len(a.steps) == 1 for a in again)
+    assert [jobs.start_item(h.k, tenant, i.item_id) for i in first.handoff.items] == [Handoff(), Handoff()]
+    for handoff in again:
+        drive(h.k, handoff)
+    items = jobs.list_items(h.k, tenant, first.view.job.id)
+    assert [i.incident_ref for i in items] == ["INC-1110", "INC-1101"]  # the order asked for
+    assert [i.status for i in items] == ["done", "done"]
+    # The end hook heard twice (a re-delivered step finds the turn over): still one document.
+    with h.k.db.begin() as conn:
+        turn = turn_store.get_turn(conn, tenant, items[0].turn_id)
+        assert jobs.on_end(h.k, conn, turn, jobs.TurnEnd(status="done")) == Handoff()
+    assert len(jobs.postmortems_of(h.k, tenant, first.view.job.id)) == 2
+
+    rerun = jobs.submit(h.k, tenant, request, by="test")
+    assert rerun.view.counts["skipped"] == 2 and rerun.view.job.status == "done" and not rerun.handoff
+    assert {i.error["code"] for i in jobs.list_items(h.k, tenant, rerun.view.job.id)} == {"exists"}
+    forced = jobs.submit(h.k, tenant, request.model_copy(update={"force": True}), by="test")
+    drive(h.k, forced.handoff)
+    assert jobs.view(h.k, tenant, forced.view.job.id).counts["done"] == 2
+
+
+def test_the_same_idempotency_key_answers_the_same_job(h: Harness, tenant: str) -> None:
+    request = jobs.JobRequest(incident_ids=["INC-1101"])
+    first = jobs.submit(h.k, tenant, request, idempotency_key="k1", by="test")
+    second = jobs.submit(h.k, tenant, request, idempotency_key="k1", by="test")
+    assert second.view.job.id == first.view.job.id and not second.created and not second.handoff
+    with pytest.raises(Exception) as raised:
+        jobs.submit(h.k, tenant, request.model_copy(update={"concurrency": 2}), idempotency_key="k1", by="test")
+    assert getattr(raised.value, "code", "") == "idempotency_mismatch"
+
+
+def test_max_usd_stops_the_job_before_the_next_llm_call(h: Harness, tenant: str) -> None:
+    submitted = jobs.submit(h.k, tenant, jobs.JobRequest(filter=jobs.JobFilter(since="30d"), concurrency=1,
+                                                         max_usd=0.01), by="test")
+    [item] = submitted.handoff.items
+    step0 = jobs.start_item(h.k, tenant, item.item_id)
+    turn_id = step0.steps[0].turn_id
+    with h.k.db.begin() as conn:  # as if the item's earlier calls had spent more than the job may
+        conn.execute(update(turns_table).where(turns_table.c.id == turn_id).values(cost_usd=0.02))
+    drive(h.k, step0)
+    turn = get_turn(h.k, tenant, turn_id)
+    assert turn.status == "failed" and turn.error["code"] == "budget"
+    view = jobs.view(h.k, tenant, submitted.view.job.id)
+    total = sum(view.counts.values())
+    assert view.job.status == "done" and view.counts["skipped"] == total and view.spend_usd == pytest.approx(0.02)
+    assert {i.error["code"] for i in jobs.list_items(h.k, tenant, view.job.id, limit=1000)} == {"budget"}
+
+
+def test_cancel_stops_queued_items_and_cancels_running_ones_when_asked(h: Harness, tenant: str) -> None:
+    submitted = jobs.submit(h.k, tenant, ALL.model_copy(update={"concurrency": 2}), by="test")
+    first, second = submitted.handoff.items
+    started = jobs.start_item(h.k, tenant, first.item_id)  # running; the second is dispatched, not started
+    report, handoff = jobs.cancel(h.k, tenant, submitted.view.job.id, running="cancel", by="key:test")
+    assert report.running == 1 and report.cancelled_queued == sum(report.view.counts.values()) - 1
+    assert not handoff  # a cancelled job starts nothing more
+    assert get_turn(h.k, tenant, started.steps[0].turn_id).status == "cancelled"
+    assert jobs.start_item(h.k, tenant, second.item_id) == Handoff()  # its late task does nothing
+    view = jobs.view(h.k, tenant, submitted.view.job.id)
+    assert view.job.status == "cancelled" and view.counts["cancelled"] == sum(view.counts.values())
+    again, _ = jobs.cancel(h.k, tenant, submitted.view.job.id, by="key:test")  # idempotent
+    assert again.cancelled_queued == 0 and again.view.job.status == "cancelled"
+
+
+def test_another_tenant_sees_no_job_item_or_post_mortem(h: Harness, tenant: str) -> None:
+    submitted = jobs.submit(h.k, tenant, jobs.JobRequest(incident_ids=["INC-1101"]), by="test")
+    drive(h.k, submitted.handoff)
+    other = h.tenant(f"pm-other-{uuid.uuid4().hex[:8]}")
+    job_id = submitted.view.job.id
+    for read in (lambda: jobs.view(h.k, other, job_id), lambda: jobs.list_items(h.k, other, job_id),
+                 lambda: jobs.postmortem_of(h.k, other, "INC-1101"), lambda: jobs.postmortems_of(h.k, other, job_id),
+                 lambda: jobs.cancel(h.k, other, job_id, by="x")):
+        with pytest.raises(NotFound):
+            read()
+    with pytest.raises(NotFound) as missing:  # nor can it name the other tenant's incidents
+        jobs.submit(h.k, other, jobs.JobRequest(incident_ids=["INC-1101"]), by="test")
+    assert "INC-1101" in missing.value.message
+
+
+def test_bad_requests_say_what_is_wrong() -> None:
+    with pytest.raises(ValueError, match="exactly one of incident_ids or filter"):
+        jobs.JobRequest()
+    with pytest.raises(ValueError, match="unknown template"):
+        jobs.JobRequest(incident_ids=["INC-1"], template="haiku")
+    with pytest.raises(ValueError, match="not incident ids"):
+        jobs.JobRequest(incident_ids=["INC-1", "bad id with spaces"])
+    with pytest.raises(ValueError):
+        jobs.JobRequest(incident_ids=["INC-1"], concurrency=0)
