@@ -18,7 +18,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api import errors, openapi
 from api.deps import AuthCache
-from api.routes import health, ingest, keys, llm, metrics, proposals, sessions, tools, turns
+from api.routes import health, ingest, keys, llm, metrics, postmortems, proposals, sessions, tools, turns
 from api.sse import StreamSlots
 from kortex import logcontext, logsafe, tracing
 from kortex.config import Settings, load_settings
@@ -201,5 +201,6 @@ def create_app(settings: Settings | None = None, *, dispatch: Callable[[Handoff]
     app.include_router(ingest.router)
     app.include_router(llm.router)
     app.include_router(keys.router)
+    app.include_router(postmortems.router)
     app.include_router(metrics.router)
     return app

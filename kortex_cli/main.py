@@ -18,11 +18,13 @@ from rich.console import Console
 from kortex import logcontext, logsafe
 from kortex.config import Settings, load_settings
 from kortex.errors import KortexError
+from kortex_cli.postmortem import app as postmortem_app
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Kortex: an LLM that investigates "
                   "production problems with read-only tools and answers with evidence.")
 admin = typer.Typer(no_args_is_help=True, help="Tenants and API keys.")
 app.add_typer(admin, name="admin")
+app.add_typer(postmortem_app, name="postmortem")
 console = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
 

@@ -24,22 +24,23 @@ DEMO_TENANT = "demo"
 
 
 @contextlib.contextmanager
-def embedded_stack(settings: Settings) -> Iterator[Kortex]:
-    """Database schema, a container, and (embedded mode) the in-process worker."""
+def embedded_stack(settings: Settings, *, worker: bool = True) -> Iterator[Kortex]:
+    """Database schema, a container, and (embedded mode, unless ``worker`` is False) the
+    in-process worker."""
     upgrade(settings.effective_database_url)
     k = Kortex.create(settings)
-    worker = None
-    if settings.embedded:
+    running = None
+    if settings.embedded and worker:
         from workers.app import app as celery_app
         from workers.embedded import EmbeddedWorker
 
-        worker = EmbeddedWorker(celery_app, settings=settings)
-        worker.start()
+        running = EmbeddedWorker(celery_app, settings=settings)
+        running.start()
     try:
         yield k
     finally:
-        if worker is not None:
-            worker.stop()
+        if running is not None:
+            running.stop()
         k.close()
 
 

@@ -51,6 +51,11 @@ class EmbeddedWorker:
         self._controller = _Controller(
             app=self.app, concurrency=self.concurrency, pool="threads", hostname="kortex-embedded@localhost",
             queues=[q.value for q in Queue], loglevel="WARNING", without_heartbeat=True, without_mingle=True,
+            # Acked tasks (tools, batch items, batch steps) count against the prefetch window, and
+            # once it is full the in-memory consumer looks again only at its next poll (~2 s): a
+            # batch of post-mortems advanced in 2 s beats. Its tasks are short, and a process that
+            # dies loses the in-memory queue anyway, so a wide window costs nothing here.
+            prefetch_multiplier=16,
             without_gossip=True, ready_callback=None,
         )
         self._thread = threading.Thread(target=self._controller.start, name="kortex-embedded-worker", daemon=True)

@@ -36,7 +36,7 @@ from kortex.postmortems.document import PostMortem
 from kortex.storage import chats
 from kortex.storage import postmortems as store
 from kortex.storage import turns
-from kortex.storage.postmortems import ItemRecord, JobRecord
+from kortex.storage.records import ItemRecord, JobRecord, PostmortemRecord
 from kortex.storage.records import TurnRecord
 from kortex.telemetry.sources import Incident
 from kortex.timeparse import isoformat, utcnow
@@ -385,12 +385,26 @@ def list_items(k: Kortex, tenant_id: str, job_id: str, *, after: int = -1, limit
         return store.list_items(conn, tenant_id, job_id, after=after, limit=limit, status=status)
 
 
-def postmortem_of(k: Kortex, tenant_id: str, incident_ref: str) -> store.PostmortemRecord:
+def changes(k: Kortex, tenant_id: str, job_id: str, since: datetime | None) -> list[tuple[datetime, str, ItemRecord]]:
+    """What happened to the job's items after ``since``, in time order: (when, event, item),
+    the event ``item_started`` or ``item_<status>`` of an item that ended."""
+    with k.db.connect() as conn:
+        items = store.changed_items(conn, tenant_id, job_id, since)
+    out: list[tuple[datetime, str, ItemRecord]] = []
+    for item in items:
+        if item.started_at is not None and (since is None or item.started_at > since):
+            out.append((item.started_at, "item_started", item))
+        if item.finished_at is not None and (since is None or item.finished_at > since):
+            out.append((item.finished_at, f"item_{item.status}", item))
+    return sorted(out, key=lambda change: change[0])
+
+
+def postmortem_of(k: Kortex, tenant_id: str, incident_ref: str) -> PostmortemRecord:
     with k.db.connect() as conn:
         return store.latest_postmortem(conn, tenant_id, incident_ref)
 
 
-def postmortems_of(k: Kortex, tenant_id: str, job_id: str) -> list[store.PostmortemRecord]:
+def postmortems_of(k: Kortex, tenant_id: str, job_id: str) -> list[PostmortemRecord]:
     with k.db.connect() as conn:
         store.get_job(conn, tenant_id, job_id)
         return store.postmortems_of_job(conn, tenant_id, job_id)
@@ -450,5 +464,5 @@ def sweep(k: Kortex, now: datetime, batch_idle: bool) -> Handoff:
     return handoff
 
 
-__all__ = ["CancelReport", "JobFilter", "JobRequest", "JobView", "Submitted", "advance", "before_call", "cancel",
+__all__ = ["CancelReport", "JobFilter", "JobRequest", "JobView", "Submitted", "advance", "before_call", "cancel", "changes",
            "list_items", "on_end", "postmortem_of", "postmortems_of", "start_item", "submit", "sweep", "view"]

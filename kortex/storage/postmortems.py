@@ -10,7 +10,6 @@ two documents whatever runs twice.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -19,7 +18,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from kortex.errors import NotFound
-from kortex.storage.records import _Record
+from kortex.storage.records import ItemRecord, JobRecord, PostmortemRecord
 from kortex.storage.schema import postmortem_items, postmortem_jobs, postmortems, turns
 
 _j = postmortem_jobs.c
@@ -30,53 +29,6 @@ _p = postmortems.c
 OPEN = ("queued", "dispatched", "running")
 ACTIVE = ("dispatched", "running")  # what counts against a job's concurrency
 ITEM_STATUSES = ("queued", "dispatched", "running", "done", "failed", "skipped", "cancelled")
-
-
-@dataclass(frozen=True, slots=True)
-class JobRecord(_Record):
-    id: str
-    tenant_id: str
-    status: str
-    selection: dict[str, Any]
-    model: str | None
-    max_usd: float | None
-    concurrency: int
-    template: str | None
-    force: bool
-    created_by: str | None
-    created_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
-
-
-@dataclass(frozen=True, slots=True)
-class ItemRecord(_Record):
-    id: str
-    tenant_id: str
-    job_id: str
-    position: int
-    incident_ref: str
-    incident: dict[str, Any]
-    status: str
-    turn_id: str | None
-    error: dict[str, Any] | None
-    cost_usd: float
-    dispatched_at: datetime | None
-    started_at: datetime | None
-    finished_at: datetime | None
-
-
-@dataclass(frozen=True, slots=True)
-class PostmortemRecord(_Record):
-    id: str
-    tenant_id: str
-    item_id: str | None
-    job_id: str | None
-    turn_id: str | None
-    incident_ref: str
-    document: dict[str, Any]
-    grounding: dict[str, Any] | None
-    created_at: datetime
 
 
 def insert_job(conn: Connection, job: dict[str, Any], items: Sequence[dict[str, Any]]) -> None:
@@ -282,4 +234,4 @@ def jobs_with_room(conn: Connection, limit: int = 100) -> list[tuple[str, str]]:
     return [(r.tenant_id, r.id) for r in rows]
 
 
-__all__ = ["ACTIVE", "ITEM_STATUSES", "OPEN", "ItemRecord", "JobRecord", "PostmortemRecord"]
+__all__ = ["ACTIVE", "ITEM_STATUSES", "OPEN"]

@@ -112,3 +112,50 @@ class InvocationRecord(_Record):
     attempts: int
     deadline_at: datetime | None
     profile: str = "chat"  # its turn's (kortex/turns/profiles.py)
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord(_Record):
+    id: str
+    tenant_id: str
+    status: str
+    selection: dict[str, Any]
+    model: str | None
+    max_usd: float | None
+    concurrency: int
+    template: str | None
+    force: bool
+    created_by: str | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class ItemRecord(_Record):
+    id: str
+    tenant_id: str
+    job_id: str
+    position: int
+    incident_ref: str
+    incident: dict[str, Any]
+    status: str
+    turn_id: str | None
+    error: dict[str, Any] | None
+    cost_usd: float
+    dispatched_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class PostmortemRecord(_Record):
+    id: str
+    tenant_id: str
+    item_id: str | None
+    job_id: str | None
+    turn_id: str | None
+    incident_ref: str
+    document: dict[str, Any]
+    grounding: dict[str, Any] | None
+    created_at: datetime

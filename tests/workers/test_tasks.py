@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kortex.turns.handoff import Handoff, StepDispatch, ToolDispatch
+from kortex.turns.handoff import Handoff, ItemDispatch, StepDispatch, ToolDispatch
 from workers.app import app
 from workers.dispatch import dispatch
 from workers.queues import Queue, TaskName
@@ -17,8 +17,9 @@ def test_tasks_have_explicit_names_and_queues() -> None:
         assert name.value in app.tasks
     assert app.tasks[TaskName.STEP.value].queue == Queue.TURNS.value
     assert app.tasks[TaskName.TOOL.value].queue == Queue.TOOLS.value
+    assert app.tasks[TaskName.POSTMORTEM_ITEM.value].queue == Queue.BATCH.value
     assert app.conf.task_acks_late and app.conf.task_reject_on_worker_lost
-    assert {q.name for q in app.conf.task_queues} == {"turns", "tools"}
+    assert {q.name for q in app.conf.task_queues} == {"turns", "tools", "batch"}
 
 
 class FakeApp:
@@ -40,6 +41,17 @@ def test_dispatch_sends_tools_with_their_time_limits_and_steps_to_turns() -> Non
     assert step_name == "kortex.turn.step" and step_opts == {
         "kwargs": {"tenant_id": "t", "turn_id": "u", "step": 2}, "queue": "turns", "headers": None}
     assert tool_opts["headers"] is None  # tracing off: no header at all
+
+
+def test_batch_work_goes_to_the_batch_queue_with_ids_only() -> None:
+    """A post-mortem item, and its turn's steps and tools, never wait in the chat queues."""
+    fake = FakeApp()
+    dispatch(fake, Handoff(steps=(StepDispatch("t", "u", 0, lane="batch"),),  # type: ignore[arg-type]
+                           tools=(ToolDispatch("t", "i1", "get_logs", 40.0, 50.0, lane="batch"),),
+                           items=(ItemDispatch("t", "item-1"),)))
+    assert [(name, opts["queue"]) for name, opts in fake.sent] == [
+        ("kortex.tool.run", "batch"), ("kortex.turn.step", "batch"), ("kortex.postmortem.item", "batch")]
+    assert fake.sent[-1][1]["kwargs"] == {"tenant_id": "t", "item_id": "item-1"}
 
 
 def test_a_traced_hand_off_carries_its_trace_context_in_the_message_headers() -> None:

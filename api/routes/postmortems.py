@@ -1,0 +1,239 @@
+"""Batch post-mortem jobs and the documents they write (kortex/postmortems/jobs.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Header, Path, Query, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from pydantic import BaseModel
+from starlette.concurrency import run_in_threadpool
+
+from api.deps import CallerDep, KortexDep, TenantDep, allowed, object_id
+from api.openapi import ERRORS
+from kortex.access import Permission
+from kortex.errors import InvalidInput
+from kortex.postmortems import jobs
+from kortex.postmortems.document import PostMortem
+from kortex.storage.records import ItemRecord, PostmortemRecord
+
+router = APIRouter(tags=["postmortems"], dependencies=[Depends(allowed(Permission.CHAT))], responses=ERRORS)
+log = logging.getLogger(__name__)
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Connection": "keep-alive"}
+POLL_S = 1.0  # the progress feed reads the job's rows this often: the database is the truth
+
+
+class JobAccepted(BaseModel):
+    job_id: str
+    items: int
+    status: str
+    status_url: str
+    events_url: str
+
+
+class JobOut(BaseModel):
+    id: str
+    status: str
+    counts: dict[str, int]
+    items: int
+    spend_usd: float
+    max_usd: float | None
+    concurrency: int
+    model: str | None
+    template: str | None
+    selection: dict[str, Any]
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+    @classmethod
+    def of(cls, view: jobs.JobView) -> JobOut:
+        j = view.job
+        return cls(id=j.id, status=j.status, counts=view.counts, items=sum(view.counts.values()),
+                   spend_usd=round(view.spend_usd, 6), max_usd=j.max_usd, concurrency=j.concurrency, model=j.model,
+                   template=j.template, selection=j.selection, created_at=j.created_at, started_at=j.started_at,
+                   finished_at=j.finished_at)
+
+
+class ItemOut(BaseModel):
+    id: str
+    position: int
+    incident_id: str
+    status: str
+    error: dict[str, Any] | None
+    cost_usd: float
+    turn_id: str | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    postmortem_url: str | None
+
+    @classmethod
+    def of(cls, item: ItemRecord) -> ItemOut:
+        return cls(id=item.id, position=item.position, incident_id=item.incident_ref, status=item.status,
+                   error=item.error, cost_usd=round(item.cost_usd, 6), turn_id=item.turn_id,
+                   started_at=item.started_at, finished_at=item.finished_at,
+                   postmortem_url=f"/v1/incidents/{item.incident_ref}/postmortem" if item.status == "done" else None)
+
+
+class ItemPage(BaseModel):
+    items: list[ItemOut]
+    next_after: int | None
+
+
+class CancelOut(BaseModel):
+    job: JobOut
+    cancelled_queued: int
+    running: int
+    running_action: Literal["finish", "cancel"]
+
+
+class PostmortemOut(BaseModel):
+    id: str
+    incident_id: str
+    job_id: str | None
+    turn_id: str | None
+    created_at: datetime
+    grounding: dict[str, Any] | None
+    document: PostMortem
+
+    @classmethod
+    def of(cls, found: PostmortemRecord) -> PostmortemOut:
+        return cls(id=found.id, incident_id=found.incident_ref, job_id=found.job_id, turn_id=found.turn_id,
+                   created_at=found.created_at, grounding=found.grounding,
+                   document=PostMortem.model_validate(found.document))
+
+
+@router.post("/v1/postmortems", status_code=202, response_model=JobAccepted,
+             responses={404: {"description": "an incident id that does not exist for this tenant"},
+                        409: {"description": "the Idempotency-Key was used for another request"}})
+def create_job(
+    body: jobs.JobRequest,
+    request: Request,
+    k: KortexDep,
+    caller: CallerDep,
+    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)] = None,
+) -> JobAccepted:
+    """Write post-mortems for incidents (their ids, or a filter), `concurrency` at a time on the
+    batch queue, stopping cleanly at `max_usd`. Incidents that already have a post-mortem are
+    skipped unless `force`."""
+    submitted = jobs.submit(k, caller.tenant.id, body, idempotency_key=idempotency_key, by=f"key:{caller.key_id}")
+    if submitted.handoff:
+        try:
+            request.app.state.dispatch(submitted.handoff)
+        except Exception:  # the broker is down: the job is stored, and the watchdog dispatches it
+            log.warning("could not enqueue post-mortem job %s now; the watchdog will", submitted.view.job.id,
+                        exc_info=True)
+    job = submitted.view.job
+    return JobAccepted(job_id=job.id, items=sum(submitted.view.counts.values()), status=job.status,
+                       status_url=f"/v1/postmortems/{job.id}", events_url=f"/v1/postmortems/{job.id}/events")
+
+
+@router.get("/v1/postmortems/{job_id}", response_model=JobOut)
+def read_job(job_id: str, k: KortexDep, tenant: TenantDep) -> JobOut:
+    """A job's status, its items counted by status, and what it has spent."""
+    return JobOut.of(jobs.view(k, tenant.id, object_id(job_id, "post-mortem job")))
+
+
+@router.get("/v1/postmortems/{job_id}/items", response_model=ItemPage)
+def read_items(
+    job_id: str,
+    k: KortexDep,
+    tenant: TenantDep,
+    after: Annotated[int, Query(ge=-1, le=1_000_000, description="next_after of the page read last")] = -1,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+    status: Annotated[str | None, Query(max_length=16)] = None,
+) -> ItemPage:
+    """A job's items in order, with each one's status, error, cost and post-mortem link."""
+    items = jobs.list_items(k, tenant.id, object_id(job_id, "post-mortem job"), after=after, limit=limit,
+                            status=status)
+    return ItemPage(items=[ItemOut.of(i) for i in items], next_after=items[-1].position if len(items) == limit else None)
+
+
+@router.post("/v1/postmortems/{job_id}/cancel", response_model=CancelOut,
+             responses={409: {"description": "the job already finished"}})
+def cancel_job(
+    job_id: str,
+    request: Request,
+    k: KortexDep,
+    caller: CallerDep,
+    running: Annotated[Literal["finish", "cancel"], Query(
+        description="what happens to items already running: finish them, or cancel them at their next step")] = "finish",
+) -> CancelOut:
+    """Stop a job: items not started are cancelled at once; running ones finish or are cancelled."""
+    report, handoff = jobs.cancel(k, caller.tenant.id, object_id(job_id, "post-mortem job"), running=running,
+                                  by=f"key:{caller.key_id}")
+    if handoff:
+        request.app.state.dispatch(handoff)
+    return CancelOut(job=JobOut.of(report.view), cancelled_queued=report.cancelled_queued, running=report.running,
+                     running_action=report.running_action)
+
+
+def _since(last_event_id: str | None) -> datetime | None:
+    if last_event_id is None:
+        return None
+    try:
+        return datetime.fromisoformat(last_event_id)
+    except ValueError:
+        raise InvalidInput("Last-Event-ID must be the id of an event of this feed", code="validation",
+                           details=[{"field": "Last-Event-ID", "message": "not an event id"}]) from None
+
+
+def _sse(event: str, event_id: str, data: dict[str, Any]) -> bytes:
+    return f"id: {event_id}\nevent: {event}\ndata: {json.dumps(data, default=str)}\n\n".encode()
+
+
+@router.get("/v1/postmortems/{job_id}/events", response_class=StreamingResponse,
+            responses={200: {"content": {"text/event-stream": {}}}})
+async def job_events(
+    job_id: str,
+    request: Request,
+    k: KortexDep,
+    tenant: TenantDep,
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=64)] = None,
+) -> StreamingResponse:
+    """Progress as Server-Sent Events: `item_started`, `item_done` / `item_failed` /
+    `item_skipped` / `item_cancelled`, then `job_done` with the counts. Each event's id is the
+    time of its change; reconnect with `Last-Event-ID` for the rest."""
+    job_id = object_id(job_id, "post-mortem job")
+    since = _since(last_event_id)
+    await run_in_threadpool(jobs.view, k, tenant.id, job_id)  # 404 before the stream starts
+
+    async def feed() -> AsyncIterator[bytes]:
+        cursor = since
+        while True:
+            items = await run_in_threadpool(jobs.changes, k, tenant.id, job_id, cursor)
+            for at, event, item in items:
+                yield _sse(event, at.isoformat(), ItemOut.of(item).model_dump(mode="json"))
+                cursor = at if cursor is None or at > cursor else cursor
+            view = await run_in_threadpool(jobs.view, k, tenant.id, job_id)
+            if view.job.finished_at is not None:
+                yield _sse("job_done", view.job.finished_at.isoformat(), JobOut.of(view).model_dump(mode="json"))
+                return
+            if await request.is_disconnected():
+                return
+            yield b": keepalive\n\n"
+            await asyncio.sleep(POLL_S)
+
+    return StreamingResponse(feed(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+@router.get("/v1/incidents/{incident_id}/postmortem", response_model=PostmortemOut,
+            responses={200: {"content": {"text/markdown": {}}}, 404: {"description": "no post-mortem yet"}})
+def read_postmortem(
+    incident_id: Annotated[str, Path(max_length=64, pattern=jobs.INCIDENT_REF.pattern)],
+    k: KortexDep,
+    tenant: TenantDep,
+    accept: Annotated[str | None, Header(max_length=500)] = None,
+) -> Response:
+    """The incident's latest post-mortem: JSON, or Markdown with `Accept: text/markdown`."""
+    found = jobs.postmortem_of(k, tenant.id, incident_id)
+    out = PostmortemOut.of(found)
+    if accept and "text/markdown" in accept and "application/json" not in accept:
+        return PlainTextResponse(out.document.markdown(), media_type="text/markdown; charset=utf-8")
+    return JSONResponse(out.model_dump(mode="json"))

@@ -1,0 +1,262 @@
+"""``kortex postmortem run`` and ``export``: a batch of post-mortems with a progress bar, then
+one file per incident. Embedded (the in-process worker writes them) or against ``--url``."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated, Any, Literal, Protocol
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from kortex.errors import KortexError, NotFound
+
+app = typer.Typer(no_args_is_help=True, help="Batch post-mortems of past incidents.")
+console = Console()
+ENDED = ("done", "failed", "skipped", "cancelled")
+POLL_S = 0.5
+
+
+class Jobs(Protocol):
+    """Where a job runs: the embedded stack, or a Kortex API."""
+
+    def submit(self, request: dict[str, Any]) -> str: ...
+
+    def status(self, job_id: str) -> dict[str, Any]: ...
+
+    def items(self, job_id: str) -> list[dict[str, Any]]: ...
+
+    def document(self, incident_id: str, fmt: Literal["md", "json"]) -> str: ...
+
+
+class EmbeddedJobs:
+    def __init__(self, k: Any, tenant_id: str) -> None:
+        self.k, self.tenant_id = k, tenant_id
+
+    def submit(self, request: dict[str, Any]) -> str:
+        from kortex.postmortems import jobs
+        from kortex_cli.runner import _dispatch
+
+        submitted = jobs.submit(self.k, self.tenant_id, jobs.JobRequest.model_validate(request), by="cli")
+        _dispatch(submitted.handoff)
+        return submitted.view.job.id
+
+    def status(self, job_id: str) -> dict[str, Any]:
+        from api.routes.postmortems import JobOut
+        from kortex.postmortems import jobs
+
+        return JobOut.of(jobs.view(self.k, self.tenant_id, job_id)).model_dump(mode="json")
+
+    def items(self, job_id: str) -> list[dict[str, Any]]:
+        from api.routes.postmortems import ItemOut
+        from kortex.postmortems import jobs
+
+        return [ItemOut.of(i).model_dump(mode="json") for i in jobs.list_items(self.k, self.tenant_id, job_id,
+                                                                               limit=1000)]
+
+    def document(self, incident_id: str, fmt: Literal["md", "json"]) -> str:
+        from api.routes.postmortems import PostmortemOut
+        from kortex.postmortems import jobs
+
+        out = PostmortemOut.of(jobs.postmortem_of(self.k, self.tenant_id, incident_id))
+        return out.document.markdown() if fmt == "md" else out.model_dump_json(indent=2)
+
+
+class RemoteJobs:
+    def __init__(self, url: str, api_key: str) -> None:
+        import httpx
+
+        self._client = httpx.Client(base_url=url.rstrip("/"), timeout=30.0,
+                                    headers={"Authorization": f"Bearer {api_key}"})
+
+    def _check(self, response: Any) -> Any:
+        if response.status_code >= 400:
+            try:
+                message = response.json().get("error", {}).get("message")
+            except ValueError:
+                message = None
+            error = NotFound if response.status_code == 404 else KortexError
+            raise error(f"HTTP {response.status_code}: {message or response.text[:200]}")
+        return response
+
+    def submit(self, request: dict[str, Any]) -> str:
+        return str(self._check(self._client.post("/v1/postmortems", json=request)).json()["job_id"])
+
+    def status(self, job_id: str) -> dict[str, Any]:
+        return self._check(self._client.get(f"/v1/postmortems/{job_id}")).json()  # type: ignore[no-any-return]
+
+    def items(self, job_id: str) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        after = -1
+        while True:
+            page = self._check(self._client.get(f"/v1/postmortems/{job_id}/items",
+                                                params={"after": after, "limit": 500})).json()
+            out += page["items"]
+            if page["next_after"] is None:
+                return out
+            after = page["next_after"]
+
+    def document(self, incident_id: str, fmt: Literal["md", "json"]) -> str:
+        accept = "text/markdown" if fmt == "md" else "application/json"
+        response = self._check(self._client.get(f"/v1/incidents/{incident_id}/postmortem",
+                                                headers={"Accept": accept}))
+        return response.text if fmt == "md" else json.dumps(response.json(), indent=2)
+
+
+def _progress(jobs: Jobs, job_id: str) -> dict[str, Any]:
+    """Poll the job until it ends, drawing items done/failed/running, spend and ETA."""
+    status = jobs.status(job_id)
+    columns = (TextColumn("[bold]post-mortems[/bold]"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.description}"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
+    with Progress(*columns, console=console, transient=False) as bar:
+        task = bar.add_task("", total=max(1, status["items"]))
+        while True:
+            counts = status["counts"]
+            running = counts["running"] + counts["dispatched"]
+            bar.update(task, completed=sum(counts[s] for s in ENDED), description=(
+                f"done {counts['done']} · failed {counts['failed']} · skipped {counts['skipped']} · "
+                f"running {running} · ${status['spend_usd']:.4f}"))
+            if status["finished_at"] is not None:
+                return status
+            time.sleep(POLL_S)
+            status = jobs.status(job_id)
+
+
+def _write(jobs: Jobs, items: list[dict[str, Any]], out: Path, fmt: Literal["md", "json"]) -> dict[str, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    written: dict[str, Path] = {}
+    for item in items:
+        if item["status"] not in ("done", "skipped"):
+            continue
+        try:
+            text = jobs.document(item["incident_id"], fmt)
+        except NotFound:  # skipped for another reason than an existing post-mortem
+            continue
+        path = out / f"{_safe(item['incident_id'])}.{fmt}"
+        path.write_text(text)
+        written[item["incident_id"]] = path
+    return written
+
+
+def _safe(ref: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in ref)
+
+
+def _summary(status: dict[str, Any], items: list[dict[str, Any]], written: dict[str, Path]) -> None:
+    table = Table(title=f"job {status['id']}: {status['status']}, ${status['spend_usd']:.4f}")
+    for column in ("incident", "status", "cost", "file or error"):
+        table.add_column(column)
+    for item in items:
+        error = item.get("error") or {}
+        where = str(written.get(item["incident_id"], "")) or str(error.get("message") or error.get("code") or "")
+        table.add_row(item["incident_id"], item["status"], f"${item['cost_usd']:.4f}", where)
+    console.print(table)
+
+
+@app.command()
+def run(
+    since: Annotated[str | None, typer.Option(help="Incidents opened since: '30d', '12h' or ISO 8601")] = None,
+    until: Annotated[str | None, typer.Option(help="... and before (default now)")] = None,
+    product: Annotated[str | None, typer.Option(help="Only this product's incidents")] = None,
+    severity: Annotated[str | None, typer.Option(help="Only this severity: info, warn, error, critical")] = None,
+    ids: Annotated[str | None, typer.Option(help="Comma-separated incident ids instead of a filter")] = None,
+    model: Annotated[str | None, typer.Option(help="provider:model (default: the configured one)")] = None,
+    max_usd: Annotated[float | None, typer.Option(help="Stop the job once it has spent this much")] = None,
+    concurrency: Annotated[int, typer.Option(help="Items investigated at once")] = 4,
+    force: Annotated[bool, typer.Option(help="Redo incidents that already have a post-mortem")] = False,
+    out: Annotated[Path, typer.Option(help="Directory for one file per incident")] = Path("postmortems"),
+    fmt: Annotated[str, typer.Option("--format", help="md or json")] = "md",
+    url: Annotated[str | None, typer.Option(envvar="KORTEX_API_URL", help="A running Kortex API; embedded if unset")] = None,
+    api_key: Annotated[str | None, typer.Option(envvar="KORTEX_API_KEY", help="API key for --url")] = None,
+    tenant: Annotated[str, typer.Option(help="Tenant whose incidents to use (embedded mode)")] = "demo",
+) -> None:
+    """Write post-mortems for past incidents, with a progress bar, then a file per incident."""
+    if (ids is None) == (since is None):
+        _fail("give --since (with optional --until, --product, --severity) or --ids")
+    request: dict[str, Any] = {"concurrency": concurrency, "force": force}
+    if ids is not None:
+        request["incident_ids"] = [i.strip() for i in ids.split(",") if i.strip()]
+    else:
+        request["filter"] = {k: v for k, v in {"since": since, "until": until, "product": product,
+                                               "severity": severity}.items() if v is not None}
+    request.update({k: v for k, v in {"model": model, "max_usd": max_usd}.items() if v is not None})
+    chosen = _format(fmt)
+    with _jobs(url, api_key, tenant) as jobs:
+        try:
+            job_id = jobs.submit(request)
+        except (KortexError, ValueError) as exc:
+            _fail(str(exc).splitlines()[0] if isinstance(exc, ValueError) else str(exc))
+        console.print(f"job {job_id}")
+        status = _progress(jobs, job_id)
+        items = jobs.items(job_id)
+        written = _write(jobs, items, out, chosen)
+        _summary(status, items, written)
+    raise typer.Exit(0 if status["counts"]["failed"] == 0 and status["status"] == "done" else 1)
+
+
+@app.command()
+def export(
+    job_id: Annotated[str, typer.Argument(help="The job's id")],
+    fmt: Annotated[str, typer.Option("--format", help="md or json")] = "md",
+    out: Annotated[Path, typer.Option(help="Directory for one file per incident")] = Path("postmortems"),
+    url: Annotated[str | None, typer.Option(envvar="KORTEX_API_URL", help="A running Kortex API; embedded if unset")] = None,
+    api_key: Annotated[str | None, typer.Option(envvar="KORTEX_API_KEY", help="API key for --url")] = None,
+    tenant: Annotated[str, typer.Option(help="Tenant of the job (embedded mode)")] = "demo",
+) -> None:
+    """Write a job's post-mortems, one file per incident."""
+    chosen = _format(fmt)
+    with _jobs(url, api_key, tenant, worker=False) as jobs:
+        try:
+            items = jobs.items(job_id)
+        except KortexError as exc:
+            _fail(str(exc))
+        written = _write(jobs, items, out, chosen)
+    console.print(f"wrote {len(written)} post-mortems to {out}")
+
+
+def _format(fmt: str) -> Literal["md", "json"]:
+    if fmt not in ("md", "json"):
+        _fail("--format must be md or json")
+    return "md" if fmt == "md" else "json"
+
+
+def _fail(message: str) -> None:
+    console.print(f"[red]error:[/red] {message}")
+    raise typer.Exit(1)
+
+
+class _Opened:
+    def __init__(self, url: str | None, api_key: str | None, tenant: str, worker: bool) -> None:
+        self.url, self.api_key, self.tenant, self.worker = url, api_key, tenant, worker
+        self._stack: Any = None
+
+    def __enter__(self) -> Jobs:
+        if self.url:
+            if not self.api_key:
+                _fail("--api-key (or KORTEX_API_KEY) is required with --url")
+            return RemoteJobs(self.url, self.api_key or "")
+        from kortex.config import load_settings
+        from kortex_cli.runner import _tenant_id, embedded_stack
+
+        settings = load_settings()
+        self._stack = embedded_stack(settings, worker=self.worker)
+        k = self._stack.__enter__()
+        try:
+            return EmbeddedJobs(k, _tenant_id(k, self.tenant, create=False))
+        except NotFound as exc:
+            self._stack.__exit__(None, None, None)
+            _fail(f"{exc.message}; load incidents first: kortex seed incident-archive")
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        if self._stack is not None:
+            self._stack.__exit__(*exc)
+
+
+def _jobs(url: str | None, api_key: str | None, tenant: str, worker: bool = True) -> _Opened:
+    return _Opened(url, api_key, tenant, worker)
+
