@@ -158,7 +158,7 @@ def api(
 
 @app.command()
 def worker(
-    queues: Annotated[str, typer.Option(help="Comma-separated queues: turns, tools")] = "turns,tools",
+    queues: Annotated[str, typer.Option(help="Comma-separated queues: turns, tools, batch (post-mortem jobs)")] = "turns,tools",
     concurrency: Annotated[int | None, typer.Option(
         help="Task slots (default: 8 for turns alone, else 16); LLM steps do not hold one")] = None,
     pool: Annotated[str, typer.Option(help="threads (default), prefork or solo")] = "threads",

@@ -249,7 +249,7 @@ class _Opened:
             return EmbeddedJobs(k, _tenant_id(k, self.tenant, create=False))
         except NotFound as exc:
             self._stack.__exit__(None, None, None)
-            _fail(f"{exc.message}; load incidents first: kortex seed incident-archive")
+            _fail(f"{exc.message}; load incidents first: kortex seed incident-archive --tenant {self.tenant}")
             raise
 
     def __exit__(self, *exc: object) -> None:

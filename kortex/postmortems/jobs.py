@@ -51,8 +51,6 @@ MAX_ITEMS = 1000
 MAX_CONCURRENCY = 32
 #: invalid documents the model may be told about before the item fails (the third one fails it)
 MAX_INVALID = 2
-#: a dispatched item whose task has not started it after this long is sent again
-REDISPATCH_AFTER = timedelta(seconds=60)
 TEMPLATES: dict[str, str] = {
     "default": "",
     "brief": "Keep the summary to three sentences, the timeline to the five entries that matter most, and at "
@@ -452,7 +450,9 @@ def sweep(k: Kortex, now: datetime, batch_idle: bool) -> Handoff:
     is merely waiting), and advance jobs with room, such as one whose hand-off was lost."""
     handoff = NOTHING
     with k.db.connect() as conn:
-        stale = store.stale_dispatched(conn, now - REDISPATCH_AFTER) if batch_idle else []
+        # As for turns: a dispatched item its task has not started within ``turn.requeue_after``.
+        cutoff = now - timedelta(seconds=k.settings.turn.requeue_after)
+        stale = store.stale_dispatched(conn, cutoff) if batch_idle else []
         jobs = store.jobs_with_room(conn)
     handoff += Handoff(items=tuple(ItemDispatch(tenant_id=i.tenant_id, item_id=i.id) for i in stale))
     for tenant_id, job_id in jobs:

@@ -118,9 +118,11 @@ def dispatch_next(conn: Connection, job_id: str, n: int, now: datetime) -> list[
     is taking are skipped (PostgreSQL), so two advances of one job never take the same item."""
     if n <= 0:
         return []
+    # A CTE, evaluated once: PostgreSQL ran ``id IN (SELECT ... LIMIT n FOR UPDATE)`` as a
+    # subplan per row and dispatched every queued item of a job, whatever ``n`` was.
     chosen = (select(_it.id).where(_it.job_id == job_id, _it.status == "queued").order_by(_it.position).limit(n)
-              .with_for_update(skip_locked=True))
-    rows = conn.execute(update(postmortem_items).where(_it.id.in_(chosen.scalar_subquery()), _it.status == "queued")
+              .with_for_update(skip_locked=True).cte("chosen"))
+    rows = conn.execute(update(postmortem_items).where(_it.id == chosen.c.id, _it.status == "queued")
                         .values(status="dispatched", dispatched_at=now).returning(*postmortem_items.c)).all()
     return sorted((ItemRecord.from_row(r) for r in rows), key=lambda i: i.position)
 
