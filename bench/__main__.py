@@ -12,6 +12,8 @@ Parts:
             beside a bare FastAPI endpoint + bare Celery task + bare SSE endpoint.
   fairness  tenant B's trivial turns, one at a time, idle and while tenant A floods paced turns.
   sse       bench/sse.py's fan-out figures (2,000 streams x 5 events/s vs a raw ASGI floor), if present.
+  batch     a job of post-mortems on the batch queue (scripted model): items/s, and another
+            tenant's chat first-event p50/p99 idle vs while the batch runs (issue 12).
 
 Needs PostgreSQL and Redis (the test services: KORTEX_TEST_PG_URL, KORTEX_TEST_REDIS_URL).
 KORTEX_BENCH_PYSPY=<folder> profiles every Kortex process with py-spy from the moment it is ready
@@ -38,12 +40,12 @@ from typing import Any
 if __package__ in (None, ""):  # `python bench/__main__.py`: make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import fairness, latency, paced  # noqa: E402
+from bench import batch, fairness, latency, paced  # noqa: E402
 from bench.report import Report, Row  # noqa: E402
 from bench.scripts import all_scripts  # noqa: E402
 from bench.stack import BenchEnv, Cleanup, Limits, bench_env, raise_nofile  # noqa: E402
 
-PARTS = ("paced", "latency", "fairness", "sse")
+PARTS = ("paced", "latency", "fairness", "sse", "batch")
 
 
 class PartTimeout(BaseException):
@@ -88,6 +90,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sse-streams", type=int, help="sse: open streams (default 2000; quick 200)")
     parser.add_argument("--sse-rate", type=float, default=5.0, help="sse: events per second per stream (default 5)")
     parser.add_argument("--sse-seconds", type=float, help="sse: measured window in seconds (default 10; quick 5)")
+    parser.add_argument("--batch-items", type=int, help="batch: incidents in the job (default 200; quick 20)")
     parser.add_argument("--part-timeout", type=float, help="hard limit per part in seconds (default 1800; quick 240)")
     parser.add_argument("--json", type=Path, help="also write every figure (and the raw ones) to this file")
     parser.add_argument("--keep-logs", action="store_true", help="keep the services' logs (path printed at the end)")
@@ -104,6 +107,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     args.b_samples = args.b_samples or (5 if quick else 20)
     args.sse_streams = args.sse_streams or (200 if quick else 2000)
     args.sse_seconds = args.sse_seconds or (5.0 if quick else 10.0)
+    args.batch_items = args.batch_items or (20 if quick else 200)
     args.part_timeout = args.part_timeout or (240.0 if quick else 1800.0)
     return args
 
@@ -140,6 +144,7 @@ def main(argv: list[str] | None = None) -> Report:
         "latency": lambda env: latency.run(env, report, args.samples, args.throughput_turns),
         "fairness": lambda env: fairness.run(env, report, args.flood, args.b_samples, 30.0 if args.quick else 60.0),
         "sse": lambda env: run_sse(env, report, args),
+        "batch": lambda env: batch.run(env, report, args.batch_items, args.b_samples),
     }
     started = time.monotonic()
     print(f"Kortex bench: {', '.join(args.only)}" + (" (quick)" if args.quick else ""), flush=True)

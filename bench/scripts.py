@@ -43,7 +43,10 @@ def trivial() -> dict[str, Any]:
 
 
 def all_scripts() -> dict[str, dict[str, Any]]:
-    return {"bench-paced": paced(), "bench-zero": zero(), "bench-trivial": trivial()}
+    from bench import batch
+
+    return {"bench-paced": paced(), "bench-zero": zero(), "bench-trivial": trivial(),
+            "bench-postmortem": batch.script()}
 
 
 def model_time_s(script: dict[str, Any]) -> float:
