@@ -6,6 +6,7 @@ fixture ``h`` is replaced there)."""
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import pytest
@@ -20,6 +21,7 @@ from kortex.testing.inline import drive
 from kortex.turns.chat import get_turn
 from kortex.turns.handoff import Handoff
 from tests.conftest import Harness
+from tests.kortex.llm.conftest import fake  # noqa: F401 - the fake LLM server fixture
 
 
 @pytest.fixture
@@ -156,3 +158,29 @@ def test_bad_requests_say_what_is_wrong() -> None:
         jobs.JobRequest(incident_ids=["INC-1", "bad id with spaces"])
     with pytest.raises(ValueError):
         jobs.JobRequest(incident_ids=["INC-1"], concurrency=0)
+
+
+def test_a_model_that_cannot_submit_a_valid_document_is_told_twice_then_the_item_fails(harness_factory,
+                                                                                       fake) -> None:
+    """Over the vendor's wire format: each invalid document comes back as a tool error naming
+    what is wrong; the third fails the item with those errors, and no document is stored."""
+    from tests.kortex.llm.conftest import vendor_config
+
+    invalid = {"title": "x", "incident_id": "INC-1101", "severity": "error"}  # most of it missing
+    step = {"text": ["Submitting."], "tool_calls": [{"name": "submit_postmortem", "arguments": invalid}]}
+    fake.add("claude-opus-4-6", {"steps": [step, step, step, {"text": ["I give up."]}]})
+    h = harness_factory(llm={"providers": {"anthropic": vendor_config("anthropic", fake.url, max_retries=0)},
+                             "default_provider": "anthropic"})
+    tenant = h.tenant("acme")
+    h.seed(tenant, "incident-archive")
+    submitted = jobs.submit(h.k, tenant, jobs.JobRequest(incident_ids=["INC-1101"]), by="test")
+    drive(h.k, submitted.handoff)
+    [item] = jobs.list_items(h.k, tenant, submitted.view.job.id)
+    assert item.status == "failed" and item.error["code"] == "invalid_postmortem", item.error
+    assert "timeline" in json.dumps(item.error)  # the validation errors, as the model was told them
+    assert len(fake.requests) == 3  # three answers, each rejected; no fourth call
+    told = [m for m in fake.requests[-1].body["messages"] if m["role"] == "user" and isinstance(m["content"], list)]
+    assert told and all(b.get("is_error") for m in told for b in m["content"] if b.get("type") == "tool_result")
+    with pytest.raises(NotFound):
+        jobs.postmortem_of(h.k, tenant, "INC-1101")
+    assert jobs.view(h.k, tenant, submitted.view.job.id).job.status == "done"
