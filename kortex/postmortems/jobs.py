@@ -355,7 +355,12 @@ def _outcome(k: Kortex, conn: Connection, turn: TurnRecord, item: ItemRecord, en
         return "failed", {"code": "invalid_postmortem", "message": str(exc)[:2000]}
     cited = document.cited()
     known = turns.succeeded_calls(conn, turn.tenant_id, turn.id)
-    grounding = {"cited": len(cited), "dangling": [c for c in cited if c not in known]}
+    grounding: dict[str, Any] = {"cited": len(cited), "dangling": [c for c in cited if c not in known]}
+    if document.incident_id != item.incident_ref:
+        # The job knows which incident this is; a model that wrote another id is corrected, and
+        # the correction is kept with the document.
+        grounding["incident_id_given"] = document.incident_id
+        document = document.model_copy(update={"incident_id": item.incident_ref})
     store.insert_postmortem(conn, {
         "id": uuid7(), "tenant_id": turn.tenant_id, "item_id": item.id, "job_id": item.job_id, "turn_id": turn.id,
         "incident_ref": item.incident_ref, "document": document.model_dump(mode="json"), "grounding": grounding,

@@ -184,3 +184,20 @@ def test_a_model_that_cannot_submit_a_valid_document_is_told_twice_then_the_item
     with pytest.raises(NotFound):
         jobs.postmortem_of(h.k, tenant, "INC-1101")
     assert jobs.view(h.k, tenant, submitted.view.job.id).job.status == "done"
+
+
+def test_a_real_model_s_document_is_stored_under_the_item_s_incident(harness_factory, fake) -> None:
+    """The benchmark's scripted model (bench/batch.py) over the wire: it investigates once, cites
+    that call, and names another incident id, which the job corrects and remembers."""
+    from bench.batch import script
+    from tests.kortex.llm.conftest import vendor_config
+
+    fake.add("claude-opus-4-6", script())
+    h = harness_factory(llm={"providers": {"anthropic": vendor_config("anthropic", fake.url, max_retries=0)},
+                             "default_provider": "anthropic"})
+    tenant = h.tenant("acme")
+    h.seed(tenant, "incident-archive")
+    drive(h.k, jobs.submit(h.k, tenant, jobs.JobRequest(incident_ids=["INC-1116"]), by="test").handoff)
+    stored = jobs.postmortem_of(h.k, tenant, "INC-1116")
+    assert stored.document["incident_id"] == "INC-1116" and stored.document["root_cause"]["citations"] == ["toolu_pm_1"]
+    assert stored.grounding == {"cited": 1, "dangling": [], "incident_id_given": "bench"}
