@@ -48,7 +48,8 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 EVENT_MODELS: dict[str, type[BaseModel]] = {
     "turn": events.TurnEvent, "text": events.TextEvent, "tool_call": events.ToolCallEvent,
     "tool_progress": events.ToolProgressEvent, "tool_result": events.ToolResultEvent,
-    "proposal": events.ProposalEvent, "error": events.ErrorEvent, "done": events.DoneEvent,
+    "proposal": events.ProposalEvent, "error": events.ErrorEvent, "route": events.RouteEvent,
+    "anomaly": events.AnomalyEvent, "recovery": events.RecoveryEvent, "done": events.DoneEvent,
 }
 
 

@@ -98,6 +98,12 @@ class TurnAccepted(BaseModel):
     events_url: str
 
 
+class StepModelOut(BaseModel):
+    step: int
+    model: str = Field(description="provider:model that answered the step")
+    routed: bool = Field(description="chosen by the router (model 'auto'), not named by the caller")
+
+
 class TurnOut(BaseModel):
     id: str
     session_id: str
@@ -110,13 +116,16 @@ class TurnOut(BaseModel):
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None
+    steps: list[StepModelOut] | None = Field(None, description="the model of each step that has answered "
+                                                                "(GET /v1/turns/{id} only)")
 
     @classmethod
-    def of(cls, t: TurnRecord) -> TurnOut:
+    def of(cls, t: TurnRecord, steps: list[tuple[int, str, bool]] | None = None) -> TurnOut:
         return cls(id=t.id, session_id=t.session_id, status=t.status, step=t.step, model=t.model,
                    model_used=t.model_used, error=t.error, created_at=t.created_at, updated_at=t.updated_at,
                    finished_at=t.finished_at,
-                   usage=UsageOut(input_tokens=t.input_tokens, output_tokens=t.output_tokens, cost_usd=t.cost_usd))
+                   usage=UsageOut(input_tokens=t.input_tokens, output_tokens=t.output_tokens, cost_usd=t.cost_usd),
+                   steps=None if steps is None else [StepModelOut(step=n, model=m, routed=r) for n, m, r in steps])
 
 
 class ErrorBody(BaseModel):

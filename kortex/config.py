@@ -177,6 +177,88 @@ class GroundingSettings(_Section):
     check_numbers: bool = True  # flag quoted numbers found in no result (citations are always checked)
 
 
+def _vocabulary(check: Any, values: Any) -> Any:
+    """Run the router's vocabulary check as a validator: its refusal becomes a ValueError, which
+    pydantic reports with the field's path like any other."""
+    from kortex.errors import InvalidInput
+
+    try:
+        return [check(v) for v in values]
+    except InvalidInput as exc:
+        raise ValueError(exc.message) from None
+
+
+class RoutedModelSettings(_Section):
+    """What the router should believe of one model (keyed ``provider::model``) where the
+    catalogue's tier or the tier's default capabilities do not fit."""
+
+    tier: Literal["fast", "balanced", "powerful"] | None = None
+    capabilities: list[str] | None = None
+
+    @field_validator("capabilities")
+    @classmethod
+    def _canonical(cls, value: list[str] | None) -> list[str] | None:
+        from kortex.llm.routing import canonical  # the vocabulary lives with the router
+
+        return None if value is None else _vocabulary(canonical, value)
+
+
+class RoutingSettings(_Section):
+    """``model: "auto"`` (kortex/llm/routing.py): which models compete, on what terms."""
+
+    strategy: str = "kortex.llm.routing:HeuristicRoutingStrategy"  # module:Class of a RoutingStrategy
+    # provider::model keys; None: every model of every available provider that is not synthetic
+    # (the offline analyst answers only when nothing else can)
+    candidates: list[str] | None = None
+    models: dict[str, RoutedModelSettings] = Field(default_factory=dict)
+    cost_ceiling_usd: float | None = Field(None, gt=0)   # per step, estimated before the call
+    latency_sla_ms: float | None = Field(None, gt=0)     # time to first token, measured p50
+    required_capabilities: list[str] = Field(default_factory=list)
+    # A routed step whose first token has not come within this many times the model's measured
+    # p95 (at least first_token_floor_ms) is a latency spike: its fallback answers instead.
+    first_token_factor: float = Field(3.0, ge=1.0)
+    first_token_floor_ms: float = Field(2000.0, ge=0)
+    min_latency_samples: int = Field(10, ge=1)  # fewer measured calls than this: the latency is unknown
+
+    @field_validator("candidates")
+    @classmethod
+    def _keys(cls, value: list[str] | None) -> list[str] | None:
+        from kortex.llm.routing import check_key
+
+        return None if value is None else _vocabulary(check_key, value)
+
+    @field_validator("models")
+    @classmethod
+    def _model_keys(cls, value: dict[str, RoutedModelSettings]) -> dict[str, RoutedModelSettings]:
+        from kortex.llm.routing import check_key
+
+        _vocabulary(check_key, list(value))
+        return value
+
+    @field_validator("required_capabilities")
+    @classmethod
+    def _required(cls, value: list[str]) -> list[str]:
+        from kortex.llm.routing import canonical
+
+        return _vocabulary(canonical, value)  # type: ignore[no-any-return]
+
+
+class AnomalySettings(_Section):
+    """The checks run on each step and what recovery may do (kortex/turns/anomalies.py).
+    ``scope``: ``routed`` checks the steps of ``model: "auto"`` turns, whose recoveries may
+    re-route (a model the caller pinned is never re-routed); ``all`` checks every step
+    (recoveries then stay on the pinned model); ``off`` none."""
+
+    scope: Literal["routed", "all", "off"] = "routed"
+    min_answer_chars: int = Field(20, ge=0)         # a final answer shorter than this is short (empty: 0 chars)
+    cost_overrun_ratio: float = Field(3.0, ge=1.0)  # actual step cost vs the router's estimate
+    context_cut_ratio: float = Field(0.8, gt=0, le=1.0)  # history cut by more than this to fit
+    max_retries_per_step: int = Field(1, ge=0, le=3)
+    max_retries_per_turn: int = Field(3, ge=0, le=10)
+    # the same tool call (name and arguments) made this many times in a turn ends it (escalate)
+    repeated_calls_escalate: int = Field(3, ge=2)
+
+
 class LLMSettings(_Section):
     default_provider: str = "offline"
     default_model: str | None = None
@@ -195,6 +277,8 @@ class LLMSettings(_Section):
     tools: dict[str, ToolOverride] = Field(default_factory=dict)
     budget: BudgetSettings = Field(default_factory=BudgetSettings)
     grounding: GroundingSettings = Field(default_factory=GroundingSettings)
+    routing: RoutingSettings = Field(default_factory=RoutingSettings)
+    anomalies: AnomalySettings = Field(default_factory=AnomalySettings)
 
     @property
     def local_only(self) -> bool:

@@ -27,6 +27,7 @@ from kortex.llm.registry import ProviderFactory, ProviderRegistry
 from kortex.proposals import ActionExecutor, ProposalService
 from kortex.storage.db import Database
 from kortex.storage.turns import TurnCalls
+from kortex.turns.routed import Router
 from kortex.stream.store import EventStore
 from kortex.telemetry.factory import build_sources
 from kortex.telemetry.sources import TelemetrySources
@@ -160,6 +161,7 @@ class Kortex:
     #: threads for the blocking work of steps (SQL, hand-offs), so the loop never waits on it
     io: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(16, thread_name_prefix="kortex-io"))
     _engine: StepEngine | None = field(default=None, repr=False)
+    _router: Router | None = field(default=None, repr=False)
     _engine_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -171,6 +173,14 @@ class Kortex:
 
                 self._engine = StepEngine(self)
             return self._engine
+
+    @property
+    def router(self) -> Router:
+        """``model: "auto"``: the configured strategy (loaded on first use, so a deployment that
+        never routes never imports one) and the per-tenant latency figures."""
+        if self._router is None:
+            self._router = Router(self.settings)
+        return self._router
 
     def close_engine(self, grace: float | None = None) -> list[StepDispatch]:
         """Stop the step engine; returns the steps it will not run (to hand back to a queue)."""

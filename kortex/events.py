@@ -96,6 +96,44 @@ class ErrorEvent(_Event):
     fatal: bool = True
 
 
+class RouteEvent(_Event):
+    """The router chose this step's model (``model: "auto"``, kortex/llm/routing.py)."""
+
+    type: Literal["route"] = "route"
+    step: int
+    model: str = Field(description="provider:model that answers the step")
+    tier: str
+    reason: str
+    estimated_cost_usd: float
+    fallback: str | None = Field(None, description="provider:model used if the first fails or is too slow")
+    complexity: str
+    position: str = Field(description="plan (first step), digest (tool results to read) or answer (last step)")
+
+
+class AnomalyEvent(_Event):
+    """A check of the step found something off (kortex/turns/anomalies.py)."""
+
+    type: Literal["anomaly"] = "anomaly"
+    step: int
+    kind: str = Field(description="cost_overrun, latency_spike, empty_answer, short_answer, uncited_answer, "
+                                  "repeated_tool_call, context_degradation, chain_depth")
+    severity: Literal["low", "medium", "high", "critical"]
+    message: str
+    recommended: Literal["continue", "retry", "fallback", "rollback", "escalate"]
+
+
+class RecoveryEvent(_Event):
+    """What the recovery policy did about an anomaly. ``retry`` and ``fallback`` run the model
+    again as a new visible attempt: text after this event replaces nothing already shown."""
+
+    type: Literal["recovery"] = "recovery"
+    step: int
+    action: Literal["continue", "retry", "fallback", "rollback", "escalate"]
+    anomaly: str
+    message: str
+    model: str | None = None
+
+
 DoneStatus = Literal["done", "failed", "cancelled"]
 
 
@@ -133,7 +171,7 @@ class DoneEvent(_Event):
 
 Event = Annotated[
     TurnEvent | TextEvent | ToolCallEvent | ToolProgressEvent | ToolResultEvent | ProposalEvent
-    | ErrorEvent | DoneEvent,
+    | ErrorEvent | RouteEvent | AnomalyEvent | RecoveryEvent | DoneEvent,
     Field(discriminator="type"),
 ]
 EventAdapter: TypeAdapter[Event] = TypeAdapter(Event)

@@ -20,7 +20,7 @@ PROBE_TIMEOUT = 2.0
 class ModelOut(BaseModel):
     id: str
     display_name: str
-    tier: Literal["fast", "balanced", "deep"]
+    tier: Literal["fast", "balanced", "powerful"]
     context_tokens: int
     supports_tools: bool
     input_usd_per_mtok: float

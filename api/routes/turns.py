@@ -15,7 +15,7 @@ from api.sse import HeldStream, resume_point, turn_events
 from kortex.access import Permission
 from kortex.stream.entries import START
 from kortex.turns.cancel import cancel_turn as cancel
-from kortex.turns.chat import get_turn
+from kortex.turns.chat import get_turn, turn_with_models
 from kortex.turns.follow import nothing_left
 
 router = APIRouter(prefix="/v1/turns", tags=["turns"], dependencies=[Depends(allowed(Permission.CHAT))], responses=ERRORS)
@@ -25,8 +25,9 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Connecti
 
 @router.get("/{turn_id}", response_model=TurnOut)
 def read_turn(turn_id: str, k: KortexDep, tenant: TenantDep) -> TurnOut:
-    """A turn's status, step, usage and error."""
-    return TurnOut.of(get_turn(k, tenant.id, object_id(turn_id, "turn")))
+    """A turn's status, step, usage and error, and the model that answered each step."""
+    turn, steps = turn_with_models(k, tenant.id, object_id(turn_id, "turn"))
+    return TurnOut.of(turn, steps)
 
 
 @router.post("/{turn_id}/cancel", response_model=TurnOut,

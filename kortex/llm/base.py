@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from kortex.errors import ProviderError
 from kortex.messages import Message, ToolCall
 
-Tier = Literal["fast", "balanced", "deep"]
+Tier = Literal["fast", "balanced", "powerful"]
 StopReason = Literal["end_turn", "tool_use", "max_tokens", "stop_sequence", "error"]
 
 

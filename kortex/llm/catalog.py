@@ -20,7 +20,7 @@ _MODEL_ID = re.compile(r"^[\x21-\x7e]{1,200}$")  # printable ASCII, no spaces
 
 ANTHROPIC: tuple[ModelInfo, ...] = (
     ModelInfo(id="claude-opus-4-6", display_name="Claude Opus 4.6 (1M context)", context_tokens=1_000_000,
-              tier="deep", input_usd_per_mtok=15.0, output_usd_per_mtok=75.0,
+              tier="powerful", input_usd_per_mtok=15.0, output_usd_per_mtok=75.0,
               cache_read_usd_per_mtok=1.5, cache_write_usd_per_mtok=18.75),
     ModelInfo(id="claude-sonnet-4-6", display_name="Claude Sonnet 4.6", context_tokens=200_000,
               tier="balanced", input_usd_per_mtok=3.0, output_usd_per_mtok=15.0,
@@ -31,7 +31,7 @@ ANTHROPIC: tuple[ModelInfo, ...] = (
 )
 
 OPENAI: tuple[ModelInfo, ...] = (
-    ModelInfo(id="gpt-5", display_name="GPT-5", context_tokens=400_000, tier="deep",
+    ModelInfo(id="gpt-5", display_name="GPT-5", context_tokens=400_000, tier="powerful",
               input_usd_per_mtok=12.0, output_usd_per_mtok=60.0, cache_read_usd_per_mtok=1.2),
     ModelInfo(id="gpt-4o", display_name="GPT-4o", context_tokens=128_000, tier="balanced",
               input_usd_per_mtok=2.5, output_usd_per_mtok=10.0, cache_read_usd_per_mtok=1.25),

@@ -16,6 +16,7 @@ conversation is scrubbed of credentials before it goes to a cloud provider.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
@@ -171,14 +172,40 @@ def _end_span(span: Any, attempt: Attempt, error: str | None = None) -> None:
         "llm.retries": attempt.retries})
 
 
+async def _first_token_within(chunks: AsyncIterator[StreamChunk], seconds: float) -> AsyncIterator[StreamChunk]:
+    """``chunks``, but a stream that has sent no text or tool call after ``seconds`` fails as a
+    retryable ``latency_spike`` (nothing has reached the client, so another model may answer).
+    Each read waits under the deadline; the yields do not, so the consumer's own awaits are
+    never cut by it."""
+    iterator = chunks.__aiter__()
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            chunk = await asyncio.wait_for(iterator.__anext__(), max(0.0, deadline - time.monotonic()))
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            raise ProviderError(f"no first token within {seconds:.1f} s", retryable=True, code="latency_spike") \
+                from None
+        yield chunk
+        if isinstance(chunk, TextChunk | ToolCallChunk):
+            break
+    async for chunk in iterator:
+        yield chunk
+
+
 class RoutedStream:
     """Streams one step through the chain. Text is yielded live (held back only for a frugal
     fast attempt); tool calls and the final chunk come once an attempt has succeeded."""
 
-    def __init__(self, candidates: Sequence[Candidate], request: CompletionRequest, llm: LLMSettings) -> None:
+    def __init__(self, candidates: Sequence[Candidate], request: CompletionRequest, llm: LLMSettings, *,
+                 first_token_deadline: float | None = None) -> None:
         if not candidates:
             raise InvalidInput("no candidate providers")
         self.candidates = list(candidates)
+        # A routed step: a candidate with another behind it that sends nothing (no text, no
+        # tool call) for this many seconds is a latency spike, and the next one answers.
+        self.first_token_deadline = first_token_deadline
         self.request = request
         self.llm = llm
         self.attempts: list[Attempt] = []
@@ -200,10 +227,12 @@ class RoutedStream:
 
     async def stream(self) -> AsyncIterator[StreamChunk]:
         error: ProviderError | None = None
-        for candidate in self.candidates:
+        for index, candidate in enumerate(self.candidates):
             if error is not None:
-                yield WarningChunk(code="provider_failover", message=(
-                    f"{self.attempts[-1].spec} failed ({error.message}); {candidate.first_spec} answers instead"))
+                yield WarningChunk(code="latency_spike" if error.code == "latency_spike" else "provider_failover",
+                                   message=(f"{self.attempts[-1].spec} failed ({error.message}); "
+                                            f"{candidate.first_spec} answers instead"))
+            guarded = self.first_token_deadline is not None and index < len(self.candidates) - 1
             tries = [(candidate.fast, True), (candidate.model, False)] if candidate.fast else [(candidate.model, False)]
             for model, fast in tries:
                 assert model is not None
@@ -217,6 +246,9 @@ class RoutedStream:
                 try:
                     stream = candidate.provider.stream(self.request_for(candidate.provider, model, fast=fast))
                     async with aclosing(stream) as chunks:  # type: ignore[type-var]
+                        if guarded and not fast:
+                            assert self.first_token_deadline is not None
+                            chunks = _first_token_within(chunks, self.first_token_deadline)
                         async for chunk in chunks:
                             if isinstance(chunk, UsageChunk):
                                 attempt.usage = chunk.usage  # kept should the call fail or be cancelled

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import date, datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
@@ -83,3 +83,35 @@ def list_for_turn(conn: Connection, tenant_id: str, turn_id: str) -> list[dict[s
         )
     ).all()
     return [dict(r._mapping) for r in rows]
+
+
+def recent_llm_calls(conn: Connection, tenant_id: str, since: datetime, *, limit: int = 2000) -> list[Any]:
+    """The tenant's successful LLM calls since ``since``, newest first: (subject, latency_ms,
+    output_tokens, payload), what the router's latency figures are measured from."""
+    return list(conn.execute(
+        select(decisions.c.subject, decisions.c.latency_ms, decisions.c.output_tokens, decisions.c.payload)
+        .where(decisions.c.tenant_id == tenant_id, decisions.c.kind == "llm_call", decisions.c.ok.is_(True),
+               decisions.c.created_at >= since)
+        .order_by(decisions.c.created_at.desc()).limit(limit)
+    ).all())
+
+
+def count_for_turn(conn: Connection, tenant_id: str, turn_id: str, kind: str, subject: str | None = None) -> int:
+    where = [decisions.c.tenant_id == tenant_id, decisions.c.turn_id == turn_id, decisions.c.kind == kind]
+    if subject is not None:
+        where.append(decisions.c.subject == subject)
+    return int(conn.execute(select(func.count()).where(*where)).scalar() or 0)
+
+
+def models_by_step(conn: Connection, tenant_id: str, turn_id: str) -> list[tuple[int, str, bool]]:
+    """(step, provider:model, routed) of each step's answering LLM call, in step order."""
+    rows = conn.execute(select(decisions.c.subject, decisions.c.payload, decisions.c.kind)
+                        .where(decisions.c.tenant_id == tenant_id, decisions.c.turn_id == turn_id,
+                               decisions.c.kind.in_(("llm_call", "route")))
+                        .order_by(decisions.c.created_at)).all()
+    routed = {int(r.payload.get("step", -1)) for r in rows if r.kind == "route"}
+    answered: dict[int, str] = {}
+    for r in rows:
+        if r.kind == "llm_call" and r.payload.get("stop_reason") not in (None, "error"):
+            answered[int(r.payload.get("step", -1))] = r.subject
+    return [(step, model, step in routed) for step, model in sorted(answered.items())]

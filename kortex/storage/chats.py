@@ -6,7 +6,7 @@ from dataclasses import asdict
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import bindparam, delete, select, tuple_
+from sqlalchemy import bindparam, delete, func, select, tuple_
 from sqlalchemy.engine import Connection
 
 from kortex.errors import Conflict, NotFound
@@ -166,3 +166,8 @@ def message_row(
             is_error=result.is_error, error_code=result.error_code, truncated=result.truncated,
         )
     return row
+
+
+def count_messages(conn: Connection, tenant_id: str, session_id: str) -> int:
+    return int(conn.execute(select(func.count()).where(chat_messages.c.tenant_id == tenant_id,
+                                                       chat_messages.c.session_id == session_id)).scalar() or 0)

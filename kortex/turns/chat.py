@@ -19,6 +19,7 @@ from kortex.storage import audit, chats, turns
 from kortex.storage.audit import AuditEntry
 from kortex.storage.records import MessageRecord, SessionRecord, TurnRecord
 from kortex.turns.handoff import NOTHING, Handoff, StepDispatch
+from kortex.turns.routed import AUTO
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,8 @@ def _check_model(k: Kortex, model: str | None) -> str | None:
     model = model.strip()
     if not model or len(model) > 200:
         raise InvalidInput("model must be 1-200 characters, e.g. 'offline:analyst'")
+    if model == AUTO:  # each step's model is chosen by the router (kortex/turns/routed.py)
+        return model
     k.providers.resolve(model)  # unknown or unavailable models fail here, as a 4xx
     return model
 
@@ -201,3 +204,10 @@ def post_message(
 def get_turn(k: Kortex, tenant_id: str, turn_id: str) -> TurnRecord:
     with k.db.connect() as conn:
         return turns.get_turn(conn, tenant_id, turn_id)
+
+
+def turn_with_models(k: Kortex, tenant_id: str, turn_id: str) -> tuple[TurnRecord, list[tuple[int, str, bool]]]:
+    """A turn and the model that answered each of its steps, and whether the router chose it."""
+    with k.db.connect() as conn:
+        turn = turns.get_turn(conn, tenant_id, turn_id)
+        return turn, audit.models_by_step(conn, tenant_id, turn_id)

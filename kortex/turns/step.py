@@ -7,6 +7,7 @@ import asyncio
 import logging
 import time
 from contextlib import aclosing
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Connection
@@ -28,6 +29,7 @@ from kortex.events import (
 from kortex.ids import new_call_id
 from kortex.llm.base import CompletionRequest, DoneChunk, TextChunk, ToolCallChunk, WarningChunk
 from kortex.llm.router import Attempt, Candidate, RoutedStream, plan
+from kortex.llm.routing import Latency, RoutingDecision
 from kortex.messages import AssistantMessage, Message, ToolCall, ToolResult, Usage, UserMessage
 from kortex.prompts import DEPTH_EXCEEDED, REGROUND
 from kortex.redaction import scrub
@@ -40,7 +42,10 @@ from kortex.turns.closing import publish_done
 from kortex.turns.grounding import Grounding, check, successful_calls
 from kortex.turns.handoff import NOTHING, Handoff, StepDispatch, ToolDispatch, Trace
 from kortex.turns.outbox import publish_in, publish_kept
+from kortex.turns.anomalies import Anomaly, check_answer, check_calls, check_cost, check_depth
+from kortex.turns.notes import Notes, checked
 from kortex.turns.profiles import lane_of, profile_of
+from kortex.turns.routed import is_auto
 
 if TYPE_CHECKING:
     from kortex.turns.engine import StepHold
@@ -100,7 +105,7 @@ async def _step(k: Kortex, tenant_id: str, turn_id: str, step: int, hold: StepHo
     claimed = await hold.io(_claim, k, tenant_id, turn_id, step)
     if claimed is None:
         return NOTHING  # another delivery of this step has it, or the turn moved on
-    turn, history = claimed
+    turn = claimed.turn
     hold.attach(turn)
     logcontext.bind(tenant_id=turn.tenant_id, session_id=turn.session_id, turn_id=turn.id)  # this step's task only
     if step == 0 and turn.attempt == 1:
@@ -108,7 +113,7 @@ async def _step(k: Kortex, tenant_id: str, turn_id: str, step: int, hold: StepHo
     started = time.monotonic()
     outcome = "error"
     try:
-        handoff = await _step_claimed(k, turn, step, history, hold)
+        handoff = await _step_claimed(k, claimed, step, hold)
         # tools: parked for its calls; again: handed back or on to another step; ended: the turn
         # ended (or the step found it had moved on)
         outcome = "tools" if handoff.tools else "again" if handoff.steps else "ended"
@@ -117,26 +122,40 @@ async def _step(k: Kortex, tenant_id: str, turn_id: str, step: int, hold: StepHo
         metrics.step_done(time.monotonic() - started, outcome)
 
 
-async def _step_claimed(k: Kortex, turn: TurnRecord, step: int, history: list[Message] | KortexError,
-                        hold: StepHold) -> Handoff:
+async def _step_claimed(k: Kortex, claimed: Claimed, step: int, hold: StepHold) -> Handoff:
+    turn, history = claimed.turn, claimed.history
     try:
         if turn.kept_events:  # an outage kept events of the step before: they go out first
             try:
                 await hold.io(publish_kept, k, turn.tenant_id, turn.id)
             except KortexError:  # still down: the watchdog publishes them later
                 log.warning("kept events of turn %s are still waiting", turn.id, exc_info=True)
+        routed: RoutingDecision | None = None
         try:
-            candidates = plan(k.providers, turn.model)
+            if isinstance(history, KortexError):
+                candidates: list[Candidate] = []
+            elif claimed.latency is not None:  # model "auto": this step's model is chosen now
+                routed = k.router.decide(k.providers, history, claimed.latency,
+                                         last_step=step >= k.settings.llm.max_tool_depth)
+                candidates = k.router.candidates(k.providers, routed)
+            else:
+                candidates = plan(k.providers, turn.model)
         except KortexError as exc:
             return await hold.io(_fail, k, turn, step, exc.code, exc.message)
         publisher = StepPublisher(k.events, turn.id, step, turn.attempt, k.settings.turn.text_flush_ms,
                                   on_stale=hold.lose)
-        publisher.emit(TurnEvent(turn_id=turn.id, status="running", step=step, model=candidates[0].first_spec))
+        publisher.emit(TurnEvent(turn_id=turn.id, status="running", step=step,
+                                 model=candidates[0].first_spec if candidates else None))
         if isinstance(history, KortexError):
             metrics.refused(history.code)
             await _settle_text(publisher)
             return await hold.io(_fail, k, turn, step, history.code, history.message)
-        return await _run_claimed(k, turn, step, candidates, history, hold, publisher)
+        notes = Notes(turn, step)
+        if routed is not None:
+            publisher.emit(notes.route(routed))
+        notes.context(len(history), claimed.total_messages, k.settings.llm.anomalies, publisher,
+                      routed=routed is not None)
+        return await _run_claimed(k, turn, step, candidates, history, hold, publisher, routed, notes)
     except Released:
         return await hold.io(_release, k, turn, step)
     except Exception as exc:  # whatever broke, the client must hear the turn ended
@@ -145,13 +164,31 @@ async def _step_claimed(k: Kortex, turn: TurnRecord, step: int, history: list[Me
         return await hold.io(_fail, k, turn, step, code, "the turn failed unexpectedly; see the server logs")
 
 
-def _claim(k: Kortex, tenant_id: str, turn_id: str, step: int
-           ) -> tuple[TurnRecord, list[Message] | KortexError] | None:
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    turn: TurnRecord
+    history: list[Message] | KortexError
+    #: a routed turn (``model: "auto"``): the tenant's measured model latencies; else None
+    latency: dict[str, Latency] | None = None
+    #: the session's messages when the history had to be cut to fit (else how many were loaded)
+    total_messages: int = 0
+
+
+def _claim(k: Kortex, tenant_id: str, turn_id: str, step: int) -> Claimed | None:
     """Claim the step and read what its model call needs, in one trip to an I/O thread and
     one transaction."""
     with k.db.begin() as conn:
         turn = turns.claim_step(conn, tenant_id, turn_id, step, lease=k.settings.turn.step_lease)
-        return None if turn is None else (turn, _load(k, conn, turn))
+        if turn is None:
+            return None
+        history = _load(k, conn, turn)
+        latency = None
+        if is_auto(k.settings, turn.model) and not isinstance(history, KortexError):
+            latency = k.router.latency.get(conn, turn.tenant_id, k.settings.llm.routing.min_latency_samples)
+        total = len(history) if isinstance(history, list) else 0
+        if total >= k.settings.llm.max_history_messages:  # cut to fit: how much was left out
+            total = chats.count_messages(conn, turn.tenant_id, turn.session_id)
+        return Claimed(turn, history, latency, total)
 
 
 def _release(k: Kortex, turn: TurnRecord, step: int) -> Handoff:
@@ -186,7 +223,8 @@ def _time_limit(k: Kortex, turn: TurnRecord) -> float:
 
 
 async def _run_claimed(k: Kortex, turn: TurnRecord, step: int, candidates: list[Candidate],
-                       history: list[Message], hold: StepHold, publisher: StepPublisher) -> Handoff:
+                       history: list[Message], hold: StepHold, publisher: StepPublisher,
+                       routed: RoutingDecision | None, notes: Notes) -> Handoff:
     settings = k.settings
     depth = settings.llm.max_tool_depth
     limit = _time_limit(k, turn)
@@ -208,17 +246,27 @@ async def _run_claimed(k: Kortex, turn: TurnRecord, step: int, candidates: list[
     )  # model, max_tokens and temperature are set per provider by the router
     # The step's model calls: the answer, and at most one re-ask when the grounding policy is
     # strict (kortex/turns/grounding.py); every call of either is billed and audited.
-    streams = [RoutedStream(candidates, request, settings.llm)]
+    deadline = k.router.first_token_deadline(routed) if routed is not None else None
+    streams = [RoutedStream(candidates, request, settings.llm, first_token_deadline=deadline)]
+    checks = settings.llm.anomalies
+    checking = checked(checks, routed is not None)
 
     def attempts() -> list[Attempt]:
-        return [a for routed in streams for a in routed.attempts]
+        return [a for each in streams for a in each.attempts]
 
     async def answer() -> tuple[str, tuple[ToolCall, ...], DoneChunk, Grounding | None]:
-        text, calls, done = await _consume(streams[0], publisher, _call_ids(history), hold)
+        text, calls, done = await _consume(streams[0], publisher, _call_ids(history), hold, notes)
         if calls:
             return text, calls, done, None
+        if checking:
+            text, done = await retried(text, done)
         policy = settings.llm.grounding
         grounding = check(text, history, numbers=policy.check_numbers)
+        if checking:
+            for found in check_answer(text, had_results=bool(successful_calls(history)), cited=grounding.summary()
+                                      ["cited"], policy=checks):
+                if found.action == "continue":  # empty or short once more after a retry: it stands
+                    notes.noted(found, publisher)
         if policy.policy != "strict" or grounding.grounded:
             return text, calls, done, grounding
         publisher.emit(ErrorEvent(code="ungrounded_answer", fatal=False, message=(
@@ -233,12 +281,33 @@ async def _run_claimed(k: Kortex, turn: TurnRecord, step: int, candidates: list[
         text, _, done = await _consume(streams[-1], publisher, _call_ids(history), hold)  # no tools offered
         return text, (), done, check(text, history, numbers=policy.check_numbers)
 
+    async def retried(text: str, done: DoneChunk) -> tuple[str, DoneChunk]:
+        """An empty or very short final answer is asked for again, once per step and at most
+        ``max_retries_per_turn`` times a turn, on the routing decision's fallback when there
+        is one: a new visible attempt, announced, whose text follows what was shown."""
+        found = [a for a in check_answer(text, had_results=False, cited=None, policy=checks) if a.action == "retry"]
+        if not found:
+            return text, done
+        notes.anomaly(found[0], publisher)
+        done_before = await hold.io(_retries_so_far, k, turn)
+        if notes.retries >= checks.max_retries_per_step or done_before >= checks.max_retries_per_turn:
+            notes.recovery("continue", found[0].kind, "no retries left; the answer stands", publisher)
+            return text, done
+        notes.retries += 1
+        again = [Candidate(k.providers.get(routed.fallback.provider), routed.fallback.model)] \
+            if routed is not None and routed.fallback is not None else candidates
+        notes.recovery("retry", found[0].kind, "the model is asked again; a new answer follows the one above",
+                       publisher, model=again[0].spec)
+        streams.append(RoutedStream(again, request.model_copy(update={"tools": ()}), settings.llm))
+        text, _, done = await _consume(streams[-1], publisher, _call_ids(history), hold, notes)
+        return text, done
+
     try:
         text, calls, done, grounding = await asyncio.wait_for(answer(), limit)
     except (LeaseLost, StaleAttempt, Released) as exc:
         publisher.abandon()
         entries = _llm_audit(turn, step, attempts(), error=ProviderError(
-            "the step was handed to another attempt", code="cancelled"))
+            "the step was handed to another attempt", code="cancelled")) + notes.entries
         if isinstance(exc, Released):
             await hold.io(_audit_alone, k, entries)
             raise
@@ -257,11 +326,25 @@ async def _run_claimed(k: Kortex, turn: TurnRecord, step: int, candidates: list[
             model=last.model.id if last else candidates[0].model.id, code="step_timeout")
         await _settle_text(publisher)
         return await hold.io(_fail, k, turn, step, error.code, str(error), retryable=error.retryable,
-                             llm_entries=_llm_audit(turn, step, made, error=error), usage=_usage(made))
+                             llm_entries=_llm_audit(turn, step, made, error=error) + notes.entries,
+                             usage=_usage(made))
     answered = streams[-1].answered
     assert answered is not None
     usage = _usage(attempts())
-    entries = _llm_audit(turn, step, attempts(), calls=calls, text_chars=len(text))
+    escalate = None
+    if checking:
+        for found in [*check_calls(history, calls, checks), *check_depth(step, depth, calls),
+                      *check_cost(routed.estimated_cost_usd if routed else None, usage.cost_usd, checks)]:
+            if found.action == "escalate":
+                notes.anomaly(found, publisher)
+                notes.recovery("escalate", found.kind, "the turn ends here", publisher)
+                escalate = found
+                break
+            notes.noted(found, publisher)
+    entries = _llm_audit(turn, step, attempts(), calls=calls, text_chars=len(text)) + notes.entries
+    if escalate is not None:
+        await _settle_text(publisher)
+        return await hold.io(_fail, k, turn, step, escalate.kind, escalate.message, llm_entries=entries, usage=usage)
     if not await _settle_text(publisher):
         await hold.io(_audit_alone, k, entries)
         return NOTHING
@@ -369,6 +452,12 @@ def _park(k: Kortex, turn: TurnRecord, step: int, text: str, calls: tuple[ToolCa
                                for inv in invocations))
 
 
+def _retries_so_far(k: Kortex, turn: TurnRecord) -> int:
+    """Recovery retries earlier steps of the turn made (its audit rows)."""
+    with k.db.connect() as conn:
+        return audit.count_for_turn(conn, turn.tenant_id, turn.id, "recovery", subject="retry")
+
+
 def _audit_alone(k: Kortex, entries: list[AuditEntry]) -> None:
     """Every LLM call is billed and audited, even when its turn moved on without it."""
     try:
@@ -391,7 +480,7 @@ def _call_ids(history: list[Message]) -> set[str]:
 
 
 async def _consume(
-    routed: RoutedStream, publisher: StepPublisher, taken: set[str], hold: StepHold
+    routed: RoutedStream, publisher: StepPublisher, taken: set[str], hold: StepHold, notes: Notes | None = None,
 ) -> tuple[str, tuple[ToolCall, ...], DoneChunk]:
     text: list[str] = []
     calls: list[ToolCall] = []
@@ -406,6 +495,13 @@ async def _consume(
                     publisher.text(chunk.text)
                 elif isinstance(chunk, ToolCallChunk):
                     calls.append(chunk.call)
+                elif isinstance(chunk, WarningChunk) and chunk.code == "latency_spike" and notes is not None:
+                    # The first model sent nothing in time; the decision's fallback answers (no
+                    # text had been shown, so nothing is said twice).
+                    spike = Anomaly("latency_spike", chunk.message)
+                    notes.anomaly(spike, publisher)
+                    notes.recovery("fallback", spike.kind, chunk.message, publisher,
+                                   model=routed.candidates[-1].spec)
                 elif isinstance(chunk, WarningChunk):
                     publisher.emit(ErrorEvent(code=chunk.code, message=chunk.message, fatal=False))
                 elif isinstance(chunk, DoneChunk):
@@ -463,6 +559,7 @@ def _llm_audit(
             "cache_read_tokens": attempt.usage.cache_read_tokens,
             "cache_write_tokens": attempt.usage.cache_write_tokens,
             "retries": attempt.retries,
+            "first_token_ms": attempt.first_token_ms,  # what routing measures latency from
         }
         if failure is not None:
             payload.update(error_code=failure.code, status=failure.status, retryable=failure.retryable)

@@ -34,7 +34,7 @@ def test_providers_models_prices_and_availability_without_secrets(harness_factor
     models = {m["id"]: m for m in anthropic["models"]}
     assert [m["id"] for m in anthropic["models"]] == ["claude-opus-4-6", "claude-sonnet-4-6", "claude-haiku-4-6"]
     assert models["claude-opus-4-6"] == {"id": "claude-opus-4-6", "display_name": "Claude Opus 4.6 (1M context)",
-                                         "tier": "deep", "context_tokens": 1_000_000, "supports_tools": True,
+                                         "tier": "powerful", "context_tokens": 1_000_000, "supports_tools": True,
                                          "input_usd_per_mtok": 15.0, "output_usd_per_mtok": 75.0,
                                          "cache_read_usd_per_mtok": 1.5, "cache_write_usd_per_mtok": 18.75}
     assert anthropic["problems"] == []

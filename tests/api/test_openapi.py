@@ -66,7 +66,8 @@ def test_ingest_items_and_turn_events_have_schemas(client) -> None:
     assert "message" in doc["components"]["schemas"]["LogItem"]["properties"]
     stream = doc["paths"]["/v1/turns/{turn_id}/events"]["get"]["responses"]["200"]["content"]["text/event-stream"]
     events = stream["x-sse-events"]
-    assert set(events) == {"turn", "text", "tool_call", "tool_progress", "tool_result", "proposal", "error", "done"}
+    assert set(events) == {"turn", "text", "tool_call", "tool_progress", "tool_result", "proposal", "error", "route",
+                           "anomaly", "recovery", "done"}
     done = doc["components"]["schemas"][events["done"]["$ref"].rsplit("/", 1)[1]]
     assert done["properties"]["status"]["enum"] == ["done", "failed", "cancelled"]
     assert {"attempt", "seq"} <= set(doc["components"]["schemas"]["TextEvent"]["properties"])
