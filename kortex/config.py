@@ -381,6 +381,14 @@ class TurnSettings(_Section):
     shutdown_grace: Seconds = 20.0          # steps still streaming then are handed to another worker
 
 
+class BatchSettings(_Section):
+    """Batch jobs (kortex/postmortems/): how much of the batch lane one tenant may hold."""
+
+    # items in flight across all of a tenant's jobs: a tenant with many jobs waits its turn
+    # instead of filling the batch queue ahead of everyone else
+    max_active_items_per_tenant: int = Field(16, ge=1, le=1000)
+
+
 class PoolSettings(_Section):
     """Connection budgets of one process; README "Sizing" adds them up for a deployment. Every
     pool waits (up to its timeout) when it is full instead of raising, and each is sized so
@@ -454,6 +462,7 @@ class Settings(BaseSettings):
     tools: ToolPolicySettings = Field(default_factory=ToolPolicySettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
     turn: TurnSettings = Field(default_factory=TurnSettings)
+    batch: BatchSettings = Field(default_factory=BatchSettings)
     pools: PoolSettings = Field(default_factory=PoolSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     tracing: TracingSettings = Field(default_factory=TracingSettings)

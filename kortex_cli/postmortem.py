@@ -32,6 +32,12 @@ class Jobs(Protocol):
 
     def document(self, incident_id: str, fmt: Literal["md", "json"]) -> str: ...
 
+    def documents(self, job_id: str, fmt: Literal["md", "json"]) -> dict[str, str]: ...
+
+
+def _render(out: Any, fmt: Literal["md", "json"]) -> str:
+    return str(out.document.markdown()) if fmt == "md" else str(out.model_dump_json(indent=2))
+
 
 class EmbeddedJobs:
     def __init__(self, k: Any, tenant_id: str) -> None:
@@ -62,8 +68,14 @@ class EmbeddedJobs:
         from api.routes.postmortems import PostmortemOut
         from kortex.postmortems import jobs
 
-        out = PostmortemOut.of(jobs.postmortem_of(self.k, self.tenant_id, incident_id))
-        return out.document.markdown() if fmt == "md" else out.model_dump_json(indent=2)
+        return _render(PostmortemOut.of(jobs.postmortem_of(self.k, self.tenant_id, incident_id)), fmt)
+
+    def documents(self, job_id: str, fmt: Literal["md", "json"]) -> dict[str, str]:
+        from api.routes.postmortems import PostmortemOut
+        from kortex.postmortems import jobs
+
+        found = jobs.postmortems_of(self.k, self.tenant_id, job_id)
+        return {p.incident_ref: _render(PostmortemOut.of(p), fmt) for p in found}
 
 
 class RemoteJobs:
@@ -106,6 +118,12 @@ class RemoteJobs:
                                                 headers={"Accept": accept}))
         return response.text if fmt == "md" else json.dumps(response.json(), indent=2)
 
+    def documents(self, job_id: str, fmt: Literal["md", "json"]) -> dict[str, str]:
+        from api.routes.postmortems import PostmortemOut
+
+        listed = self._check(self._client.get(f"/v1/postmortems/{job_id}/documents")).json()
+        return {d["incident_id"]: _render(PostmortemOut.model_validate(d), fmt) for d in listed}
+
 
 def _progress(jobs: Jobs, job_id: str) -> dict[str, Any]:
     """Poll the job until it ends, drawing items done/failed/running, spend and ETA."""
@@ -126,19 +144,23 @@ def _progress(jobs: Jobs, job_id: str) -> dict[str, Any]:
             status = jobs.status(job_id)
 
 
-def _write(jobs: Jobs, items: list[dict[str, Any]], out: Path, fmt: Literal["md", "json"]) -> dict[str, Path]:
+def _write(jobs: Jobs, job_id: str, items: list[dict[str, Any]], out: Path,
+           fmt: Literal["md", "json"]) -> dict[str, Path]:
+    """The job's own documents; and for items skipped because the incident already had one,
+    that one (the job was asked for it, and it exists)."""
     out.mkdir(parents=True, exist_ok=True)
-    written: dict[str, Path] = {}
+    texts = jobs.documents(job_id, fmt)
     for item in items:
-        if item["status"] not in ("done", "skipped"):
-            continue
-        try:
-            text = jobs.document(item["incident_id"], fmt)
-        except NotFound:  # skipped for another reason than an existing post-mortem
-            continue
-        path = out / f"{_safe(item['incident_id'])}.{fmt}"
+        if item["status"] == "skipped" and (item.get("error") or {}).get("code") == "exists":
+            try:
+                texts.setdefault(item["incident_id"], jobs.document(item["incident_id"], fmt))
+            except NotFound:
+                continue
+    written: dict[str, Path] = {}
+    for ref, text in texts.items():
+        path = out / f"{_safe(ref)}.{fmt}"
         path.write_text(text)
-        written[item["incident_id"]] = path
+        written[ref] = path
     return written
 
 
@@ -193,7 +215,7 @@ def run(
         console.print(f"job {job_id}")
         status = _progress(jobs, job_id)
         items = jobs.items(job_id)
-        written = _write(jobs, items, out, chosen)
+        written = _write(jobs, job_id, items, out, chosen)
         _summary(status, items, written)
     raise typer.Exit(0 if status["counts"]["failed"] == 0 and status["status"] == "done" else 1)
 
@@ -214,7 +236,7 @@ def export(
             items = jobs.items(job_id)
         except KortexError as exc:
             _fail(str(exc))
-        written = _write(jobs, items, out, chosen)
+        written = _write(jobs, job_id, [], out, chosen)  # what the job itself wrote
     console.print(f"wrote {len(written)} post-mortems to {out}")
 
 

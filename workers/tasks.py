@@ -44,7 +44,10 @@ def step(self: Task, *, tenant_id: str, turn_id: str, step: int) -> None:
     a stopping engine hands it straight back. The step's own time limit is enforced on the
     loop."""
     k = runtime.kortex(_settings())
-    dispatched = StepDispatch(tenant_id=tenant_id, turn_id=turn_id, step=step, trace=_trace(self))
+    # Its lane, from the queue it came from: a step handed back (busy, stopping) goes back there.
+    queue = (getattr(self.request, "delivery_info", None) or {}).get("routing_key")
+    dispatched = StepDispatch(tenant_id=tenant_id, turn_id=turn_id, step=step, trace=_trace(self),
+                              lane="batch" if queue == Queue.BATCH.value else "chat")
     try:
         k.engine.submit(dispatched, _hand_on, block=False)
     except EngineBusy:

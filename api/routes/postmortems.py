@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Annotated, Any, Literal
@@ -27,6 +28,7 @@ log = logging.getLogger(__name__)
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Connection": "keep-alive"}
 POLL_S = 1.0  # the progress feed reads the job's rows this often: the database is the truth
+MAX_FEED_S = 3600.0  # one connection's longest life; the client resumes with Last-Event-ID
 
 
 class JobAccepted(BaseModel):
@@ -174,17 +176,16 @@ def cancel_job(
                      running_action=report.running_action)
 
 
-def _since(last_event_id: str | None) -> datetime | None:
+def _after(last_event_id: str | None) -> int:
     if last_event_id is None:
-        return None
-    try:
-        return datetime.fromisoformat(last_event_id)
-    except ValueError:
+        return 0
+    if not last_event_id.isdigit() or len(last_event_id) > 9:
         raise InvalidInput("Last-Event-ID must be the id of an event of this feed", code="validation",
-                           details=[{"field": "Last-Event-ID", "message": "not an event id"}]) from None
+                           details=[{"field": "Last-Event-ID", "message": "not an event id"}])
+    return int(last_event_id)
 
 
-def _sse(event: str, event_id: str, data: dict[str, Any]) -> bytes:
+def _sse(event: str, event_id: int, data: dict[str, Any]) -> bytes:
     return f"id: {event_id}\nevent: {event}\ndata: {json.dumps(data, default=str)}\n\n".encode()
 
 
@@ -197,30 +198,41 @@ async def job_events(
     tenant: TenantDep,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=64)] = None,
 ) -> StreamingResponse:
-    """Progress as Server-Sent Events: `item_started`, `item_done` / `item_failed` /
-    `item_skipped` / `item_cancelled`, then `job_done` with the counts. Each event's id is the
-    time of its change; reconnect with `Last-Event-ID` for the rest."""
+    """Progress as Server-Sent Events, numbered: `item_started`, `item_done` / `item_failed` /
+    `item_skipped` / `item_cancelled` (the item), and `job_done` / `job_failed` /
+    `job_cancelled` (the job). The stream ends once the job is over and nothing of it still
+    runs; reconnect with `Last-Event-ID` for exactly the rest."""
     job_id = object_id(job_id, "post-mortem job")
-    since = _since(last_event_id)
+    after = _after(last_event_id)
     await run_in_threadpool(jobs.view, k, tenant.id, job_id)  # 404 before the stream starts
 
     async def feed() -> AsyncIterator[bytes]:
-        cursor = since
-        while True:
-            items = await run_in_threadpool(jobs.changes, k, tenant.id, job_id, cursor)
-            for at, event, item in items:
-                yield _sse(event, at.isoformat(), ItemOut.of(item).model_dump(mode="json"))
-                cursor = at if cursor is None or at > cursor else cursor
-            view = await run_in_threadpool(jobs.view, k, tenant.id, job_id)
-            if view.job.finished_at is not None:
-                yield _sse("job_done", view.job.finished_at.isoformat(), JobOut.of(view).model_dump(mode="json"))
+        cursor = after
+        until = time.monotonic() + MAX_FEED_S
+        while time.monotonic() < until:
+            page = await run_in_threadpool(jobs.progress, k, tenant.id, job_id, cursor)
+            for event in page.events:
+                item = page.items.get(event.item_id) if event.item_id else None
+                data = ItemOut.of(item).model_dump(mode="json") if item is not None else \
+                    JobOut.of(page.view).model_dump(mode="json")
+                yield _sse(event.kind, event.seq, data)
+                cursor = event.seq
+            if page.over:
                 return
             if await request.is_disconnected():
                 return
-            yield b": keepalive\n\n"
-            await asyncio.sleep(POLL_S)
+            if not page.events:
+                yield b": keepalive\n\n"
+                await asyncio.sleep(POLL_S)
+        # A feed held open longer than this ends; the client resumes with Last-Event-ID.
 
     return StreamingResponse(feed(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+@router.get("/v1/postmortems/{job_id}/documents", response_model=list[PostmortemOut])
+def job_documents(job_id: str, k: KortexDep, tenant: TenantDep) -> list[PostmortemOut]:
+    """The post-mortems this job wrote (not the incidents' latest: a later job may have redone one)."""
+    return [PostmortemOut.of(p) for p in jobs.postmortems_of(k, tenant.id, object_id(job_id, "post-mortem job"))]
 
 
 @router.get("/v1/incidents/{incident_id}/postmortem", response_model=PostmortemOut,

@@ -181,32 +181,43 @@ def submit(k: Kortex, tenant_id: str, request: JobRequest, *, idempotency_key: s
             return Submitted(view=view(k, tenant_id, earlier[0].id), created=False, handoff=NOTHING)
     now = utcnow()
     incidents = _select(k, tenant_id, request, now)
-    job_id = uuid7()
-    try:
-        return _store_job(k, tenant_id, request, job_id, incidents, digest, idempotency_key, by, now)
-    except Conflict as exc:
-        if exc.code != "integrity" or idempotency_key is None:
-            raise
-    # Two identical requests raced on the Idempotency-Key: the loser answers the winner's job.
-    return submit(k, tenant_id, request, idempotency_key=idempotency_key, by=by)
+    for _ in range(2):
+        try:
+            return _store_job(k, tenant_id, request, uuid7(), incidents, digest, idempotency_key, by, now)
+        except Conflict as exc:
+            if exc.code != "integrity" or idempotency_key is None:
+                raise
+        # Two identical requests raced on the Idempotency-Key: the loser answers the winner's job.
+        with k.db.connect() as conn:
+            earlier = store.job_by_key(conn, tenant_id, idempotency_key)
+        if earlier is not None:
+            if earlier[1] != digest:
+                raise Conflict("this Idempotency-Key was used for a different request", code="idempotency_mismatch")
+            return Submitted(view=view(k, tenant_id, earlier[0].id), created=False, handoff=NOTHING)
+    raise Conflict("the job could not be stored; try again", code="conflict")
 
 
 def _store_job(k: Kortex, tenant_id: str, request: JobRequest, job_id: str, incidents: list[Incident], digest: str,
                idempotency_key: str | None, by: str | None, now: datetime) -> Submitted:
     with k.db.begin() as conn:
-        done_before = {} if request.force else store.existing_refs(conn, tenant_id, [i.ref for i in incidents])
+        store.lock_tenant(conn, tenant_id)  # a concurrent job of the tenant sees this one's items
+        refs = [i.ref for i in incidents]
+        done_before = {} if request.force else store.existing_refs(conn, tenant_id, refs)
+        busy = store.open_refs(conn, tenant_id, refs)
         items = []
         for position, incident in enumerate(incidents):
-            earlier_pm = done_before.get(incident.ref)
+            error = None
+            if incident.ref in busy:  # another job of the tenant is on it: never two bills for one incident
+                error = {"code": "in_progress", "message": "another job of this tenant is writing its post-mortem"}
+            elif incident.ref in done_before:  # already written: not redone unless the job forces it
+                error = {"code": "exists", "message": "the incident already has a post-mortem (force=true redoes it)",
+                         "postmortem_id": done_before[incident.ref]}
             items.append({
                 "id": uuid7(), "tenant_id": tenant_id, "job_id": job_id, "position": position,
                 "incident_ref": incident.ref, "incident": _snapshot(incident),
-                # Already written: not redone (and not billed again) unless the job forces it.
-                "status": "skipped" if earlier_pm else "queued",
-                "error": {"code": "exists", "message": "the incident already has a post-mortem (force=true redoes it)",
-                          "postmortem_id": earlier_pm} if earlier_pm else None,
+                "status": "skipped" if error else "queued", "error": error,
                 "turn_id": None, "cost_usd": 0.0, "dispatched_at": None, "started_at": None,
-                "finished_at": now if earlier_pm else None,
+                "finished_at": now if error else None,
             })
         job = {"id": job_id, "tenant_id": tenant_id, "status": "queued",
                "selection": request.model_dump(mode="json", exclude={"model", "max_usd", "concurrency", "template",
@@ -216,13 +227,14 @@ def _store_job(k: Kortex, tenant_id: str, request: JobRequest, job_id: str, inci
                "request_hash": digest, "session_id": None, "created_by": by, "created_at": now,
                "started_at": None, "finished_at": None}
         store.insert_job(conn, job, items)
-        handoff = advance(conn, tenant_id, job_id, now)
+        handoff = advance(conn, tenant_id, job_id, now, k.settings.batch.max_active_items_per_tenant)
     return Submitted(view=view(k, tenant_id, job_id), created=True, handoff=handoff)
 
 
-def advance(conn: Connection, tenant_id: str, job_id: str, now: datetime) -> Handoff:
-    """Dispatch as many queued items as the job's concurrency has room for, skip the rest when
-    its budget is spent, and mark it done when nothing is left open."""
+def advance(conn: Connection, tenant_id: str, job_id: str, now: datetime, tenant_cap: int) -> Handoff:
+    """Dispatch as many queued items as the job's concurrency, and the tenant's share of the
+    batch lane (``tenant_cap`` items in flight across its jobs), have room for; skip the rest
+    when its budget is spent; mark it done when nothing is left open."""
     job = store.get_job(conn, tenant_id, job_id, lock=True)  # one advance of a job at a time
     if job.status not in ("queued", "running"):
         return NOTHING
@@ -230,7 +242,8 @@ def advance(conn: Connection, tenant_id: str, job_id: str, now: datetime) -> Han
         store.end_open_items(conn, tenant_id, job_id, "skipped", now,
                              {"code": "budget", "message": f"the job's max_usd ({job.max_usd:g}) was spent"},
                              from_status=("queued",))
-    room = job.concurrency - store.active_count(conn, job_id)
+    room = min(job.concurrency - store.active_count(conn, job_id),
+               tenant_cap - store.tenant_active_count(conn, tenant_id))
     items = store.dispatch_next(conn, job_id, room, now)
     if items and job.status == "queued":
         store.set_job_status(conn, tenant_id, job_id, "running", now, from_status=("queued",))
@@ -255,11 +268,13 @@ def _request_text(item: ItemRecord, template: str | None) -> str:
 def start_item(k: Kortex, tenant_id: str, item_id: str) -> Handoff:
     """The item's task: create its turn and hand step 0 to the batch lane. Safe to run twice."""
     now = utcnow()
+    cap = k.settings.batch.max_active_items_per_tenant
     with k.db.begin() as conn:
         item = store.get_item(conn, tenant_id, item_id)
         if item is None or item.status != "dispatched":
             return NOTHING  # a duplicate delivery, or a cancel got there first
-        job = store.get_job(conn, tenant_id, item.job_id)
+        # The job's row first, then the item's: the order cancel and advance lock them in.
+        job = store.get_job(conn, tenant_id, item.job_id, lock=True)
         if job.status not in ("queued", "running"):
             store.end_item(conn, tenant_id, item_id, "cancelled", now, error={"code": "cancelled"},
                            from_status=("dispatched",))
@@ -267,7 +282,7 @@ def start_item(k: Kortex, tenant_id: str, item_id: str) -> Handoff:
         if job.max_usd is not None and store.spend(conn, tenant_id, job.id) >= job.max_usd:
             store.end_item(conn, tenant_id, item_id, "skipped", now, from_status=("dispatched",),
                            error={"code": "budget", "message": f"the job's max_usd ({job.max_usd:g}) was spent"})
-            return advance(conn, tenant_id, job.id, now)
+            return advance(conn, tenant_id, job.id, now, cap)
         session = chats.create_session(conn, tenant_id, f"post-mortem {item.incident_ref}", job.model)
         # Its own session: a session runs one turn at a time, and items of a job run side by side.
         # Not counted against the tenant's chat concurrency: the job's own concurrency bounds it.
@@ -311,9 +326,8 @@ def before_call(conn: Connection, turn: TurnRecord, history: list[Message]) -> K
     if accepted is None and len(rejected) > MAX_INVALID:
         return InvalidInput(f"the post-mortem failed validation {len(rejected)} times", code="invalid_postmortem",
                             details=rejected[-1])
+    # A cancelled job's running items finish (cancel with running=cancel cancels their turns).
     job = store.get_job(conn, turn.tenant_id, item.job_id)
-    if job.status == "cancelled":
-        return KortexError("the job was cancelled", code="cancelled")
     if job.max_usd is not None:
         spent = store.spend(conn, turn.tenant_id, job.id)
         if spent >= job.max_usd:
@@ -331,7 +345,7 @@ def on_end(k: Kortex, conn: Connection, turn: TurnRecord, end: TurnEnd) -> Hando
     cost = float(conn.execute(turns.cost_of(turn.tenant_id, turn.id)).scalar() or 0.0)
     status, error = _outcome(k, conn, turn, item, end, now)
     store.end_item(conn, turn.tenant_id, item.id, status, now, error=error, cost_usd=cost)
-    return advance(conn, turn.tenant_id, item.job_id, now)
+    return advance(conn, turn.tenant_id, item.job_id, now, k.settings.batch.max_active_items_per_tenant)
 
 
 def _outcome(k: Kortex, conn: Connection, turn: TurnRecord, item: ItemRecord, end: TurnEnd,
@@ -388,18 +402,29 @@ def list_items(k: Kortex, tenant_id: str, job_id: str, *, after: int = -1, limit
         return store.list_items(conn, tenant_id, job_id, after=after, limit=limit, status=status)
 
 
-def changes(k: Kortex, tenant_id: str, job_id: str, since: datetime | None) -> list[tuple[datetime, str, ItemRecord]]:
-    """What happened to the job's items after ``since``, in time order: (when, event, item),
-    the event ``item_started`` or ``item_<status>`` of an item that ended."""
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """A page of a job's progress feed: events after a point, the items they name, and whether
+    the job is over (finished, nothing left running)."""
+
+    events: list[Any]
+    items: dict[str, ItemRecord]
+    view: JobView
+    over: bool
+
+
+def progress(k: Kortex, tenant_id: str, job_id: str, after: int) -> Progress:
     with k.db.connect() as conn:
-        items = store.changed_items(conn, tenant_id, job_id, since)
-    out: list[tuple[datetime, str, ItemRecord]] = []
-    for item in items:
-        if item.started_at is not None and (since is None or item.started_at > since):
-            out.append((item.started_at, "item_started", item))
-        if item.finished_at is not None and (since is None or item.finished_at > since):
-            out.append((item.finished_at, f"item_{item.status}", item))
-    return sorted(out, key=lambda change: change[0])
+        # Read the job's state before the events: if it is over here, every event is below.
+        job = store.get_job(conn, tenant_id, job_id)
+        over = job.finished_at is not None and not store.any_open(conn, tenant_id, job_id)
+        events = store.events_after(conn, tenant_id, job_id, after)
+        ids = {e.item_id for e in events if e.item_id}
+        items = {i.id: i for i in store.list_items(conn, tenant_id, job_id, after=-1, limit=MAX_ITEMS)
+                 if i.id in ids} if ids else {}
+        job_view = JobView(job=store.get_job(conn, tenant_id, job_id), counts=store.counts(conn, tenant_id, job_id),
+                           spend_usd=store.spend(conn, tenant_id, job_id))
+    return Progress(events=events, items=items, view=job_view, over=over and len(events) < 500)
 
 
 def postmortem_of(k: Kortex, tenant_id: str, incident_ref: str) -> PostmortemRecord:
@@ -432,9 +457,9 @@ def cancel(k: Kortex, tenant_id: str, job_id: str, *, running: Literal["finish",
         job = store.get_job(conn, tenant_id, job_id, lock=True)
         if job.status == "done":
             raise Conflict("the job already finished", code="job_finished", details={"status": job.status})
-        store.set_job_status(conn, tenant_id, job_id, "cancelled", now, from_status=("queued", "running"))
         stopped = store.end_open_items(conn, tenant_id, job_id, "cancelled", now,
                                        {"code": "cancelled", "message": f"the job was cancelled by {by}"})
+        store.set_job_status(conn, tenant_id, job_id, "cancelled", now, from_status=("queued", "running"))
         live = store.running_turns(conn, tenant_id, job_id)
     handoff = NOTHING
     if running == "cancel":
@@ -455,19 +480,21 @@ def sweep(k: Kortex, now: datetime, batch_idle: bool) -> Handoff:
     is merely waiting), and advance jobs with room, such as one whose hand-off was lost."""
     handoff = NOTHING
     with k.db.connect() as conn:
-        # As for turns: a dispatched item its task has not started within ``turn.requeue_after``.
-        cutoff = now - timedelta(seconds=k.settings.turn.requeue_after)
-        stale = store.stale_dispatched(conn, cutoff) if batch_idle else []
+        # As for turns: a dispatched item its task has not started within ``turn.requeue_after``
+        # while the batch queue is empty; with a backlog, one waiting ten times that long (a
+        # duplicate is harmless: starting an item is a compare-and-set).
+        after = k.settings.turn.requeue_after * (1 if batch_idle else 10)
+        stale = store.stale_dispatched(conn, now - timedelta(seconds=after))
         jobs = store.jobs_with_room(conn)
     handoff += Handoff(items=tuple(ItemDispatch(tenant_id=i.tenant_id, item_id=i.id) for i in stale))
     for tenant_id, job_id in jobs:
         try:
             with k.db.begin() as conn:
-                handoff += advance(conn, tenant_id, job_id, now)
+                handoff += advance(conn, tenant_id, job_id, now, k.settings.batch.max_active_items_per_tenant)
         except KortexError:
             log.exception("could not advance post-mortem job %s", job_id)
     return handoff
 
 
-__all__ = ["CancelReport", "JobFilter", "JobRequest", "JobView", "Submitted", "advance", "before_call", "cancel", "changes",
+__all__ = ["CancelReport", "JobFilter", "JobRequest", "JobView", "Submitted", "advance", "before_call", "cancel", "progress",
            "list_items", "on_end", "postmortem_of", "postmortems_of", "start_item", "submit", "sweep", "view"]

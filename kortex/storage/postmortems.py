@@ -19,7 +19,7 @@ from sqlalchemy.engine import Connection
 
 from kortex.errors import NotFound
 from kortex.storage.records import ItemRecord, JobRecord, PostmortemRecord
-from kortex.storage.schema import postmortem_items, postmortem_jobs, postmortems, turns
+from kortex.storage.schema import postmortem_events, postmortem_items, postmortem_jobs, postmortems, tenants, turns
 
 _j = postmortem_jobs.c
 _it = postmortem_items.c
@@ -29,6 +29,11 @@ _p = postmortems.c
 OPEN = ("queued", "dispatched", "running")
 ACTIVE = ("dispatched", "running")  # what counts against a job's concurrency
 ITEM_STATUSES = ("queued", "dispatched", "running", "done", "failed", "skipped", "cancelled")
+
+
+def lock_tenant(conn: Connection, tenant_id: str) -> None:
+    """Serialise the tenant's job submissions (a second job must see the first one's items)."""
+    conn.execute(select(tenants.c.id).where(tenants.c.id == tenant_id).with_for_update(key_share=True))
 
 
 def insert_job(conn: Connection, job: dict[str, Any], items: Sequence[dict[str, Any]]) -> None:
@@ -69,14 +74,17 @@ def counts(conn: Connection, tenant_id: str, job_id: str) -> dict[str, int]:
 
 
 def spend(conn: Connection, tenant_id: str, job_id: str) -> float:
-    """What the job's turns have cost so far, running ones included (each step adds its calls'
-    cost to its turn as it ends), so a budget check before an LLM call sees every earlier call."""
-    total = conn.execute(
+    """What the job has cost so far: its ended items' cost as settled, and its running items'
+    turns as they stand (each step adds its calls' cost to its turn as it ends), so a budget
+    check before an LLM call sees every earlier call, and a deleted session takes nothing away."""
+    settled = conn.execute(select(func.coalesce(func.sum(_it.cost_usd), 0.0))
+                           .where(_it.job_id == job_id, _it.tenant_id == tenant_id, _it.status.not_in(OPEN))).scalar()
+    running = conn.execute(
         select(func.coalesce(func.sum(turns.c.cost_usd), 0.0))
         .select_from(postmortem_items.join(turns, turns.c.id == _it.turn_id))
-        .where(_it.job_id == job_id, _it.tenant_id == tenant_id)
+        .where(_it.job_id == job_id, _it.tenant_id == tenant_id, _it.status == "running")
     ).scalar()
-    return float(total or 0.0)
+    return float(settled or 0.0) + float(running or 0.0)
 
 
 def list_items(conn: Connection, tenant_id: str, job_id: str, *, after: int, limit: int,
@@ -88,15 +96,22 @@ def list_items(conn: Connection, tenant_id: str, job_id: str, *, after: int, lim
     return [ItemRecord.from_row(r) for r in rows]
 
 
-def changed_items(conn: Connection, tenant_id: str, job_id: str, since: datetime | None) -> list[ItemRecord]:
-    """Items that started or ended after ``since`` (all that did, when None): a progress feed."""
-    where = [_it.job_id == job_id, _it.tenant_id == tenant_id]
-    if since is not None:
-        where.append((_it.started_at > since) | (_it.finished_at > since))
-    else:
-        where.append(_it.started_at.is_not(None) | _it.finished_at.is_not(None))
-    rows = conn.execute(select(postmortem_items).where(*where).order_by(_it.position)).all()
-    return [ItemRecord.from_row(r) for r in rows]
+def _emit(conn: Connection, tenant_id: str, job_id: str, kind: str, item_id: str | None, now: datetime) -> None:
+    """Number and record one progress event. The job row's update takes its lock until commit,
+    so events of one job commit in the order of their numbers: a feed that has read up to n
+    and reads again later never finds a smaller number appear behind it."""
+    seq = conn.execute(update(postmortem_jobs).where(_j.id == job_id, _j.tenant_id == tenant_id)
+                       .values(seq=_j.seq + 1).returning(_j.seq)).scalar_one()
+    conn.execute(insert(postmortem_events).values(job_id=job_id, seq=seq, tenant_id=tenant_id, kind=kind,
+                                                  item_id=item_id, created_at=now))
+
+
+def events_after(conn: Connection, tenant_id: str, job_id: str, after: int, limit: int = 500) -> list[Any]:
+    """(seq, kind, item_id, created_at) of the job's progress events after ``after``, in order."""
+    e = postmortem_events.c
+    return list(conn.execute(select(e.seq, e.kind, e.item_id, e.created_at)
+                             .where(e.job_id == job_id, e.tenant_id == tenant_id, e.seq > after)
+                             .order_by(e.seq).limit(limit)).all())
 
 
 def get_item(conn: Connection, tenant_id: str, item_id: str) -> ItemRecord | None:
@@ -111,6 +126,12 @@ def item_of_turn(conn: Connection, tenant_id: str, turn_id: str) -> ItemRecord |
 
 def active_count(conn: Connection, job_id: str) -> int:
     return int(conn.execute(select(func.count()).where(_it.job_id == job_id, _it.status.in_(ACTIVE))).scalar() or 0)
+
+
+def tenant_active_count(conn: Connection, tenant_id: str) -> int:
+    """The tenant's items in flight across all its jobs (the batch lane's share per tenant)."""
+    return int(conn.execute(select(func.count()).where(_it.tenant_id == tenant_id, _it.status.in_(ACTIVE)))
+               .scalar() or 0)
 
 
 def dispatch_next(conn: Connection, job_id: str, n: int, now: datetime) -> list[ItemRecord]:
@@ -131,7 +152,9 @@ def start_item(conn: Connection, tenant_id: str, item_id: str, turn_id: str, now
     """dispatched -> running with its turn: once, whatever delivers the item's task twice."""
     row = conn.execute(update(postmortem_items)
                        .where(_it.id == item_id, _it.tenant_id == tenant_id, _it.status == "dispatched")
-                       .values(status="running", turn_id=turn_id, started_at=now).returning(_it.id)).first()
+                       .values(status="running", turn_id=turn_id, started_at=now).returning(_it.job_id)).first()
+    if row is not None:
+        _emit(conn, tenant_id, row.job_id, "item_started", item_id, now)
     return row is not None
 
 
@@ -141,7 +164,9 @@ def end_item(conn: Connection, tenant_id: str, item_id: str, status: str, now: d
     row = conn.execute(update(postmortem_items)
                        .where(_it.id == item_id, _it.tenant_id == tenant_id, _it.status.in_(tuple(from_status)))
                        .values(status=status, error=error, cost_usd=cost_usd, finished_at=now)
-                       .returning(_it.id)).first()
+                       .returning(_it.job_id)).first()
+    if row is not None:
+        _emit(conn, tenant_id, row.job_id, f"item_{status}", item_id, now)
     return row is not None
 
 
@@ -151,7 +176,10 @@ def end_open_items(conn: Connection, tenant_id: str, job_id: str, status: str, n
     rows = conn.execute(update(postmortem_items)
                         .where(_it.job_id == job_id, _it.tenant_id == tenant_id,
                                _it.status.in_(tuple(from_status)))
-                        .values(status=status, error=error, finished_at=now).returning(_it.id)).all()
+                        .values(status=status, error=error, finished_at=now)
+                        .returning(_it.id, _it.position)).all()
+    for row in sorted(rows, key=lambda r: r.position):
+        _emit(conn, tenant_id, job_id, f"item_{status}", row.id, now)
     return len(rows)
 
 
@@ -170,17 +198,19 @@ def set_job_status(conn: Connection, tenant_id: str, job_id: str, status: str, n
     row = conn.execute(update(postmortem_jobs)
                        .where(_j.id == job_id, _j.tenant_id == tenant_id, _j.status.in_(tuple(from_status)))
                        .values(**values).returning(_j.id)).first()
+    if row is not None and status != "running":
+        _emit(conn, tenant_id, job_id, f"job_{status}", None, now)
     return row is not None
 
 
 def finish_if_complete(conn: Connection, tenant_id: str, job_id: str, now: datetime) -> bool:
-    """running (or queued) -> done once no item is open; one winner when two items end at once."""
-    still_open = exists().where(_it.job_id == job_id, _it.status.in_(OPEN))
-    row = conn.execute(update(postmortem_jobs)
-                       .where(_j.id == job_id, _j.tenant_id == tenant_id, _j.status.in_(("queued", "running")),
-                              ~still_open)
-                       .values(status="done", finished_at=now).returning(_j.id)).first()
-    return row is not None
+    """running (or queued) -> done once no item is open (failed when items failed and none
+    produced a document); one winner when two items end at once."""
+    if conn.execute(select(exists().where(_it.job_id == job_id, _it.status.in_(OPEN)))).scalar():
+        return False
+    found = counts(conn, tenant_id, job_id)
+    status = "failed" if found["failed"] and not found["done"] and not found["skipped"] else "done"
+    return set_job_status(conn, tenant_id, job_id, status, now, from_status=("queued", "running"))
 
 
 def insert_postmortem(conn: Connection, row: dict[str, Any]) -> bool:
@@ -213,6 +243,22 @@ def existing_refs(conn: Connection, tenant_id: str, refs: Sequence[str]) -> dict
     rows = conn.execute(select(_p.incident_ref, _p.id).where(_p.tenant_id == tenant_id, _p.incident_ref.in_(refs))
                         .order_by(_p.created_at)).all()
     return {r.incident_ref: r.id for r in rows}
+
+
+def any_open(conn: Connection, tenant_id: str, job_id: str) -> bool:
+    return bool(conn.execute(select(exists().where(_it.job_id == job_id, _it.tenant_id == tenant_id,
+                                                   _it.status.in_(OPEN)))).scalar())
+
+
+def open_refs(conn: Connection, tenant_id: str, refs: Sequence[str]) -> set[str]:
+    """Incident refs with an item still to do in one of the tenant's jobs that is not over."""
+    if not refs:
+        return set()
+    rows = conn.execute(select(_it.incident_ref).select_from(postmortem_items.join(postmortem_jobs,
+                                                                                   _j.id == _it.job_id))
+                        .where(_it.tenant_id == tenant_id, _it.incident_ref.in_(refs), _it.status.in_(OPEN),
+                               _j.status.in_(("queued", "running")))).scalars()
+    return set(rows)
 
 
 def stale_dispatched(conn: Connection, cutoff: datetime, limit: int = 500) -> list[ItemRecord]:

@@ -445,6 +445,9 @@ postmortem_jobs = Table(
     Column("request_hash", String(64), nullable=True),
     Column("session_id", UUIDStr(), ForeignKey("chat_sessions.id", ondelete="SET NULL"), nullable=True),
     Column("created_by", String(64), nullable=True),  # a key id, never a secret
+    # The job's last progress event (postmortem_events.seq): bumped under the job's row lock,
+    # so events commit in the order of their numbers and a feed resumed after n misses none.
+    Column("seq", Integer, nullable=False, default=0, server_default="0"),
     Column("created_at", UTCDateTime(), nullable=False),
     Column("started_at", UTCDateTime(), nullable=True),
     Column("finished_at", UTCDateTime(), nullable=True),
@@ -475,6 +478,18 @@ postmortem_items = Table(
     UniqueConstraint("job_id", "incident_ref"),
     Index(None, "job_id", "status", "position"),
     Index(None, "status", "dispatched_at"),
+)
+
+# A job's progress, one row per item move and one when the job ends (the SSE feed reads it).
+postmortem_events = Table(
+    "postmortem_events",
+    metadata,
+    Column("job_id", UUIDStr(), ForeignKey("postmortem_jobs.id", ondelete="CASCADE"), primary_key=True),
+    Column("seq", Integer, primary_key=True),
+    _tenant(),
+    Column("kind", String(32), nullable=False),  # item_started | item_<status> | job_<status>
+    Column("item_id", UUIDStr(), nullable=True),
+    Column("created_at", UTCDateTime(), nullable=False),
 )
 
 # A validated post-mortem (kortex/postmortems/document.py). One per item, ever: a re-run item

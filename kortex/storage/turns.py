@@ -94,8 +94,11 @@ _ADMIT_LOCK = select(tenants.c.id).where(tenants.c.id == bindparam("p_tenant")).
 # taken when it began, so counts read by the locking statement itself would miss the turn
 # committed by the transaction it waited for.
 _ADMIT_COUNT = select(
+    # Chat turns only: a batch job's turns are bounded by the job's own concurrency, and must
+    # not lock the tenant's operators out of chat (kortex/postmortems/).
     select(func.count()).select_from(turns)
-    .where(_t.tenant_id == bindparam("p_tenant"), _t.status.in_(ACTIVE)).scalar_subquery().label("active"),
+    .where(_t.tenant_id == bindparam("p_tenant"), _t.status.in_(ACTIVE), _t.profile == "chat")
+    .scalar_subquery().label("active"),
     select(_t.id).where(_t.tenant_id == bindparam("p_tenant"), _t.session_id == bindparam("p_session"),
                         _t.status.in_(ACTIVE), _t.id != bindparam("p_id")).limit(1).scalar_subquery().label("busy"),
 )

@@ -12,6 +12,7 @@ unknown name is a configuration error of that deployment, reported as the turn's
 from __future__ import annotations
 
 import importlib
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -77,15 +78,21 @@ _PROFILES: dict[str, TurnProfile] = {CHAT.name: CHAT}
 #: importing the rooms built on it
 _BUILTIN = ("kortex.postmortems.profile",)
 _loaded = False
+_load_lock = threading.RLock()  # re-entrant: a profile module's own imports may look profiles up
 
 
 def load_builtin() -> None:
-    """Import the product's profile modules (once): they register their profiles and sweeps."""
+    """Import the product's profile modules (once): they register their profiles and sweeps.
+    Under a lock, and marked done only after the imports: a second thread must never look up a
+    profile while the first is still registering it."""
     global _loaded
-    if not _loaded:
-        _loaded = True
-        for module in _BUILTIN:
-            importlib.import_module(module)
+    if _loaded:
+        return
+    with _load_lock:
+        if not _loaded:
+            for module in _BUILTIN:
+                importlib.import_module(module)
+            _loaded = True
 
 
 def register(profile: TurnProfile) -> None:

@@ -85,6 +85,9 @@ def test_a_job_is_accepted_run_read_and_followed(api: TestClient, harness: Harne
     events = _sse(api.get(job["events_url"], headers=acme).text)
     kinds = [e for _, e, _ in events]
     assert kinds.count("item_started") == 3 and kinds.count("item_done") == 3 and kinds[-1] == "job_done"
+    assert [int(i) for i, _, _ in events] == list(range(1, len(events) + 1))  # numbered, none missing
+    documents = api.get(f"{job['status_url']}/documents", headers=acme).json()
+    assert sorted(d["incident_id"] for d in documents) == ["INC-1101", "INC-1110", "INC-1116"]
     assert events[-1][2]["counts"]["done"] == 3
     # Reconnecting after an event replays only what came after it.
     middle = events[2][0]
@@ -142,3 +145,7 @@ def test_ids_that_cannot_exist_are_404_not_500(api: TestClient, acme: dict[str, 
     assert api.get(f"/v1/postmortems/{uuid.uuid4()}", headers=acme).status_code == 404
     assert api.get("/v1/incidents/INC-9999/postmortem", headers=acme).status_code == 404
     assert api.get("/v1/incidents/bad%20ref/postmortem", headers=acme).status_code == 422
+    job = api.post("/v1/postmortems", json={"incident_ids": ["INC-1101"]}, headers=acme).json()
+    for bad in ("2020-01-01T00:00:00", "-1", "x"):
+        response = api.get(job["events_url"], headers={**acme, "Last-Event-ID": bad})
+        assert response.status_code == 422 and "Last-Event-ID" in response.text, bad

@@ -134,6 +134,61 @@ def test_cancel_stops_queued_items_and_cancels_running_ones_when_asked(h: Harnes
     assert again.cancelled_queued == 0 and again.view.job.status == "cancelled"
 
 
+def test_cancel_with_finish_lets_the_running_item_finish(h: Harness, tenant: str) -> None:
+    submitted = jobs.submit(h.k, tenant, jobs.JobRequest(incident_ids=["INC-1101", "INC-1110", "INC-1116"],
+                                                         concurrency=1), by="test")
+    [first] = submitted.handoff.items
+    started = jobs.start_item(h.k, tenant, first.item_id)
+    report, _ = jobs.cancel(h.k, tenant, submitted.view.job.id, running="finish", by="key:test")
+    assert report.running == 1 and report.cancelled_queued == 2
+    drive(h.k, started)  # the running item goes on to its end
+    items = jobs.list_items(h.k, tenant, submitted.view.job.id)
+    assert [i.status for i in items] == ["done", "cancelled", "cancelled"]
+    assert jobs.postmortem_of(h.k, tenant, "INC-1101").item_id == items[0].id
+    feed = jobs.progress(h.k, tenant, submitted.view.job.id, after=0)
+    assert [e.kind for e in feed.events] == ["item_started", "item_cancelled", "item_cancelled", "job_cancelled",
+                                             "item_done"]
+    assert [e.seq for e in feed.events] == [1, 2, 3, 4, 5] and feed.over
+    rest = jobs.progress(h.k, tenant, submitted.view.job.id, after=2)  # resumed mid-way: exactly the rest
+    assert [e.kind for e in rest.events] == ["item_cancelled", "job_cancelled", "item_done"]
+
+
+def test_a_job_never_locks_the_tenant_out_of_chat(harness_factory) -> None:
+    from kortex.turns import chat
+
+    h = harness_factory(llm={"budget": {"max_concurrent_turns_per_tenant": 1}})
+    tenant = h.tenant("acme")
+    h.seed(tenant, "incident-archive")
+    submitted = jobs.submit(h.k, tenant, jobs.JobRequest(incident_ids=["INC-1101", "INC-1110"], concurrency=2),
+                            by="test")
+    for item in submitted.handoff.items:
+        jobs.start_item(h.k, tenant, item.item_id)  # two batch turns active
+    session = chat.create_session(h.k, tenant, "ops")
+    assert chat.post_message(h.k, tenant, session.id, "Why is checkout slow?").created  # chat still gets in
+
+
+def test_a_second_job_skips_what_another_is_writing_and_tenants_share_the_lane(harness_factory) -> None:
+    h = harness_factory(batch={"max_active_items_per_tenant": 4})
+    tenant = h.tenant("acme")
+    h.seed(tenant, "incident-archive")
+    first = jobs.submit(h.k, tenant, jobs.JobRequest(incident_ids=["INC-1101", "INC-1104", "INC-1107"],
+                                                     concurrency=3), by="test")
+    second = jobs.submit(h.k, tenant, jobs.JobRequest(incident_ids=["INC-1101", "INC-1110", "INC-1113"],
+                                                      concurrency=3), by="test")
+    assert len(first.handoff.items) == 3 and len(second.handoff.items) == 1  # 4 in flight for the tenant
+    [skipped] = jobs.list_items(h.k, tenant, second.view.job.id, status="skipped")
+    assert skipped.incident_ref == "INC-1101" and skipped.error["code"] == "in_progress"  # never billed twice
+    drive(h.k, first.handoff + second.handoff)
+    from kortex.turns.watchdog import sweep
+
+    for _ in range(10):  # the watchdog moves the second job on as the tenant's room frees up
+        if jobs.view(h.k, tenant, second.view.job.id).job.status == "done":
+            break
+        drive(h.k, sweep(h.k).handoff)
+    assert jobs.view(h.k, tenant, second.view.job.id).counts == {**dict.fromkeys(
+        ("queued", "dispatched", "running", "failed", "cancelled"), 0), "done": 2, "skipped": 1}
+
+
 def test_another_tenant_sees_no_job_item_or_post_mortem(h: Harness, tenant: str) -> None:
     submitted = jobs.submit(h.k, tenant, jobs.JobRequest(incident_ids=["INC-1101"]), by="test")
     drive(h.k, submitted.handoff)
@@ -183,7 +238,7 @@ def test_a_model_that_cannot_submit_a_valid_document_is_told_twice_then_the_item
     assert told and all(b.get("is_error") for m in told for b in m["content"] if b.get("type") == "tool_result")
     with pytest.raises(NotFound):
         jobs.postmortem_of(h.k, tenant, "INC-1101")
-    assert jobs.view(h.k, tenant, submitted.view.job.id).job.status == "done"
+    assert jobs.view(h.k, tenant, submitted.view.job.id).job.status == "failed"  # nothing came of it
 
 
 def test_a_real_model_s_document_is_stored_under_the_item_s_incident(harness_factory, fake) -> None:

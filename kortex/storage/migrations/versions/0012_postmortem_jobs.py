@@ -34,6 +34,7 @@ def upgrade() -> None:
     sa.Column('request_hash', sa.String(length=64), nullable=True),
     sa.Column('session_id', kt.UUIDStr(), nullable=True),
     sa.Column('created_by', sa.String(length=64), nullable=True),
+    sa.Column('seq', sa.Integer(), server_default='0', nullable=False),
     sa.Column('created_at', kt.UTCDateTime(), nullable=False),
     sa.Column('started_at', kt.UTCDateTime(), nullable=True),
     sa.Column('finished_at', kt.UTCDateTime(), nullable=True),
@@ -70,6 +71,17 @@ def upgrade() -> None:
         batch_op.create_index(batch_op.f('ix_postmortem_items_job_id_status_position'), ['job_id', 'status', 'position'], unique=False)
         batch_op.create_index(batch_op.f('ix_postmortem_items_status_dispatched_at'), ['status', 'dispatched_at'], unique=False)
 
+    op.create_table('postmortem_events',
+    sa.Column('job_id', kt.UUIDStr(), nullable=False),
+    sa.Column('seq', sa.Integer(), nullable=False),
+    sa.Column('tenant_id', kt.UUIDStr(), nullable=False),
+    sa.Column('kind', sa.String(length=32), nullable=False),
+    sa.Column('item_id', kt.UUIDStr(), nullable=True),
+    sa.Column('created_at', kt.UTCDateTime(), nullable=False),
+    sa.ForeignKeyConstraint(['job_id'], ['postmortem_jobs.id'], name=op.f('fk_postmortem_events_job_id_postmortem_jobs'), ondelete='CASCADE'),
+    sa.ForeignKeyConstraint(['tenant_id'], ['tenants.id'], name=op.f('fk_postmortem_events_tenant_id_tenants'), ondelete='CASCADE'),
+    sa.PrimaryKeyConstraint('job_id', 'seq', name=op.f('pk_postmortem_events'))
+    )
     op.create_table('postmortems',
     sa.Column('id', kt.UUIDStr(), nullable=False),
     sa.Column('tenant_id', kt.UUIDStr(), nullable=False),
@@ -105,6 +117,7 @@ def downgrade() -> None:
         batch_op.drop_index(batch_op.f('ix_postmortem_items_status_dispatched_at'))
         batch_op.drop_index(batch_op.f('ix_postmortem_items_job_id_status_position'))
 
+    op.drop_table('postmortem_events')
     op.drop_table('postmortem_items')
     with op.batch_alter_table('postmortem_jobs', schema=None) as batch_op:
         batch_op.drop_index(batch_op.f('ix_postmortem_jobs_tenant_id_created_at'))
