@@ -56,6 +56,8 @@ def test_logql_and_traces(pg: Harness, service: str) -> None:
     baseline = pg.call(service, "compare_to_baseline", {"product": "checkout", "time_range": "last 3h",
                                                         "metric_name": "http_request_duration_seconds_p99"})
     assert baseline.content["anomaly_count"] > 30
+    step = baseline.content["change_point"]
+    assert step["direction"] == "up" and step["before_samples"] > step["after_samples"] > 3
 
 
 def test_llm_ops_aggregates(pg: Harness, platform: str) -> None:
@@ -74,6 +76,9 @@ def test_llm_ops_aggregates(pg: Harness, platform: str) -> None:
                                                                         "since": "30 minutes ago", "limit": 100},
                                       "requests")
     assert len(requests) == len({r["id"] for r in requests}) > 500 and pages > 5
+    page = pg.call(platform, "get_recent_requests", {"deployment_id": "llama-70b/k8s", "since": "1 hour ago",
+                                                     "limit": 100}).content
+    assert page["by_user"][0]["user_id"] == "globex-batch" and sum(page["by_status"].values()) == page["count"]
     user = pg.call(platform, "get_user_context", {"user_id": "globex-batch"}).content["user"]
     assert user["requests_today"] > 0 and user["tier"] == "budget"
 
@@ -141,5 +146,7 @@ def test_metric_series_bucket_average_and_filter_in_postgres(pg: Harness) -> Non
 def test_list_products_on_postgresql(pg: Harness, service: str, platform: str) -> None:
     names = {p["product"] for p in pg.call(service, "list_products", {}).content["products"]}
     assert "checkout" in names
+    one = pg.call(service, "list_products", {"product": "checkout"}).content
+    assert [p["product"] for p in one["products"]] == ["checkout"] and "http_request_duration_seconds_p99" in one["metrics"]
     empty = pg.tenant(f"pg-empty-{uuid.uuid4().hex[:6]}")
     assert pg.call(empty, "list_products", {}).content["products"] == []  # another tenant's products are not its

@@ -31,8 +31,9 @@ def test_names_the_deploy_and_the_pool_errors_and_cites_every_call(harness: Harn
     assert "v2.14.0" in text and "connection pool exhausted" in text
     assert "database connection-pool exhaustion" in text
     calls = [d for d in data if d["type"] == "tool_call"]
-    assert {c["name"] for c in calls} == {"get_recent_deploys", "compare_to_baseline", "get_logs", "get_admin_info",
-                                          "get_incident_history", "propose_action"}
+    # list_products names the product's metrics: every one is surveyed for a step
+    assert {c["name"] for c in calls} == {"list_products", "get_recent_deploys", "compare_to_baseline", "get_logs",
+                                          "get_admin_info", "get_incident_history", "propose_action"}
     cited = set(re.findall(r"\[(call_[0-9a-f]+)\]", text))
     assert cited == {c["call_id"] for c in calls}
     assert "v2.13.2" not in text and "v5.2.1" not in text  # outside the window / another product
@@ -87,21 +88,36 @@ def test_a_subject_the_question_does_not_place_is_resolved_against_the_products_
     assert resolve("is everything ok?", ["billing"]) == "billing"  # the only thing that exists
 
 
-def test_follows_up_on_a_missing_metric_with_one_that_exists(harness: Harness) -> None:
-    tenant = harness.tenant("acme")
+def _billing_latency(h: Harness) -> str:
+    tenant = h.tenant("acme")
     now = utcnow()
     rows = [{"product": "billing", "metric": "billing_latency_p99_seconds", "ts": now - timedelta(minutes=m),
              "value": 0.3 if m > 30 else 2.5, "unit": "seconds", "labels": {}} for m in range(1, 600)]
-    with harness.k.db.begin() as conn:
+    with h.k.db.begin() as conn:
         ingest.write(conn, tenant, "metrics", rows)
-    turn = harness.ask(tenant, "Why is billing slow?")
-    text, data = _answer(harness, turn)
+    return tenant
+
+
+def test_surveys_the_metrics_the_product_reports(harness: Harness) -> None:
+    tenant = _billing_latency(harness)
+    text, data = _answer(harness, harness.ask(tenant, "Why is billing slow?"))
+    metric_calls = [d["arguments"]["metric_name"] for d in data
+                    if d["type"] == "tool_call" and d["name"] == "compare_to_baseline"]
+    assert metric_calls == ["billing_latency_p99_seconds"]
+    assert "billing_latency_p99_seconds went from 0.3 s to 2.5 s" in text
+    # the baseline holds hours of samples here: the z-score means something, with its sample count
+    assert "far outside its 24 h baseline of " in text and "samples (max z-score" in text
+
+
+def test_without_a_survey_follows_up_on_a_missing_metric_with_one_that_exists(harness_factory) -> None:
+    h = harness_factory(tools={"allowed": ["get_recent_deploys", "compare_to_baseline", "get_logs"]})
+    tenant = _billing_latency(h)
+    text, data = _answer(h, h.ask(tenant, "Why is billing slow?"))
     metric_calls = [d["arguments"]["metric_name"] for d in data
                     if d["type"] == "tool_call" and d["name"] == "compare_to_baseline"]
     assert metric_calls == ["http_request_duration_seconds_p99", "billing_latency_p99_seconds"]
-    assert "billing_latency_p99_seconds went from 0.30 s to 2.50 s" in text
-    turn2 = harness.ask(tenant, "Is checkout failing?")
-    assert turn2.status == "done"
+    assert "billing_latency_p99_seconds went from 0.3 s to 2.5 s" in text
+    assert h.ask(tenant, "Is checkout failing?").status == "done"
 
 
 def test_says_so_when_tools_are_disabled(harness_factory) -> None:
