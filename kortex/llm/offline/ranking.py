@@ -46,12 +46,23 @@ def speaks_of(kind: str | None, text: str) -> bool:
     return kind is not None and any(word in low for word in KIND_WORDS.get(kind, ()))
 
 
-_SALIENT = re.compile(r"[a-z][a-z0-9]*(?:[_.-][a-z0-9]+)+|[a-z]{7,}")
+_COMPOUND = re.compile(r"[a-z0-9]+(?:[_.-][a-z0-9]+)+|[a-z]{7,}")
+_PART = re.compile(r"[a-z]{5,}")
+_COMMON = frozenset("error errors failed request requests service upstream connection applied enabled disabled "
+                    "started finished".split())
+
+
+def _names(text: str) -> set[str]:
+    found: set[str] = set()
+    for name in _COMPOUND.findall(text.lower()):
+        found.add(name)
+        found.update(_PART.findall(name))  # invoice_lines_rework and ix_invoice_lines_id share "invoice"
+    return found - _COMMON
 
 
 def shared_names(a: str, b: str) -> set[str]:
     """Names two texts share (new_ranker, invoice_lines, a long word): one speaks of the other."""
-    return set(_SALIENT.findall(a.lower())) & set(_SALIENT.findall(b.lower()))
+    return _names(a) & _names(b)
 
 
 @dataclass

@@ -324,9 +324,11 @@ def _candidates(view: View, found: ServiceFindings) -> list[Hypothesis]:
         change = found.change
         corroborated = leading is not None and speaks_of(kind_of(leading.metric), change["message"])
         folded |= corroborated
-        sources = {"changes", *({"metrics"} if corroborated else set()),
-                   *({"logs"} if shared_names(change["message"], pattern) else set())}
+        named = sorted(shared_names(change["message"], pattern), key=lambda n: (-len(n), n))
+        sources = {"changes", *({"metrics"} if corroborated else set()), *({"logs"} if named else set())}
         text = f"the change logged at {clock(parse_ts(change['ts']))}: \"{change['message']}\" [{changes.call.id}]"
+        if named and logs is not None:
+            text += f", and the dominant line names {named[0]} too [{logs.call.id}]"
         if corroborated and leading is not None:
             text += f", with {_moved(leading)} right after"
         out.append(Hypothesis(text, f"revert or pause that change and watch whether {watch} recovers",
