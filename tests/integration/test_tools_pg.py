@@ -48,6 +48,9 @@ def test_logql_and_traces(pg: Harness, service: str) -> None:
     assert {line["host"] for line in regex.content["lines"]} <= {"checkout-7d9f-1", "checkout-7d9f-2"}
     lines, _ = pg.page_through(service, "get_logs", {**base, "level": "error", "limit": 50}, "lines")
     assert len(lines) == len({(line["ts"], line["message"]) for line in lines}) > 100
+    grouped = pg.call(service, "get_logs", {**base, "level": "error", "group": True}).content
+    assert grouped["grouped_all"] and grouped["grouped_lines"] == len(lines)  # paged by keyset, none twice
+    assert sum(t["count"] for t in grouped["templates"]) == len(lines)
     trace = pg.call(service, "get_traces", {"request_id": lines[0]["trace_id"], "include_logs": True}).content
     assert trace["span_count"] == 3 and len(trace["logs"]) == 1
     history, pages = pg.page_through(service, "get_incident_history", {"query": "pool exhausted", "limit": 1},

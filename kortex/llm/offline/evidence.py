@@ -46,8 +46,6 @@ CULPRITS: tuple[re.Pattern[str], ...] = (
     re.compile(r"\b(job [A-Za-z0-9_.-]+)\b"),
 )
 
-_NUMBER = re.compile(r"\b\d+(?:\.\d+)?(?:ms|s)?\b")
-_HEX = re.compile(r"\b[0-9a-f]{8,}\b")
 
 
 def parse_ts(value: str) -> datetime:
@@ -79,32 +77,6 @@ def nearest_deploy(deploys: list[dict[str, Any]], onset: datetime) -> tuple[dict
         if timedelta(minutes=-5) <= gap <= timedelta(minutes=30) and (best is None or gap < best[1]):
             best = (deploy, gap)
     return best
-
-
-def template(message: str) -> str:
-    return _HEX.sub("<id>", _NUMBER.sub("N", message))
-
-
-def top_pattern(lines: list[dict[str, Any]]) -> tuple[str, int, str] | None:
-    """(template, count, one real example) of the most frequent message shape."""
-    counts: dict[str, list[str]] = {}
-    for line in lines:
-        counts.setdefault(template(line.get("message", "")), []).append(line.get("message", ""))
-    if not counts:
-        return None
-    shape, examples = max(counts.items(), key=lambda kv: len(kv[1]))
-    return shape, len(examples), examples[0]
-
-
-def dominant_host(lines: list[dict[str, Any]], shape: str, share: float = 0.8) -> str | None:
-    """The host that wrote most of the lines of ``shape`` (at least ``share`` of them), when the
-    lines name hosts: a fault on one machine, not the whole product."""
-    hosts = [str(line.get("host") or "") for line in lines if template(line.get("message", "")) == shape]
-    named = [h for h in hosts if h]
-    if not named:
-        return None
-    top = max(set(named), key=named.count)
-    return top if named.count(top) >= share * len(hosts) else None
 
 
 def classify(text: str) -> Cause | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from kortex.llm.offline.evidence import (
@@ -17,13 +17,11 @@ from kortex.llm.offline.evidence import (
     classify,
     clock,
     culprit,
-    dominant_host,
     fmt_us,
     fmt_value,
     nearest_deploy,
     parse_ts,
     plural,
-    top_pattern,
 )
 from kortex.llm.offline.plan import Evidence, Probe, View
 from kortex.llm.offline.question import Intent
@@ -38,6 +36,7 @@ METRIC_HINTS = {"latency": ("duration", "latency", "p99"), "errors": ("error", "
 METRIC_TOOLS = ("compare_to_baseline", "get_metrics")
 MAX_SURVEY = 8       # metrics of one product read for a step
 MIN_BASELINE = 30    # baseline samples: a z-score against fewer proves nothing
+SAMPLE_SLACK = timedelta(minutes=1)  # an onset is only as precise as a metric's sampling
 
 
 def product_of(intent: Intent, view: View) -> str | None:
@@ -108,7 +107,7 @@ def dependency(found: ServiceFindings) -> str | None:
     """The product the dominant warning or error names, if it is another one."""
     if not found.pattern:
         return None
-    text = found.pattern[2]
+    text = found.pattern.example
     for pattern in DEPENDENCY:
         match = pattern.search(text)
         if match and match.group(1) != found.product:
@@ -169,7 +168,7 @@ def probes(intent: Intent) -> list[Probe]:
     # Warnings too: the line that names a cause (a flag flipped, a cache expiring, a slow
     # neighbour) is often a warning, with the errors it causes after it.
     out.append(Probe("logs", ("get_logs",),
-                     product(lambda i, v, p: {"product": p, "time_range": i.window, "level": "warn"}),
+                     product(lambda i, v, p: {"product": p, "time_range": i.window, "level": "warn", "group": True}),
                      needs=("trace",)))
     out.append(Probe("admin", ("get_admin_info",), product(lambda i, v, p: {"product": p}), needs=("trace",)))
     # Changes recorded at any level (a flag flipped, a migration applied, a campaign sent): what
@@ -188,6 +187,38 @@ def probes(intent: Intent) -> list[Probe]:
 
 
 # ---- reading the results ------------------------------------------------------------------
+
+
+@dataclass
+class LogPattern:
+    """The most frequent template of the warnings and errors, as get_logs grouped them."""
+
+    template: str
+    count: int
+    example: str
+    first: datetime | None
+    last: datetime | None
+    host: str | None = None   # the host that wrote most of its lines, when one did (ONE_HOST of them)
+    host_count: int = 0
+
+
+ONE_HOST = 0.8  # a host writing this share of a template's lines: a fault on one machine
+
+
+def log_pattern(content: dict[str, Any]) -> LogPattern | None:
+    templates = content.get("templates") or []
+    if not templates:
+        return None
+    top = templates[0]
+    found = LogPattern(template=str(top["template"]), count=int(top["count"]), example=str(top["example"]),
+                       first=parse_ts(top["first_ts"]) if top.get("first_ts") else None,
+                       last=parse_ts(top["last_ts"]) if top.get("last_ts") else None)
+    hosts: list[dict[str, Any]] = top.get("hosts") or []
+    if hosts:  # busiest first
+        host, count = str(hosts[0]["host"]), int(hosts[0]["count"])
+        if count >= ONE_HOST * found.count:
+            found.host, found.host_count = host, count
+    return found
 
 
 @dataclass
@@ -222,8 +253,7 @@ class ServiceFindings:
     steady: list[tuple[Evidence, str]] = field(default_factory=list)   # metric, one-line summary
     deploys: list[dict[str, Any]] = field(default_factory=list)
     linked: tuple[dict[str, Any], Any] | None = None
-    pattern: tuple[str, int, str] | None = None
-    pattern_host: str | None = None  # the one host writing the dominant line, if one is
+    pattern: LogPattern | None = None
     change: dict[str, Any] | None = None  # a logged change just before the onset (or the latest one)
     log_total: int = 0
     cause: Cause | None = None
@@ -288,11 +318,10 @@ def analyse(intent: Intent, view: View) -> ServiceFindings:
     logs = view.content("logs")
     lines = logs.get("lines") or []
     found.log_total = int(logs.get("total_matches") or len(lines))
-    found.pattern = top_pattern(lines)
+    found.pattern = log_pattern(logs)
     if found.pattern:
-        found.pattern_host = dominant_host(lines, found.pattern[0])
-        found.cause = classify(found.pattern[2])
-        found.culprit = culprit(found.pattern[2])
+        found.cause = classify(found.pattern.example)
+        found.culprit = culprit(found.pattern.example)
     incidents = view.content("history").get("incidents") or []
     found.incident = incidents[0] if incidents else None
     changes = view.content("changes").get("lines") or []
@@ -309,7 +338,7 @@ def _candidates(view: View, found: ServiceFindings) -> list[Hypothesis]:
     first, main = found.first_shift, found.main_shift
     watch = main.metric if main is not None else "the metric"
     leading = first if first is not None and main is not None and first.shift.onset < main.shift.onset else None
-    pattern = found.pattern[2] if found.pattern else ""
+    pattern = found.pattern.example if found.pattern else ""
     deploys, logs, changes = view.get("deploys"), view.get("logs"), view.get("changes")
     if found.linked and deploys is not None:
         deploy = found.linked[0]
@@ -346,20 +375,31 @@ def _candidates(view: View, found: ServiceFindings) -> list[Hypothesis]:
         kinds = {kind_of(s.metric) for s in found.shifts}
         corroborated = any(speaks_of(k, pattern) for k in kinds if k not in ("latency", "failures"))
         ahead = leading is not None and not folded and speaks_of(kind_of(leading.metric), pattern)
+        other = dependency(found)
         if found.cause and found.culprit:
             what = f"{found.cause.name}, with the connections held by {found.culprit}"
         elif found.cause:
             what = found.cause.name
+        elif other is not None:
+            what = f"{other} failing, as the dominant line says: \"{pattern}\""
         else:
             what = f"what the dominant line says, \"{pattern}\""
-        host = f" on host {found.pattern_host}" if found.pattern_host else ""
-        advice = found.cause.advice if found.cause else "read the lines just before its first occurrence"
+        host = f" on host {found.pattern.host}" if found.pattern.host else ""
+        advice = found.cause.advice if found.cause else (
+            f"read {other}'s own errors and logs from the onset on" if other is not None
+            else "read the lines just before its first occurrence")
         text = f"{what}{host} [{logs.call.id}]"
+        # A line written by the time the first metric moved (within a sample) is the earliest
+        # signal there is; one that starts later is more likely an echo of the symptom.
+        early = (found.pattern.first is not None and first is not None
+                 and found.pattern.first <= first.shift.onset + SAMPLE_SLACK)
         if ahead and leading is not None:
             text += f", with {_moved(leading)}, before {main.metric if main else 'the symptom'}"
+        elif early and found.pattern.first is not None and first is not None:
+            text += f", first logged at {clock(found.pattern.first)}, by the time {first.metric} moved"
         folded |= ahead
-        out.append(Hypothesis(text, advice, precedes=ahead,
-                              specific=bool(found.pattern_host or found.culprit or found.cause),
+        out.append(Hypothesis(text, advice, precedes=ahead or early,
+                              specific=bool(found.pattern.host or found.culprit or found.cause),
                               sources={"logs", *({"metrics"} if corroborated else set())}))
     if leading is not None and main is not None and not folded:
         out.append(Hypothesis(
@@ -444,10 +484,9 @@ def evidence_lines(intent: Intent, view: View, found: ServiceFindings) -> list[s
             level = ev.call.arguments.get("level")
             scope = f"level >= {level}" if level else "all levels"
             if found.pattern:
-                shown = len(content.get("lines") or [])
                 out.append(f"- {cite} get_logs ({scope}, {ev.call.arguments.get('time_range')}): {found.log_total} "
-                           f"matching lines; the most common of the {shown} shown: "
-                           f"\"{found.pattern[2]}\".")
+                           f"matching lines in {plural(len(content.get('templates') or []), 'template')}; the "
+                           f"most common, {_span(found.pattern)}: \"{found.pattern.template}\".")
             else:
                 out.append(f"- {cite} get_logs ({scope}): no matching lines.")
         elif key == "survey":
@@ -490,9 +529,10 @@ def summary(intent: Intent, view: View, found: ServiceFindings) -> str:
         sentences += _steady_text(view, found)
     logs = view.get("logs")
     if found.pattern and logs is not None:
-        where = f", all from host {found.pattern_host}" if found.pattern_host else ""
-        sentences.append(f"{found.log_total} warning or error lines in the window; the dominant one reads "
-                         f"\"{found.pattern[2]}\"{where} [{logs.call.id}].")
+        pattern = found.pattern
+        where = f", {pattern.host_count} of them from host {pattern.host}" if pattern.host else ""
+        sentences.append(f"{found.log_total} warning or error lines in the window; the dominant one, "
+                         f"{_span(pattern)}, reads \"{pattern.example}\"{where} [{logs.call.id}].")
     admin = view.get("admin")
     if admin is not None and admin.ok and found.cause is not None:
         config = admin.content.get("config") or {}
@@ -505,6 +545,13 @@ def summary(intent: Intent, view: View, found: ServiceFindings) -> str:
                          f"resolved by: {str(found.incident.get('resolution_summary') or '').rstrip('.')} [{history.call.id}].")
     sentences += _ranking_text(view, found)
     return " ".join(sentences)
+
+
+def _span(pattern: LogPattern) -> str:
+    """"147 lines from 09:09 to 09:44 UTC"."""
+    if pattern.first is None or pattern.last is None:
+        return plural(pattern.count, "line")
+    return f"{plural(pattern.count, 'line')} from {pattern.first.strftime('%H:%M')} to {clock(pattern.last)}"
 
 
 def _shifts_text(found: ServiceFindings, main: MetricShift) -> list[str]:

@@ -286,14 +286,19 @@ def test_the_analyst_cites_only_calls_of_its_turn_that_succeeded(harness: Harnes
 
 
 def test_the_dominant_error_names_its_one_host_and_not_a_mixed_set() -> None:
-    from kortex.llm.offline.evidence import dominant_host, template
-    one = [{"message": f"write failed: No space left on device (wal {i})", "host": "ledger-3"} for i in range(9)]
-    mixed = [{"message": f"write failed: No space left on device (wal {i})", "host": f"ledger-{i % 3}"}
-             for i in range(9)]
-    shape = template(one[0]["message"])
-    assert dominant_host(one + [{"message": "entry saved", "host": "ledger-1"}], shape) == "ledger-3"
-    assert dominant_host(mixed, shape) is None
-    assert dominant_host([{"message": one[0]["message"]}], shape) is None  # lines without hosts name none
+    from kortex.llm.offline.service import log_pattern
+
+    def top(hosts: list[dict[str, object]]) -> dict[str, object]:
+        return {"templates": [{"template": "write failed", "example": "write failed", "count": 9,
+                               "first_ts": "2026-04-07T14:31:02Z", "last_ts": "2026-04-07T14:41:02Z",
+                               "hosts": hosts}]}
+    one = log_pattern(top([{"host": "ledger-3", "count": 8}, {"host": "ledger-1", "count": 1}]))
+    assert one is not None and (one.host, one.host_count) == ("ledger-3", 8)
+    mixed = log_pattern(top([{"host": f"ledger-{i}", "count": 3} for i in range(3)]))
+    assert mixed is not None and mixed.host is None
+    unnamed = log_pattern(top([]))  # lines without hosts name none
+    assert unnamed is not None and unnamed.host is None
+    assert log_pattern({"templates": []}) is None
 
 
 def test_the_same_question_in_two_sessions_gets_different_call_ids(harness: Harness) -> None:
@@ -307,9 +312,12 @@ def test_the_same_question_in_two_sessions_gets_different_call_ids(harness: Harn
 
 
 def test_a_product_named_by_the_dominant_line_is_looked_at_one_hop_further(harness: Harness) -> None:
-    from kortex.llm.offline.service import ServiceFindings, dependency
-    found = ServiceFindings(product="orders", pattern=("t", 3, "call to inventory took 1480ms (reserve stock)"))
+    from kortex.llm.offline.service import LogPattern, ServiceFindings, dependency
+
+    def line(text: str) -> LogPattern:
+        return LogPattern(template="t", count=3, example=text, first=None, last=None)
+    found = ServiceFindings(product="orders", pattern=line("call to inventory took 1480ms (reserve stock)"))
     assert dependency(found) == "inventory"
-    found = ServiceFindings(product="checkout", pattern=("t", 3, "charge failed: upstream payments returned 503"))
+    found = ServiceFindings(product="checkout", pattern=line("charge failed: upstream payments returned 503"))
     assert dependency(found) == "payments"
-    assert dependency(ServiceFindings(product="ledger", pattern=("t", 3, "write failed: disk full"))) is None
+    assert dependency(ServiceFindings(product="ledger", pattern=line("write failed: disk full"))) is None

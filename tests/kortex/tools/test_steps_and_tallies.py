@@ -61,3 +61,20 @@ def test_recent_requests_come_with_their_tallies(harness: Harness) -> None:
     assert top["user_id"] == "globex-batch"
     assert top["count"] == sum(1 for r in rows if r["user_id"] == "globex-batch")
     assert top["share_pct"] == round(100 * top["count"] / len(rows), 1)
+
+
+def test_get_logs_groups_every_matching_line_into_templates(harness: Harness) -> None:
+    tenant = harness.tenant("acme")
+    harness.seed(tenant, "checkout-deploy-regression")
+    args = {"product": "checkout", "time_range": "last 3h", "level": "warn"}
+    plain = harness.call(tenant, "get_logs", args).content
+    assert "templates" not in plain
+    grouped = harness.call(tenant, "get_logs", {**args, "group": True, "split_at": "30 minutes ago"}).content
+    assert grouped["grouped_all"] and grouped["grouped_lines"] == plain["total_matches"] > len(plain["lines"])
+    assert sum(t["count"] for t in grouped["templates"]) == grouped["grouped_lines"]
+    assert grouped["before_split"] + grouped["after_split"] == grouped["grouped_lines"]
+    assert all(t["before"] + t["after"] == t["count"] for t in grouped["templates"])
+    counts = [t["count"] for t in grouped["templates"]]
+    assert counts == sorted(counts, reverse=True)
+    bad = harness.call(tenant, "get_logs", {**args, "group": True, "split_at": "whenever"})
+    assert bad.is_error
