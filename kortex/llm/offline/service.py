@@ -27,6 +27,7 @@ from kortex.llm.offline.plan import Evidence, Probe, View
 from kortex.llm.offline.question import Intent
 from kortex.llm.offline.ranking import Hypothesis, kind_of, rank, shared_names, speaks_of
 from kortex.telemetry.changepoint import ChangePoint
+from kortex.timeparse import isoformat
 
 METRIC_FOR = {
     "latency": "http_request_duration_seconds_p99",
@@ -123,6 +124,14 @@ def _dependency_deploys(intent: Intent, view: View) -> dict[str, Any] | None:
     return {"product": other, "time_range": intent.window}
 
 
+def _logs(intent: Intent, view: View, product: str) -> dict[str, Any]:
+    args: dict[str, Any] = {"product": product, "time_range": intent.window, "level": "warn", "group": True}
+    first = analyse(intent, view).first_shift
+    if first is not None:
+        args["split_at"] = isoformat(first.shift.onset)
+    return args
+
+
 def _history(intent: Intent, view: View) -> dict[str, Any] | None:
     found = analyse(intent, view)
     if found.cause is None or not found.product:
@@ -165,11 +174,6 @@ def probes(intent: Intent) -> list[Probe]:
         out.append(Probe(f"metric:{index}", METRIC_TOOLS, _survey_metric(index), needs=("survey",)))
     for symptom in intent.symptoms:
         out.append(Probe(f"metric:{symptom}", METRIC_TOOLS, _metric(symptom), needs=("trace", "survey")))
-    # Warnings too: the line that names a cause (a flag flipped, a cache expiring, a slow
-    # neighbour) is often a warning, with the errors it causes after it.
-    out.append(Probe("logs", ("get_logs",),
-                     product(lambda i, v, p: {"product": p, "time_range": i.window, "level": "warn", "group": True}),
-                     needs=("trace",)))
     out.append(Probe("admin", ("get_admin_info",), product(lambda i, v, p: {"product": p}), needs=("trace",)))
     # Changes recorded at any level (a flag flipped, a migration applied, a campaign sent): what
     # happened just before a metric moved is the first suspect after a deploy.
@@ -179,6 +183,10 @@ def probes(intent: Intent) -> list[Probe]:
     for symptom in intent.symptoms:
         out.append(Probe(f"metric-alt:{symptom}", METRIC_TOOLS, _alternative(symptom), needs=(f"metric:{symptom}",)))
     metrics = tuple(p.key for p in out if p.key.startswith("metric"))
+    # Warnings too: the line that names a cause (a flag flipped, a cache expiring, a slow
+    # neighbour) is often a warning, with the errors it causes after it. Read once the metrics
+    # are, so the lines are counted before and after the onset.
+    out.append(Probe("logs", ("get_logs",), _with_product(_logs), needs=("trace", *metrics)))
     out.append(Probe("history", ("get_incident_history",), _history, needs=("logs",)))
     out.append(Probe("dependency", ("get_recent_deploys",), _dependency_deploys, needs=("logs", "deploys", *metrics)))
     gathered = tuple(p.key for p in out)
@@ -200,6 +208,7 @@ class LogPattern:
     last: datetime | None
     host: str | None = None   # the host that wrote most of its lines, when one did (ONE_HOST of them)
     host_count: int = 0
+    after: int | None = None  # of its lines, those from the onset on (when the logs were split there)
 
 
 ONE_HOST = 0.8  # a host writing this share of a template's lines: a fault on one machine
@@ -212,7 +221,8 @@ def log_pattern(content: dict[str, Any]) -> LogPattern | None:
     top = templates[0]
     found = LogPattern(template=str(top["template"]), count=int(top["count"]), example=str(top["example"]),
                        first=parse_ts(top["first_ts"]) if top.get("first_ts") else None,
-                       last=parse_ts(top["last_ts"]) if top.get("last_ts") else None)
+                       last=parse_ts(top["last_ts"]) if top.get("last_ts") else None,
+                       after=int(top["after"]) if top.get("after") is not None else None)
     hosts: list[dict[str, Any]] = top.get("hosts") or []
     if hosts:  # busiest first
         host, count = str(hosts[0]["host"]), int(hosts[0]["count"])
@@ -531,8 +541,15 @@ def summary(intent: Intent, view: View, found: ServiceFindings) -> str:
     if found.pattern and logs is not None:
         pattern = found.pattern
         where = f", {pattern.host_count} of them from host {pattern.host}" if pattern.host else ""
-        sentences.append(f"{found.log_total} warning or error lines in the window; the dominant one, "
-                         f"{_span(pattern)}, reads \"{pattern.example}\"{where} [{logs.call.id}].")
+        split = logs.content.get("after_split")
+        if split is not None and logs.content.get("split_at") and pattern.after is not None:
+            at = clock(parse_ts(str(logs.content["split_at"])))
+            count = (f"{plural(int(split), 'warning or error line')} from {at}, when the first metric moved, on "
+                     f"({logs.content.get('before_split')} before); the dominant one, {_span(pattern)} "
+                     f"({pattern.after} of them from {at} on),")
+        else:
+            count = f"{found.log_total} warning or error lines in the window; the dominant one, {_span(pattern)},"
+        sentences.append(f"{count} reads \"{pattern.example}\"{where} [{logs.call.id}].")
     admin = view.get("admin")
     if admin is not None and admin.ok and found.cause is not None:
         config = admin.content.get("config") or {}
