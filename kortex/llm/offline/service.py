@@ -544,9 +544,9 @@ def summary(intent: Intent, view: View, found: ServiceFindings) -> str:
         split = logs.content.get("after_split")
         if split is not None and logs.content.get("split_at") and pattern.after is not None:
             at = clock(parse_ts(str(logs.content["split_at"])))
-            count = (f"{plural(int(split), 'warning or error line')} from {at}, when the first metric moved, on "
+            count = (f"Since {at}, when the first metric moved, {plural(int(split), 'warning or error line')} "
                      f"({logs.content.get('before_split')} before); the dominant one, {_span(pattern)} "
-                     f"({pattern.after} of them from {at} on),")
+                     f"({pattern.after} of them since {at}),")
         else:
             count = f"{found.log_total} warning or error lines in the window; the dominant one, {_span(pattern)},"
         sentences.append(f"{count} reads \"{pattern.example}\"{where} [{logs.call.id}].")
