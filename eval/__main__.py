@@ -14,7 +14,8 @@ A scenario is a YAML file (eval/scenarios/<part>/<name>.yaml):
       deploys, incidents, products, spans, llm-deployments, llm-users, llm-requests: items as the
                ingest API takes them, times written relative to now (-35m, -2h, -1d)
 
-Each scenario gets a fresh tenant in a fresh embedded home, so none sees another's data.
+The scenarios run in one embedded Kortex (a fresh home), each for a fresh tenant, so none sees
+another's data.
 """
 
 from __future__ import annotations
@@ -23,9 +24,13 @@ import argparse
 import json
 import os
 import re
+import secrets
+import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -108,64 +113,123 @@ class Result:
     error: str | None = None
     seconds: float = 0.0
     answer: str = ""
+    question: str = ""
+    # The turn's tool_call and tool_result events as the client saw them: what every claim must trace to.
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    results: list[dict[str, Any]] = field(default_factory=list)
 
 
-def run_one(path: Path, part: str, model: str) -> Result:
-    import yaml
-    from fastapi.testclient import TestClient
+@dataclass
+class Asked:
+    """One question's turn as its event stream told it."""
 
-    spec = yaml.safe_load(path.read_text())
-    name = path.stem
-    started = time.monotonic()
-    home = tempfile.mkdtemp(prefix=f"kortex-eval-{name}-")
+    answer: str
+    done: dict[str, Any]
+    calls: list[dict[str, Any]]
+    results: list[dict[str, Any]]
+
+
+class Embedded:
+    """One embedded Kortex (a fresh home, its API in process) that runs scenarios one after the
+    other, each for a tenant of its own: telemetry, sessions and budgets are scoped by tenant, so
+    none sees another's data, and the app starts and stops once for the whole set."""
+
+    def __init__(self) -> None:
+        from fastapi.testclient import TestClient
+
+        from api.main import create_app
+        from kortex.config import load_settings
+        from kortex.container import Kortex
+        from kortex.storage.migrate import upgrade
+
+        self.settings = load_settings()
+        upgrade(self.settings.effective_database_url)
+        self.kortex = Kortex.create(self.settings)
+        self.client = TestClient(create_app(self.settings))
+        self.client.__enter__()
+
+    def close(self) -> None:
+        self.client.__exit__(None, None, None)
+        self.kortex.close()
+
+    def tenant(self, name: str) -> tuple[str, str, str]:
+        """A new tenant's id, chat key and ingest key."""
+        from kortex.storage import tenants
+
+        with self.kortex.db.begin() as conn:
+            tenant = tenants.create_tenant(conn, f"{name}-{secrets.token_hex(3)}"[:60])
+            chat = tenants.issue_api_key(conn, tenant.id, role="chat").key
+            ingest = tenants.issue_api_key(conn, tenant.id, role="ingest").key
+        return tenant.id, chat, ingest
+
+    def ingest(self, key: str, batches: dict[str, list[dict[str, Any]]]) -> None:
+        for kind, items in batches.items():
+            for i in range(0, len(items), 5000):
+                r = self.client.post(f"/v1/ingest/{kind}", json={"items": items[i:i + 5000]},
+                                     headers={"Authorization": f"Bearer {key}"})
+                if r.status_code != 200:
+                    raise RuntimeError(f"ingest {kind}: {r.status_code} {r.text[:300]}")
+
+    def ask(self, key: str, question: str, model: str, name: str = "eval") -> Asked:
+        auth = {"Authorization": f"Bearer {key}"}
+        sid = self.client.post("/v1/sessions", json={"name": name, "model": model}, headers=auth).json()["id"]
+        posted = self.client.post(f"/v1/sessions/{sid}/messages", json={"content": question}, headers=auth)
+        if posted.status_code != 202:
+            raise RuntimeError(f"post: {posted.status_code} {posted.text[:300]}")
+        events = _events(self.client.get(posted.json()["events_url"], headers=auth).text)
+        return Asked(answer="".join(e.get("delta", "") for kind, e in events if kind == "text"),
+                     done=next((e for kind, e in events if kind == "done"), {}),
+                     calls=[e for kind, e in events if kind == "tool_call"],
+                     results=[e for kind, e in events if kind == "tool_result"])
+
+    def run(self, path: Path, part: str, model: str) -> Result:
+        import yaml
+
+        spec = yaml.safe_load(path.read_text())
+        name = path.stem
+        started = time.monotonic()
+        try:
+            _, chat_key, ingest_key = self.tenant(f"eval-{name}")
+            self.ingest(ingest_key, expand(spec.get("telemetry") or {}, datetime.now(UTC).replace(microsecond=0)))
+            asked = self.ask(chat_key, spec["question"], model, name)
+        except Exception as exc:  # the scenario fails; the run goes on
+            return Result(name, part, False, error=f"{exc.__class__.__name__}: {exc}"[:300],
+                          seconds=time.monotonic() - started, question=spec["question"])
+        done, low = asked.done, asked.answer.lower()
+        missing = [m for m in spec.get("must_name", []) if m.lower() not in low]
+        wrongly = [m for m in spec.get("must_not_name", []) if m.lower() in low]
+        grounding = done.get("grounding") or {}
+        return Result(name, part, not missing and not wrongly and done.get("status") == "done", missing, wrongly,
+                      list(grounding.get("dangling", [])), list(grounding.get("uncited_numbers", [])),
+                      None if done.get("status") == "done" else f"turn {done.get('status')}: {done.get('error')}",
+                      time.monotonic() - started, asked.answer, spec["question"], asked.calls, asked.results)
+
+
+@contextmanager
+def embedded() -> Iterator[Embedded]:
+    """An embedded Kortex in a fresh home, with the environment it was started in restored after."""
+    saved = dict(os.environ)
+    home = tempfile.mkdtemp(prefix="kortex-eval-")
     for key in [k for k in os.environ if k.startswith("KORTEX_") and k != "KORTEX_LOG_LEVEL"]:
         os.environ.pop(key)
     os.environ["KORTEX_HOME"] = home
     os.environ["KORTEX_LLM__BUDGET__TURNS_PER_MINUTE"] = "100000"
     os.environ["KORTEX_LOG_LEVEL"] = "WARNING"
-    from api.main import create_app
-    from kortex.config import load_settings
-    from kortex.container import Kortex
-    from kortex.storage import tenants
-    from kortex.storage.migrate import upgrade
-
-    settings = load_settings()
-    upgrade(settings.effective_database_url)
-    k = Kortex.create(settings)
-    with k.db.begin() as conn:
-        tenant = tenants.create_tenant(conn, f"eval-{name}"[:60])
-        chat_key = tenants.issue_api_key(conn, tenant.id, role="chat").key
-        ingest_key = tenants.issue_api_key(conn, tenant.id, role="ingest").key
-    k.close()
-    now = datetime.now(UTC).replace(microsecond=0)
+    kortex = None
     try:
-        with TestClient(create_app(settings)) as client:
-            for kind, items in expand(spec.get("telemetry") or {}, now).items():
-                for i in range(0, len(items), 5000):
-                    r = client.post(f"/v1/ingest/{kind}", json={"items": items[i:i + 5000]},
-                                    headers={"Authorization": f"Bearer {ingest_key}"})
-                    if r.status_code != 200:
-                        raise RuntimeError(f"ingest {kind}: {r.status_code} {r.text[:300]}")
-            auth = {"Authorization": f"Bearer {chat_key}"}
-            sid = client.post("/v1/sessions", json={"name": name, "model": model}, headers=auth).json()["id"]
-            posted = client.post(f"/v1/sessions/{sid}/messages", json={"content": spec["question"]}, headers=auth)
-            if posted.status_code != 202:
-                raise RuntimeError(f"post: {posted.status_code} {posted.text[:300]}")
-            body = client.get(posted.json()["events_url"], headers=auth).text
-    except Exception as exc:  # the scenario fails; the run goes on
-        return Result(name, part, False, error=f"{exc.__class__.__name__}: {exc}"[:300],
-                      seconds=time.monotonic() - started)
-    events = _events(body)
-    answer = "".join(e.get("delta", "") for kind, e in events if kind == "text")
-    done = next((e for kind, e in events if kind == "done"), {})
-    low = answer.lower()
-    missing = [m for m in spec.get("must_name", []) if m.lower() not in low]
-    wrongly = [m for m in spec.get("must_not_name", []) if m.lower() in low]
-    grounding = done.get("grounding") or {}
-    return Result(name, part, not missing and not wrongly and done.get("status") == "done", missing, wrongly,
-                  list(grounding.get("dangling", [])), list(grounding.get("uncited_numbers", [])),
-                  None if done.get("status") == "done" else f"turn {done.get('status')}: {done.get('error')}",
-                  time.monotonic() - started, answer)
+        kortex = Embedded()
+        yield kortex
+    finally:
+        if kortex is not None:
+            kortex.close()
+        os.environ.clear()
+        os.environ.update(saved)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def scenario_files(only: set[str] | None = None) -> list[tuple[Path, str]]:
+    return [(path, part) for part in PARTS for path in sorted((SCENARIOS / part).glob("*.yaml"))
+            if not only or path.stem in only]
 
 
 def _events(body: str) -> list[tuple[str, dict[str, Any]]]:
@@ -192,11 +256,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger().setLevel(logging.WARNING)  # the in-process worker's task lines are noise here
     only = {n.strip() for n in args.only.split(",")} if args.only else None
     results: list[Result] = []
-    for part in PARTS:
-        for path in sorted((SCENARIOS / part).glob("*.yaml")):
-            if only and path.stem not in only:
-                continue
-            r = run_one(path, part, args.model)
+    with embedded() as kortex:
+        for path, part in scenario_files(only):
+            r = kortex.run(path, part, args.model)
             results.append(r)
             why = "; ".join(filter(None, [
                 f"missing {', '.join(r.missing)}" if r.missing else "",
@@ -206,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{'PASS' if r.passed else 'FAIL'}  {part:<7} {r.name:<34} {r.seconds:5.1f}s  {why}", flush=True)
             if args.verbose:
                 print("      " + r.answer.replace("\n", "\n      "))
+                if r.uncited:
+                    print(f"      uncited numbers: {', '.join(r.uncited)}")
     if not results:
         print("no scenarios matched")
         return 1

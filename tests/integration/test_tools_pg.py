@@ -48,6 +48,9 @@ def test_logql_and_traces(pg: Harness, service: str) -> None:
     assert {line["host"] for line in regex.content["lines"]} <= {"checkout-7d9f-1", "checkout-7d9f-2"}
     lines, _ = pg.page_through(service, "get_logs", {**base, "level": "error", "limit": 50}, "lines")
     assert len(lines) == len({(line["ts"], line["message"]) for line in lines}) > 100
+    grouped = pg.call(service, "get_logs", {**base, "level": "error", "group": True}).content
+    assert grouped["grouped_all"] and grouped["grouped_lines"] == len(lines)  # paged by keyset, none twice
+    assert sum(t["count"] for t in grouped["templates"]) == len(lines)
     trace = pg.call(service, "get_traces", {"request_id": lines[0]["trace_id"], "include_logs": True}).content
     assert trace["span_count"] == 3 and len(trace["logs"]) == 1
     history, pages = pg.page_through(service, "get_incident_history", {"query": "pool exhausted", "limit": 1},
@@ -56,6 +59,8 @@ def test_logql_and_traces(pg: Harness, service: str) -> None:
     baseline = pg.call(service, "compare_to_baseline", {"product": "checkout", "time_range": "last 3h",
                                                         "metric_name": "http_request_duration_seconds_p99"})
     assert baseline.content["anomaly_count"] > 30
+    step = baseline.content["change_point"]
+    assert step["direction"] == "up" and step["before_samples"] > step["after_samples"] > 3
 
 
 def test_llm_ops_aggregates(pg: Harness, platform: str) -> None:
@@ -74,6 +79,9 @@ def test_llm_ops_aggregates(pg: Harness, platform: str) -> None:
                                                                         "since": "30 minutes ago", "limit": 100},
                                       "requests")
     assert len(requests) == len({r["id"] for r in requests}) > 500 and pages > 5
+    page = pg.call(platform, "get_recent_requests", {"deployment_id": "llama-70b/k8s", "since": "1 hour ago",
+                                                     "limit": 100}).content
+    assert page["by_user"][0]["user_id"] == "globex-batch" and sum(page["by_status"].values()) == page["count"]
     user = pg.call(platform, "get_user_context", {"user_id": "globex-batch"}).content["user"]
     assert user["requests_today"] > 0 and user["tier"] == "budget"
 
@@ -141,5 +149,7 @@ def test_metric_series_bucket_average_and_filter_in_postgres(pg: Harness) -> Non
 def test_list_products_on_postgresql(pg: Harness, service: str, platform: str) -> None:
     names = {p["product"] for p in pg.call(service, "list_products", {}).content["products"]}
     assert "checkout" in names
+    one = pg.call(service, "list_products", {"product": "checkout"}).content
+    assert [p["product"] for p in one["products"]] == ["checkout"] and "http_request_duration_seconds_p99" in one["metrics"]
     empty = pg.tenant(f"pg-empty-{uuid.uuid4().hex[:6]}")
     assert pg.call(empty, "list_products", {}).content["products"] == []  # another tenant's products are not its

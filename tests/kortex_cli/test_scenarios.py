@@ -13,9 +13,10 @@ from typer.testing import CliRunner
 from kortex.telemetry.scenarios import SCENARIOS
 from kortex_cli.main import app
 
-# The tools each investigation must use: the service playbook and the LLM-platform one.
-SERVICE_TOOLS = {"get_recent_deploys", "compare_to_baseline", "get_logs", "get_admin_info", "get_incident_history",
-                 "propose_action"}
+# The tools each investigation must use: the service playbook (list_products names the metrics
+# it surveys) and the LLM-platform one.
+SERVICE_TOOLS = {"list_products", "get_recent_deploys", "compare_to_baseline", "get_logs", "get_admin_info",
+                 "get_incident_history", "propose_action"}
 PLATFORM_TOOLS = {"get_deployment_status", "get_active_incidents", "get_latency_trends", "get_request_volume",
                   "get_recent_requests", "propose_action"}
 EXPECTED_TOOLS = {

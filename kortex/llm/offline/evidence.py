@@ -1,9 +1,8 @@
-"""Turn tool results into findings: a change point in a metric, the deploy nearest to it, the
-dominant error pattern in the logs and what it usually means."""
+"""Turn tool results into findings: the deploy nearest to a metric's step (the metric tools find
+the step), the dominant error pattern in the logs and what it usually means."""
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -47,8 +46,6 @@ CULPRITS: tuple[re.Pattern[str], ...] = (
     re.compile(r"\b(job [A-Za-z0-9_.-]+)\b"),
 )
 
-_NUMBER = re.compile(r"\b\d+(?:\.\d+)?(?:ms|s)?\b")
-_HEX = re.compile(r"\b[0-9a-f]{8,}\b")
 
 
 def parse_ts(value: str) -> datetime:
@@ -60,48 +57,16 @@ def clock(ts: datetime) -> str:
 
 
 def fmt_value(value: float, unit: str | None) -> str:
-    if unit == "seconds":
-        return f"{value:.2f} s" if value >= 0.1 else f"{value * 1000:.0f} ms"
+    """A value as its result holds it, rounded: no unit conversion and no exponent (65,535, not
+    6.55e+04), so a reader finds the number in the result it cites."""
+    text = f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
     if unit == "ratio":
-        return f"{value * 100:.1f}%"
-    return f"{value:.3g}{' ' + unit if unit else ''}"
+        return text
+    return f"{text} {'s' if unit == 'seconds' else unit}" if unit else text
 
 
-@dataclass(frozen=True, slots=True)
-class Shift:
-    """A step change in a series."""
-
-    before: float
-    after: float
-    onset: datetime
-    ratio: float
-    significant: bool
-
-
-def change_point(samples: list[dict[str, Any]]) -> Shift | None:
-    """The split that best separates the series into two means (a two-sample t-like score)."""
-    values = [float(s["value"]) for s in samples]
-    n = len(values)
-    if n < 8:
-        return None
-    prefix = [0.0]
-    for v in values:
-        prefix.append(prefix[-1] + v)
-    best, best_i = -1.0, 0
-    for i in range(3, n - 2):
-        left = prefix[i] / i
-        right = (prefix[n] - prefix[i]) / (n - i)
-        score = abs(right - left) * math.sqrt(i * (n - i) / n)
-        if score > best:
-            best, best_i = score, i
-    before_vals, after_vals = values[:best_i], values[best_i:]
-    before = sum(before_vals) / len(before_vals)
-    after = sum(after_vals) / len(after_vals)
-    spread = math.sqrt(sum((v - before) ** 2 for v in before_vals) / max(1, len(before_vals) - 1))
-    ratio = after / before if before else math.inf
-    significant = (ratio >= 1.5 or ratio <= 1 / 1.5) and abs(after - before) > 3 * max(spread, 1e-9)
-    return Shift(before=before, after=after, onset=parse_ts(samples[best_i]["ts"]), ratio=ratio,
-                 significant=significant)
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def nearest_deploy(deploys: list[dict[str, Any]], onset: datetime) -> tuple[dict[str, Any], timedelta] | None:
@@ -112,32 +77,6 @@ def nearest_deploy(deploys: list[dict[str, Any]], onset: datetime) -> tuple[dict
         if timedelta(minutes=-5) <= gap <= timedelta(minutes=30) and (best is None or gap < best[1]):
             best = (deploy, gap)
     return best
-
-
-def template(message: str) -> str:
-    return _HEX.sub("<id>", _NUMBER.sub("N", message))
-
-
-def top_pattern(lines: list[dict[str, Any]]) -> tuple[str, int, str] | None:
-    """(template, count, one real example) of the most frequent message shape."""
-    counts: dict[str, list[str]] = {}
-    for line in lines:
-        counts.setdefault(template(line.get("message", "")), []).append(line.get("message", ""))
-    if not counts:
-        return None
-    shape, examples = max(counts.items(), key=lambda kv: len(kv[1]))
-    return shape, len(examples), examples[0]
-
-
-def dominant_host(lines: list[dict[str, Any]], shape: str, share: float = 0.8) -> str | None:
-    """The host that wrote most of the lines of ``shape`` (at least ``share`` of them), when the
-    lines name hosts: a fault on one machine, not the whole product."""
-    hosts = [str(line.get("host") or "") for line in lines if template(line.get("message", "")) == shape]
-    named = [h for h in hosts if h]
-    if not named:
-        return None
-    top = max(set(named), key=named.count)
-    return top if named.count(top) >= share * len(hosts) else None
 
 
 def classify(text: str) -> Cause | None:

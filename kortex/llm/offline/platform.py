@@ -4,7 +4,6 @@ they add up to (a degraded backend with an incident, or a noisy neighbour fillin
 from __future__ import annotations
 
 import statistics
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,14 +44,14 @@ def _recent(intent: Intent, view: View) -> dict[str, Any] | None:
 
 
 def _user(intent: Intent, view: View) -> dict[str, Any] | None:
-    top = analyse_requests(view.content("llm:requests").get("requests") or []).top_user
-    return {"user_id": top[0]} if top and top[2] >= NOISY_SHARE else None
+    top = analyse_requests(view.content("llm:requests")).top_user
+    return {"user_id": top[0]} if top and top[2] >= NOISY_SHARE * 100 else None
 
 
 def _failed(intent: Intent, view: View) -> dict[str, Any] | None:
     if intent.request_id:
         return None
-    reqs = analyse_requests(view.content("llm:requests").get("requests") or [])
+    reqs = analyse_requests(view.content("llm:requests"))
     return {"request_id": reqs.failed[0]["id"]} if reqs.failed and reqs.error_share >= FAILING_SHARE else None
 
 
@@ -99,26 +98,34 @@ def probes(intent: Intent) -> list[Probe]:
 
 @dataclass
 class Requests:
+    """A page of get_recent_requests as its tallies tell it (percentages as the tool wrote them)."""
+
     count: int = 0
     failed: list[dict[str, Any]] = field(default_factory=list)
+    failed_pct: float = 0.0
     timeouts: int = 0
-    top_user: tuple[str, str, float, int] | None = None  # id, tier, share, count
+    top_user: tuple[str, str, float, int] | None = None  # id, tier, share in percent, count
 
     @property
     def error_share(self) -> float:
-        return len(self.failed) / self.count if self.count else 0.0
+        return self.failed_pct / 100
 
 
-def analyse_requests(rows: list[dict[str, Any]]) -> Requests:
-    out = Requests(count=len(rows))
-    out.failed = [r for r in rows if r.get("status") != "success"]
-    out.timeouts = sum(1 for r in rows if r.get("status") == "timeout")
-    if rows:
-        users = Counter(r["user_id"] for r in rows)
-        user, count = max(users.items(), key=lambda kv: (kv[1], kv[0]))
-        tier = next(r["user_tier"] for r in rows if r["user_id"] == user)
-        out.top_user = (user, tier, count / len(rows), count)
+def analyse_requests(content: dict[str, Any]) -> Requests:
+    rows = content.get("requests") or []
+    out = Requests(count=len(rows), failed=[r for r in rows if r.get("status") != "success"],
+                   failed_pct=float(content.get("failed_pct") or 0.0),
+                   timeouts=int((content.get("by_status") or {}).get("timeout", 0)))
+    busiest = content.get("by_user") or []
+    if busiest:
+        top = busiest[0]
+        out.top_user = (top["user_id"], top["user_tier"], float(top["share_pct"]), int(top["count"]))
     return out
+
+
+def pct(value: float) -> str:
+    """A percentage as the tool wrote it (97.0 -> 97%, 6.5 -> 6.5%)."""
+    return f"{value:g}%"
 
 
 @dataclass
@@ -150,7 +157,7 @@ def _trend(rows: list[dict[str, Any]], deployment: str) -> tuple[float, float, f
     if len(mine) < 2:
         return None
     worst = max(mine[1:], key=lambda r: r["latency_p95_ms"])
-    before = statistics.median(r["latency_p95_ms"] for r in mine if r is not worst)
+    before = statistics.median_low(r["latency_p95_ms"] for r in mine if r is not worst)
     ratio = worst["latency_p95_ms"] / before if before else 0.0
     return (before, worst["latency_p95_ms"], ratio, worst["period"]) if ratio >= 1.5 else None
 
@@ -164,7 +171,7 @@ def _spikes(rows: list[dict[str, Any]]) -> list[tuple[str, int, float, float, st
         if len(items) < 3:
             continue
         peak = max(items, key=lambda r: r["request_count"])
-        median = statistics.median(r["request_count"] for r in items if r is not peak)
+        median = statistics.median_low(r["request_count"] for r in items if r is not peak)
         if median and peak["request_count"] / median >= 3:
             out.append((group, peak["request_count"], median, peak["request_count"] / median, peak["period"]))
     return out
@@ -173,7 +180,7 @@ def _spikes(rows: list[dict[str, Any]]) -> list[tuple[str, int, float, float, st
 def analyse(intent: Intent, view: View) -> PlatformFindings:
     found = PlatformFindings(deployments=view.content("llm:deployments").get("deployments") or [],
                              focus=focus(intent, view))
-    found.requests = analyse_requests(view.content("llm:requests").get("requests") or [])
+    found.requests = analyse_requests(view.content("llm:requests"))
     found.spikes = _spikes(view.content("llm:volume").get("data") or [])
     target = found.focus
     if target is None:
@@ -185,9 +192,9 @@ def analyse(intent: Intent, view: View) -> PlatformFindings:
         found.kind = "incident"
         found.cause = (f"{found.incident['target_type']} {found.incident['target_id']} is degraded "
                        f"({found.incident['id']}: {found.incident['title']}), and {target['id']} with it")
-    elif top and top[2] >= NOISY_SHARE and view.get("llm:requests") is not None:
+    elif top and top[2] >= NOISY_SHARE * 100 and view.get("llm:requests") is not None:
         found.kind = "noisy"
-        found.cause = (f"a noisy neighbour: user {top[0]} ({top[1]} tier) sent {top[2]:.0%} of the recent requests "
+        found.cause = (f"a noisy neighbour: user {top[0]} ({top[1]} tier) sent {pct(top[2])} of the recent requests "
                        f"to {target['id']} and fills its queue, so every other user of it waits")
     elif RANK.get(target.get("status", ""), 0) > 0:
         found.kind = "unhealthy"
@@ -259,10 +266,10 @@ def evidence_lines(intent: Intent, view: View, found: PlatformFindings) -> list[
         elif key == "llm:requests":
             reqs = found.requests
             text = (f"- {cite} get_recent_requests ({ev.call.arguments.get('deployment_id')}, since {RECENT}): "
-                    f"{reqs.count} requests, {reqs.error_share:.0%} failed ({reqs.timeouts} timeouts)")
+                    f"{reqs.count} requests, {pct(reqs.failed_pct)} failed ({reqs.timeouts} timeouts)")
             if reqs.top_user:
                 user, tier, share, count = reqs.top_user
-                text += f"; busiest user {user} ({tier}) with {count} ({share:.0%})"
+                text += f"; busiest user {user} ({tier}) with {count} ({pct(share)})"
             out.append(text + ".")
         elif key == "llm:user":
             account = content.get("user") or {}
@@ -309,10 +316,10 @@ def summary(intent: Intent, view: View, found: PlatformFindings) -> str:
     recent = view.get("llm:requests")
     reqs = found.requests
     if recent is not None and reqs.count:
-        text = f"Of its last {reqs.count} requests {reqs.error_share:.0%} failed ({reqs.timeouts} timeouts)"
+        text = f"Of its last {reqs.count} requests {pct(reqs.failed_pct)} failed ({reqs.timeouts} timeouts)"
         if found.kind == "noisy" and reqs.top_user:
             user, tier, share, count = reqs.top_user
-            text += f", and {count} ({share:.0%}) came from one user, {user} ({tier} tier)"
+            text += f", and {count} ({pct(share)}) came from one user, {user} ({tier} tier)"
         sentences.append(text + f" [{recent.call.id}].")
     account = view.get("llm:user")
     if account is not None and account.ok:
@@ -323,7 +330,7 @@ def summary(intent: Intent, view: View, found: PlatformFindings) -> str:
     if found.spikes and volume is not None:
         group, n, median, ratio, period = max(found.spikes, key=lambda s: s[3])
         sentences.append(f"The {group} tier's traffic jumped to {n} requests in the hour from "
-                         f"{clock(parse_ts(period))}, {ratio:.0f}x its median [{volume.call.id}].")
+                         f"{clock(parse_ts(period))}, against a median of {median:.0f} [{volume.call.id}].")
     for key in ("llm:request", "llm:failed"):
         detail = view.get(key)
         if detail is not None and detail.ok:

@@ -31,7 +31,7 @@ from kortex.llm.offline.question import Intent, read_question
 from kortex.messages import AssistantMessage, Message, ToolCall, ToolMessage, ToolResult, UserMessage
 
 LABEL = "Offline analyst (rule-based, no LLM)"
-MAX_ROUNDS = 5
+MAX_ROUNDS = 6  # survey, metrics, logs split at the onset, one hop further, a proposal
 
 
 @dataclass

@@ -1,29 +1,33 @@
-"""The service playbook: probes for a product's telemetry, and what their results add up to
-(a change in a metric, the deploy next to it, the dominant error, a similar past incident)."""
+"""The service playbook: probes for a product's telemetry, and what their results add up to.
+
+It surveys before concluding: every metric the product reports (list_products names them) is read
+for a step, with the onset, both levels and how many samples the baseline really holds; then the
+changes before the onset (deploys, logged flags, migrations, campaigns, a named dependency's
+deploys) and the dominant log line become candidate causes, ranked in ``ranking``."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from kortex.llm.offline.evidence import (
     Cause,
-    Shift,
-    change_point,
     classify,
     clock,
     culprit,
-    dominant_host,
     fmt_us,
     fmt_value,
     nearest_deploy,
     parse_ts,
-    top_pattern,
+    plural,
 )
 from kortex.llm.offline.plan import Evidence, Probe, View
 from kortex.llm.offline.question import Intent
+from kortex.llm.offline.ranking import Hypothesis, kind_of, rank, shared_names, speaks_of
+from kortex.telemetry.changepoint import ChangePoint
+from kortex.timeparse import isoformat
 
 METRIC_FOR = {
     "latency": "http_request_duration_seconds_p99",
@@ -31,6 +35,9 @@ METRIC_FOR = {
 }
 METRIC_HINTS = {"latency": ("duration", "latency", "p99"), "errors": ("error", "5xx", "fail")}
 METRIC_TOOLS = ("compare_to_baseline", "get_metrics")
+MAX_SURVEY = 8       # metrics of one product read for a step
+MIN_BASELINE = 30    # baseline samples: a z-score against fewer proves nothing
+SAMPLE_SLACK = timedelta(minutes=1)  # an onset is only as precise as a metric's sampling
 
 
 def product_of(intent: Intent, view: View) -> str | None:
@@ -52,8 +59,28 @@ def _with_product(make: Any) -> Any:
     return build
 
 
+def surveyed(view: View) -> list[str] | None:
+    """The product's metrics as list_products named them; None: no survey (no tool, or nothing listed)."""
+    survey = view.get("survey")
+    names = (survey.content.get("metrics") or []) if survey is not None and survey.ok else []
+    return [str(n) for n in names[:MAX_SURVEY]] or None
+
+
+def _survey_metric(index: int) -> Any:
+    def make(intent: Intent, view: View, product: str) -> dict[str, Any] | None:
+        names = surveyed(view) or []
+        return {"product": product, "metric_name": names[index], "time_range": intent.window} \
+            if index < len(names) else None
+    return _with_product(make)
+
+
 def _metric(symptom: str) -> Any:
-    return _with_product(lambda i, v, p: {"product": p, "metric_name": METRIC_FOR[symptom], "time_range": i.window})
+    """Without a survey, the metric a symptom usually shows in."""
+    def make(intent: Intent, view: View, product: str) -> dict[str, Any] | None:
+        if surveyed(view) is not None:
+            return None
+        return {"product": product, "metric_name": METRIC_FOR[symptom], "time_range": intent.window}
+    return _with_product(make)
 
 
 def _alternative(symptom: str) -> Any:
@@ -81,7 +108,7 @@ def dependency(found: ServiceFindings) -> str | None:
     """The product the dominant warning or error names, if it is another one."""
     if not found.pattern:
         return None
-    text = found.pattern[2]
+    text = found.pattern.example
     for pattern in DEPENDENCY:
         match = pattern.search(text)
         if match and match.group(1) != found.product:
@@ -95,6 +122,14 @@ def _dependency_deploys(intent: Intent, view: View) -> dict[str, Any] | None:
     if other is None or found.linked:  # its own deploy explains it first
         return None
     return {"product": other, "time_range": intent.window}
+
+
+def _logs(intent: Intent, view: View, product: str) -> dict[str, Any]:
+    args: dict[str, Any] = {"product": product, "time_range": intent.window, "level": "warn", "group": True}
+    first = analyse(intent, view).first_shift
+    if first is not None:
+        args["split_at"] = isoformat(first.shift.onset)
+    return args
 
 
 def _history(intent: Intent, view: View) -> dict[str, Any] | None:
@@ -113,7 +148,7 @@ def _remedy(intent: Intent, view: View) -> dict[str, Any] | None:
         deploy = found.linked[0]
         return {"action": "rollback-deploy", "product": found.product,
                 "params": {"version": deploy["version"], "commit": deploy.get("commit")},
-                "rationale": f"{found.product} degraded {_minutes(found)} after deploy {deploy['version']}; "
+                "rationale": f"{found.product} degraded after deploy {deploy['version']}; "
                              f"the errors point to {found.cause.name}.",
                 "blast_radius": "one service", "reversible": True}
     if found.culprit and found.culprit.startswith("job ") and found.cause:
@@ -125,13 +160,6 @@ def _remedy(intent: Intent, view: View) -> dict[str, Any] | None:
     return None
 
 
-def _minutes(found: ServiceFindings) -> str:
-    if not found.linked:
-        return ""
-    minutes = int(found.linked[1].total_seconds() // 60)
-    return f"{minutes} minutes" if minutes > 0 else "right"
-
-
 CHANGE_QUERY = ('|~ "(?i)(feature flag|flag .* (enabled|disabled)|migration|config(uration)? (change|reload)|'
                 'rolled (out|back)|campaign|scaled (up|down)|failover)"')
 
@@ -141,13 +169,11 @@ def probes(intent: Intent) -> list[Probe]:
     product = _with_product
     out.append(Probe("deploys", ("get_recent_deploys",),
                      product(lambda i, v, p: {"product": p, "time_range": i.window}), needs=("trace",)))
+    out.append(Probe("survey", ("list_products",), product(lambda i, v, p: {"product": p}), needs=("trace",)))
+    for index in range(MAX_SURVEY):
+        out.append(Probe(f"metric:{index}", METRIC_TOOLS, _survey_metric(index), needs=("survey",)))
     for symptom in intent.symptoms:
-        out.append(Probe(f"metric:{symptom}", METRIC_TOOLS, _metric(symptom), needs=("trace",)))
-    # Warnings too: the line that names a cause (a flag flipped, a cache expiring, a slow
-    # neighbour) is often a warning, with the errors it causes after it.
-    out.append(Probe("logs", ("get_logs",),
-                     product(lambda i, v, p: {"product": p, "time_range": i.window, "level": "warn"}),
-                     needs=("trace",)))
+        out.append(Probe(f"metric:{symptom}", METRIC_TOOLS, _metric(symptom), needs=("trace", "survey")))
     out.append(Probe("admin", ("get_admin_info",), product(lambda i, v, p: {"product": p}), needs=("trace",)))
     # Changes recorded at any level (a flag flipped, a migration applied, a campaign sent): what
     # happened just before a metric moved is the first suspect after a deploy.
@@ -156,8 +182,13 @@ def probes(intent: Intent) -> list[Probe]:
                                               "limit": 20}), needs=("trace",)))
     for symptom in intent.symptoms:
         out.append(Probe(f"metric-alt:{symptom}", METRIC_TOOLS, _alternative(symptom), needs=(f"metric:{symptom}",)))
+    metrics = tuple(p.key for p in out if p.key.startswith("metric"))
+    # Warnings too: the line that names a cause (a flag flipped, a cache expiring, a slow
+    # neighbour) is often a warning, with the errors it causes after it. Read once the metrics
+    # are, so the lines are counted before and after the onset.
+    out.append(Probe("logs", ("get_logs",), _with_product(_logs), needs=("trace", *metrics)))
     out.append(Probe("history", ("get_incident_history",), _history, needs=("logs",)))
-    out.append(Probe("dependency", ("get_recent_deploys",), _dependency_deploys, needs=("logs", "deploys")))
+    out.append(Probe("dependency", ("get_recent_deploys",), _dependency_deploys, needs=("logs", "deploys", *metrics)))
     gathered = tuple(p.key for p in out)
     out.append(Probe("propose", ("propose_action",), _remedy, needs=gathered))
     return out
@@ -167,12 +198,62 @@ def probes(intent: Intent) -> list[Probe]:
 
 
 @dataclass
+class LogPattern:
+    """The most frequent template of the warnings and errors, as get_logs grouped them."""
+
+    template: str
+    count: int
+    example: str
+    first: datetime | None
+    last: datetime | None
+    host: str | None = None   # the host that wrote most of its lines, when one did (ONE_HOST of them)
+    host_count: int = 0
+    after: int | None = None  # of its lines, those from the onset on (when the logs were split there)
+
+
+ONE_HOST = 0.8  # a host writing this share of a template's lines: a fault on one machine
+
+
+def log_pattern(content: dict[str, Any]) -> LogPattern | None:
+    templates = content.get("templates") or []
+    if not templates:
+        return None
+    top = templates[0]
+    found = LogPattern(template=str(top["template"]), count=int(top["count"]), example=str(top["example"]),
+                       first=parse_ts(top["first_ts"]) if top.get("first_ts") else None,
+                       last=parse_ts(top["last_ts"]) if top.get("last_ts") else None,
+                       after=int(top["after"]) if top.get("after") is not None else None)
+    hosts: list[dict[str, Any]] = top.get("hosts") or []
+    if hosts:  # busiest first
+        host, count = str(hosts[0]["host"]), int(hosts[0]["count"])
+        if count >= ONE_HOST * found.count:
+            found.host, found.host_count = host, count
+    return found
+
+
+@dataclass
+class Baseline:
+    mean: float
+    stddev: float
+    max_z: float
+    samples: int
+
+    @property
+    def enough(self) -> bool:
+        return self.samples >= MIN_BASELINE
+
+
+@dataclass
 class MetricShift:
     key: str
     evidence: Evidence
-    shift: Shift
+    shift: ChangePoint
     unit: str | None
-    baseline: tuple[float, float, float] | None  # mean, stddev, max z
+    baseline: Baseline | None
+
+    @property
+    def metric(self) -> str:
+        return str(self.evidence.call.arguments.get("metric_name", "the metric"))
 
 
 @dataclass
@@ -182,66 +263,175 @@ class ServiceFindings:
     steady: list[tuple[Evidence, str]] = field(default_factory=list)   # metric, one-line summary
     deploys: list[dict[str, Any]] = field(default_factory=list)
     linked: tuple[dict[str, Any], Any] | None = None
-    pattern: tuple[str, int, str] | None = None
-    pattern_host: str | None = None  # the one host writing the dominant line, if one is
+    pattern: LogPattern | None = None
     change: dict[str, Any] | None = None  # a logged change just before the onset (or the latest one)
     log_total: int = 0
     cause: Cause | None = None
     culprit: str | None = None
     incident: dict[str, Any] | None = None
 
+    symptom_hints: tuple[str, ...] = ()
+    hypotheses: list[Hypothesis] = field(default_factory=list)   # best first
+
     @property
     def main_shift(self) -> MetricShift | None:
-        return max(self.shifts, key=lambda s: s.shift.ratio) if self.shifts else None
+        """The metric the question is about when it stepped, else the one that stepped most."""
+        if not self.shifts:
+            return None
+        asked = [s for s in self.shifts if any(h in s.metric for h in self.symptom_hints)]
+        return min(asked, key=lambda s: s.shift.onset) if asked else max(self.shifts, key=lambda s: s.shift.ratio)
+
+    @property
+    def first_shift(self) -> MetricShift | None:
+        """The first metric to move: where the incident starts."""
+        return min(self.shifts, key=lambda s: (s.shift.onset, s is not self.main_shift)) if self.shifts else None
 
 
 def _metric_finding(key: str, ev: Evidence, found: ServiceFindings) -> None:
     content = ev.content
-    samples = content.get("samples") or []
     unit = content.get("unit")
     metric = ev.call.arguments.get("metric_name", "?")
-    shift = change_point(samples)
     baseline = None
     if content.get("baseline_mean") is not None:
-        baseline = (float(content["baseline_mean"]), float(content.get("baseline_stddev") or 0.0),
-                    float(content.get("max_z_score") or 0.0))
-    anomalous = content.get("anomaly_count", 1) if baseline else 1  # get_metrics has no baseline to ask
-    if shift and shift.significant and anomalous:
-        found.shifts.append(MetricShift(key, ev, shift, unit, baseline))
-    elif samples:
-        mean = float((content.get("stats") or {}).get("mean") or sum(float(s["value"]) for s in samples) / len(samples))
-        note = f"steady, mean {fmt_value(mean, unit)}, no step change"
+        baseline = Baseline(float(content["baseline_mean"]), float(content.get("baseline_stddev") or 0.0),
+                            float(content.get("max_z_score") or 0.0), int(content.get("baseline_samples") or 0))
+    step = content.get("change_point")
+    mean = (content.get("stats") or {}).get("mean")
+    if step:
+        found.shifts.append(MetricShift(key, ev, ChangePoint.from_dict(step), unit, baseline))
+    elif mean is not None:
+        note = f"steady, mean {fmt_value(float(mean), unit)}, no step change"
         if baseline:
-            note += f" (24 h baseline {fmt_value(baseline[0], unit)}, {content.get('anomaly_count', 0)} anomalous samples)"
+            note += f" ({_baseline_text(baseline, unit)})"
         found.steady.append((ev, f"{metric}: {note}"))
     else:
         found.steady.append((ev, f"{metric} ({ev.call.arguments.get('time_range')}): no data"))
 
 
+def _baseline_text(baseline: Baseline, unit: str | None) -> str:
+    if not baseline.enough:
+        return f"its 24 h baseline holds only {plural(baseline.samples, 'sample')}, too few to judge by"
+    return (f"24 h baseline {fmt_value(baseline.mean, unit)} ± {fmt_value(baseline.stddev, unit)} over "
+            f"{baseline.samples} samples, max z {baseline.max_z:.0f}")
+
+
 def analyse(intent: Intent, view: View) -> ServiceFindings:
-    found = ServiceFindings(product=product_of(intent, view))
+    found = ServiceFindings(product=product_of(intent, view),
+                            symptom_hints=tuple(h for s in intent.symptoms for h in METRIC_HINTS[s]))
     for key, ev in view.by_key.items():
         if (key.startswith("metric:") or key.startswith("metric-alt:")) and ev.ok:
             _metric_finding(key, ev, found)
     found.deploys = view.content("deploys").get("deploys") or []
-    main = found.main_shift
-    if main is not None and view.get("deploys") is not None:
-        found.linked = nearest_deploy(found.deploys, main.shift.onset)
+    first = found.first_shift
+    if first is not None and view.get("deploys") is not None:
+        found.linked = nearest_deploy(found.deploys, first.shift.onset)
     logs = view.content("logs")
     lines = logs.get("lines") or []
     found.log_total = int(logs.get("total_matches") or len(lines))
-    found.pattern = top_pattern(lines)
+    found.pattern = log_pattern(logs)
     if found.pattern:
-        found.pattern_host = dominant_host(lines, found.pattern[0])
-        found.cause = classify(found.pattern[2])
-        found.culprit = culprit(found.pattern[2])
+        found.cause = classify(found.pattern.example)
+        found.culprit = culprit(found.pattern.example)
     incidents = view.content("history").get("incidents") or []
     found.incident = incidents[0] if incidents else None
     changes = view.content("changes").get("lines") or []
-    onset = main.shift.onset if main is not None else None
+    onset = first.shift.onset if first is not None else None
     before = [c for c in changes if onset is None or parse_ts(c["ts"]) <= onset + timedelta(minutes=1)]
     found.change = max(before, key=lambda c: c["ts"]) if before else None
+    found.hypotheses = rank(_candidates(view, found))
     return found
+
+
+def _candidates(view: View, found: ServiceFindings) -> list[Hypothesis]:
+    """Every cause the evidence supports, each with what points at it and what would confirm it."""
+    out: list[Hypothesis] = []
+    first, main = found.first_shift, found.main_shift
+    watch = main.metric if main is not None else "the metric"
+    leading = first if first is not None and main is not None and first.shift.onset < main.shift.onset else None
+    pattern = found.pattern.example if found.pattern else ""
+    deploys, logs, changes = view.get("deploys"), view.get("logs"), view.get("changes")
+    if found.linked and deploys is not None:
+        deploy = found.linked[0]
+        what = f"{found.cause.name}, introduced by deploy {deploy['version']}" if found.cause else \
+            f"a change shipped in deploy {deploy['version']}"
+        out.append(Hypothesis(
+            f"{what} (landed at {clock(parse_ts(deploy['ts']))}) [{deploys.call.id}]",
+            f"roll {found.product} back from {deploy['version']} in one place and watch whether {watch} recovers",
+            precedes=True, specific=True, sources={"deploys", *({"logs"} if found.cause else set())}))
+    folded = False  # the leading metric told as part of a cause it corroborates
+    if found.change is not None and changes is not None:
+        change = found.change
+        corroborated = leading is not None and speaks_of(kind_of(leading.metric), change["message"])
+        folded |= corroborated
+        named = sorted(shared_names(change["message"], pattern), key=lambda n: (-len(n), n))
+        sources = {"changes", *({"metrics"} if corroborated else set()), *({"logs"} if named else set())}
+        text = f"the change logged at {clock(parse_ts(change['ts']))}: \"{change['message']}\" [{changes.call.id}]"
+        if named and logs is not None:
+            text += f", and the dominant line names {named[0]} too [{logs.call.id}]"
+        if corroborated and leading is not None:
+            text += f", with {_moved(leading)} right after"
+        out.append(Hypothesis(text, f"revert or pause that change and watch whether {watch} recovers",
+                              precedes=onset_after(found, change["ts"]), specific=True, sources=sources))
+    other = dependency(found)
+    dep = view.get("dependency")
+    if other is not None and dep is not None and dep.ok and first is not None:
+        near = nearest_deploy(dep.content.get("deploys") or [], first.shift.onset)
+        if near is not None:
+            out.append(Hypothesis(
+                f"{other}'s deploy {near[0]['version']} at {clock(parse_ts(near[0]['ts']))}, named in the dominant "
+                f"line [{dep.call.id}]", f"read {other}'s own latency and errors around that deploy",
+                precedes=True, specific=True, sources={"deploys", "logs"}))
+    if found.pattern and logs is not None and not (found.linked and found.cause):
+        kinds = {kind_of(s.metric) for s in found.shifts}
+        corroborated = any(speaks_of(k, pattern) for k in kinds if k not in ("latency", "failures"))
+        ahead = leading is not None and not folded and speaks_of(kind_of(leading.metric), pattern)
+        other = dependency(found)
+        if found.cause and found.culprit:
+            what = f"{found.cause.name}, with the connections held by {found.culprit}"
+        elif found.cause:
+            what = found.cause.name
+        elif other is not None:
+            what = f"{other} failing, as the dominant line says: \"{pattern}\""
+        else:
+            what = f"what the dominant line says, \"{pattern}\""
+        host = f" on host {found.pattern.host}" if found.pattern.host else ""
+        advice = found.cause.advice if found.cause else (
+            f"read {other}'s own errors and logs from the onset on" if other is not None
+            else "read the lines just before its first occurrence")
+        text = f"{what}{host} [{logs.call.id}]"
+        # A line written by the time the first metric moved (within a sample) is the earliest
+        # signal there is; one that starts later is more likely an echo of the symptom.
+        early = (found.pattern.first is not None and first is not None
+                 and found.pattern.first <= first.shift.onset + SAMPLE_SLACK)
+        if ahead and leading is not None:
+            text += f", with {_moved(leading)}, before {main.metric if main else 'the symptom'}"
+        elif early and found.pattern.first is not None and first is not None:
+            text += f", first logged at {clock(found.pattern.first)}, by the time {first.metric} moved"
+        folded |= ahead
+        out.append(Hypothesis(text, advice, precedes=ahead or early,
+                              specific=bool(found.pattern.host or found.culprit or found.cause),
+                              sources={"logs", *({"metrics"} if corroborated else set())}))
+    if leading is not None and main is not None and not folded:
+        out.append(Hypothesis(
+            f"{_moved(leading)}, the first metric to move, before {main.metric}",
+            f"find what drove {leading.metric} at {clock(leading.shift.onset)}", precedes=True, specific=False,
+            sources={"metrics"}))
+    return out
+
+
+def _moved(shift: MetricShift) -> str:
+    """"incoming traffic (http_requests_rate) up from 400 to 3,900 at 09:25 UTC [call_…]"."""
+    kind = kind_of(shift.metric)
+    name = f"{kind} ({shift.metric})" if kind else shift.metric
+    step = shift.shift
+    return (f"{name} {'up' if step.after > step.before else 'down'} from {fmt_value(step.before, shift.unit)} to "
+            f"{fmt_value(step.after, shift.unit)} at {clock(step.onset)} [{shift.evidence.call.id}]")
+
+
+def onset_after(found: ServiceFindings, ts: str) -> bool:
+    """Whether a change at ``ts`` landed before the first metric moved."""
+    first = found.first_shift
+    return first is not None and parse_ts(ts) <= first.shift.onset
 
 
 def trace_summary(content: dict[str, Any]) -> str:
@@ -290,13 +480,12 @@ def evidence_lines(intent: Intent, view: View, found: ServiceFindings) -> list[s
         elif key.startswith("metric"):
             shift = next((s for s in found.shifts if s.key == key), None)
             if shift is not None:
-                metric = ev.call.arguments.get("metric_name")
-                line = (f"- {cite} {ev.call.name} {metric}: {fmt_value(shift.shift.before, shift.unit)} before "
-                        f"{clock(shift.shift.onset)}, {fmt_value(shift.shift.after, shift.unit)} after")
+                step = shift.shift
+                line = (f"- {cite} {ev.call.name} {shift.metric}: {fmt_value(step.before, shift.unit)} over "
+                        f"{step.before_samples} samples before {clock(step.onset)}, "
+                        f"{fmt_value(step.after, shift.unit)} over {step.after_samples} after")
                 if shift.baseline:
-                    line += (f"; 24 h baseline {fmt_value(shift.baseline[0], shift.unit)} ± "
-                             f"{fmt_value(shift.baseline[1], shift.unit)}, {content.get('anomaly_count')} anomalous "
-                             f"samples, max z {shift.baseline[2]:.0f}")
+                    line += f"; {_baseline_text(shift.baseline, shift.unit)}"
                 out.append(line + ".")
             else:
                 note = next((n for e, n in found.steady if e is ev), "no data")
@@ -305,12 +494,14 @@ def evidence_lines(intent: Intent, view: View, found: ServiceFindings) -> list[s
             level = ev.call.arguments.get("level")
             scope = f"level >= {level}" if level else "all levels"
             if found.pattern:
-                shown = len(content.get("lines") or [])
                 out.append(f"- {cite} get_logs ({scope}, {ev.call.arguments.get('time_range')}): {found.log_total} "
-                           f"matching lines; the most common of the {shown} shown: "
-                           f"\"{found.pattern[2]}\".")
+                           f"matching lines in {plural(len(content.get('templates') or []), 'template')}; the "
+                           f"most common, {_span(found.pattern)}: \"{found.pattern.template}\".")
             else:
                 out.append(f"- {cite} get_logs ({scope}): no matching lines.")
+        elif key == "survey":
+            out.append(f"- {cite} list_products {ev.call.arguments.get('product')}: "
+                       f"{plural(len(content.get('metrics') or []), 'metric')}, each read for a step.")
         elif key == "admin":
             out.append(f"- {cite} get_admin_info: {admin_summary(content, found.cause)}.")
         elif key == "dependency":
@@ -336,67 +527,29 @@ def evidence_lines(intent: Intent, view: View, found: ServiceFindings) -> list[s
 
 
 def summary(intent: Intent, view: View, found: ServiceFindings) -> str:
-    product = found.product
     sentences = []
     trace = view.get("trace")
     if trace is not None and trace.ok:  # asked about one request: that comes first
         sentences.append(f"The requested {trace_summary(trace.content)} [{trace.call.id}].")
     main = found.main_shift
     if main is not None:
-        metric = main.evidence.call.arguments.get("metric_name", "the metric")
-        text = (f"{product}'s {metric} went from {fmt_value(main.shift.before, main.unit)} to "
-                f"{fmt_value(main.shift.after, main.unit)} at {clock(main.shift.onset)}")
-        if main.baseline:
-            text += f", far outside its 24 h baseline (max z-score {main.baseline[2]:.0f})"
-        sentences.append(text + f" [{main.evidence.call.id}].")
-        deploys = view.get("deploys")
-        if found.linked and deploys is not None:
-            deploy = found.linked[0]
-            when = f"{_minutes(found)} after" if _minutes(found) != "right" else "right after"
-            sentences.append(
-                f"That is {when} deploy {deploy['version']} (commit {deploy.get('commit') or 'unknown'}, by "
-                f"{deploy.get('actor') or 'unknown'}) landed at {clock(parse_ts(deploy['ts']))} [{deploys.call.id}].")
-        elif deploys is not None and deploys.ok:
-            sentences.append(f"No deploy of {product} landed near that change [{deploys.call.id}].")
-        elif deploys is not None:
-            sentences.append(f"I could not check whether a deploy of {product} landed near that change: "
-                             f"get_recent_deploys failed (call {deploys.call.id}).")
+        sentences += _shifts_text(found, main)
+        sentences += _deploy_text(view, found)
     else:
-        metrics = [ev for k, ev in view.by_key.items() if k.startswith("metric")]
-        admin = view.get("admin")
-        health = str((admin.content.get("health") if admin is not None and admin.ok else "") or "")
-        if any(ev.ok for ev in metrics) and not found.pattern and health not in ("degraded", "down", "unhealthy"):
-            logs_ev = view.get("logs")
-            parts = [f"I found no step change in {product}'s metrics over the window "
-                     + " ".join(f"[{ev.call.id}]" for ev in metrics if ev.ok)]
-            if logs_ev is not None and logs_ev.ok:
-                parts.append(f"no warning or error lines [{logs_ev.call.id}]")
-            if admin is not None and health:
-                parts.append(f"it reports health {health} [{admin.call.id}]")
-            sentences.append("Nothing abnormal: " + ", ".join(parts) + ".")
-        elif any(ev.ok for ev in metrics):
-            sentences.append(f"I found no step change in {product}'s metrics over the window.")
-        elif metrics:  # every metric query failed: that is no evidence of a steady metric
-            sentences.append(f"I could not read {product}'s metrics: "
-                             + ", ".join(f"{ev.call.name} failed (call {ev.call.id})" for ev in metrics) + ".")
+        sentences += _steady_text(view, found)
     logs = view.get("logs")
     if found.pattern and logs is not None:
-        where = f", all from host {found.pattern_host}" if found.pattern_host else ""
-        sentences.append(f"{found.log_total} warning or error lines since; the dominant one reads \"{found.pattern[2]}\"{where} "
-                         f"[{logs.call.id}].")
-    other = dependency(found)
-    dep = view.get("dependency")
-    if other is not None and dep is not None and dep.ok and main is not None:
-        near = nearest_deploy(dep.content.get("deploys") or [], main.shift.onset)
-        if near is not None:
-            d = near[0]
-            sentences.append(f"The dominant line points at {other}, which deployed {d['version']} at "
-                             f"{clock(parse_ts(d['ts']))}, just before [{dep.call.id}].")
-    changes = view.get("changes")
-    if found.change is not None and changes is not None:
-        host = f" on {found.change['host']}" if found.change.get("host") else ""
-        sentences.append(f"Just before, the logs record a change at {clock(parse_ts(found.change['ts']))}{host}: "
-                         f"\"{found.change['message']}\" [{changes.call.id}].")
+        pattern = found.pattern
+        where = f", {pattern.host_count} of them from host {pattern.host}" if pattern.host else ""
+        split = logs.content.get("after_split")
+        if split is not None and logs.content.get("split_at") and pattern.after is not None:
+            at = clock(parse_ts(str(logs.content["split_at"])))
+            count = (f"Since {at}, when the first metric moved, {plural(int(split), 'warning or error line')} "
+                     f"({logs.content.get('before_split')} before); the dominant one, {_span(pattern)} "
+                     f"({pattern.after} of them since {at}),")
+        else:
+            count = f"{found.log_total} warning or error lines in the window; the dominant one, {_span(pattern)},"
+        sentences.append(f"{count} reads \"{pattern.example}\"{where} [{logs.call.id}].")
     admin = view.get("admin")
     if admin is not None and admin.ok and found.cause is not None:
         config = admin.content.get("config") or {}
@@ -407,18 +560,89 @@ def summary(intent: Intent, view: View, found: ServiceFindings) -> str:
     if found.incident and history is not None:
         sentences.append(f"This matches past incident {found.incident['id']} (\"{found.incident['title']}\"), "
                          f"resolved by: {str(found.incident.get('resolution_summary') or '').rstrip('.')} [{history.call.id}].")
-    if found.cause and found.linked:
-        sentences.append(f"Most likely cause: {found.cause.name}, introduced by deploy {found.linked[0]['version']}.")
-    elif found.cause and found.culprit:
-        deploys = view.get("deploys")
-        no_deploy = deploys is not None and deploys.ok and not found.linked
-        sentences.append(f"Most likely cause: {found.cause.name}, with the connections held by {found.culprit}"
-                         f"{'; no deploy is involved' if no_deploy else ''}.")
-    elif found.cause:
-        sentences.append(f"Most likely cause: {found.cause.name}.")
-    elif found.linked:
-        sentences.append(f"Most likely cause: a change shipped in deploy {found.linked[0]['version']}.")
+    sentences += _ranking_text(view, found)
     return " ".join(sentences)
+
+
+def _span(pattern: LogPattern) -> str:
+    """"147 lines from 09:09 to 09:44 UTC"."""
+    if pattern.first is None or pattern.last is None:
+        return plural(pattern.count, "line")
+    return f"{plural(pattern.count, 'line')} from {pattern.first.strftime('%H:%M')} to {clock(pattern.last)}"
+
+
+def _shifts_text(found: ServiceFindings, main: MetricShift) -> list[str]:
+    step = main.shift
+    text = (f"{found.product}'s {main.metric} went from {fmt_value(step.before, main.unit)} to "
+            f"{fmt_value(step.after, main.unit)} at {clock(step.onset)} ({step.before_samples} samples before, "
+            f"{step.after_samples} after)")
+    if main.baseline is not None and main.baseline.enough and abs(main.baseline.max_z) >= 3:
+        text += (f", far outside its 24 h baseline of {main.baseline.samples} samples (max z-score "
+                 f"{main.baseline.max_z:.0f})")
+    elif main.baseline is not None:
+        text += f"; {_baseline_text(main.baseline, main.unit)}"
+    out = [text + f" [{main.evidence.call.id}]."]
+    others = sorted((s for s in found.shifts if s is not main), key=lambda s: s.shift.onset)
+    if others:
+        out.append("Other metrics stepped too: " + "; ".join(
+            f"{s.metric} from {fmt_value(s.shift.before, s.unit)} to {fmt_value(s.shift.after, s.unit)} at "
+            f"{clock(s.shift.onset)}{' (first to move)' if s is found.first_shift else ''} [{s.evidence.call.id}]"
+            for s in others) + ".")
+    return out
+
+
+def _deploy_text(view: View, found: ServiceFindings) -> list[str]:
+    deploys = view.get("deploys")
+    if deploys is None:
+        return []
+    if found.linked:
+        deploy = found.linked[0]
+        return [f"That is just after deploy {deploy['version']} (commit {deploy.get('commit') or 'unknown'}, by "
+                f"{deploy.get('actor') or 'unknown'}) landed at {clock(parse_ts(deploy['ts']))} [{deploys.call.id}]."]
+    if deploys.ok:
+        return [f"No deploy of {found.product} landed near that change [{deploys.call.id}]."]
+    return [f"I could not check whether a deploy of {found.product} landed near that change: "
+            f"get_recent_deploys failed (call {deploys.call.id})."]
+
+
+def _steady_text(view: View, found: ServiceFindings) -> list[str]:
+    product = found.product
+    metrics = [ev for k, ev in view.by_key.items() if k.startswith("metric")]
+    admin = view.get("admin")
+    health = str((admin.content.get("health") if admin is not None and admin.ok else "") or "")
+    if any(ev.ok for ev in metrics) and not found.pattern and health not in ("degraded", "down", "unhealthy"):
+        logs_ev = view.get("logs")
+        parts = [f"I found no step change in {product}'s metrics over the window "
+                 + " ".join(f"[{ev.call.id}]" for ev in metrics if ev.ok)]
+        if logs_ev is not None and logs_ev.ok:
+            parts.append(f"no warning or error lines [{logs_ev.call.id}]")
+        if admin is not None and health:
+            parts.append(f"it reports health {health} [{admin.call.id}]")
+        return ["Nothing abnormal: " + ", ".join(parts) + "."]
+    if any(ev.ok for ev in metrics):
+        return [f"I found no step change in {product}'s metrics over the window."]
+    if metrics:  # every metric query failed: that is no evidence of a steady metric
+        return [f"I could not read {product}'s metrics: "
+                + ", ".join(f"{ev.call.name} failed (call {ev.call.id})" for ev in metrics) + "."]
+    return []
+
+
+def _ranking_text(view: View, found: ServiceFindings) -> list[str]:
+    if not found.hypotheses:
+        return []
+    top = found.hypotheses[0]
+    # A cause only the dominant line suggests, with nothing before the onset, is a lead, not a finding.
+    lead = "Most likely cause" if top.precedes or found.cause or len(top.sources) > 1 else "Leading hypothesis"
+    out = [f"{lead}: {top.cause}."]
+    if found.cause and found.culprit and not found.linked:
+        deploys = view.get("deploys")
+        if deploys is not None and deploys.ok:
+            out[-1] = out[-1][:-1] + "; no deploy is involved."
+    out.append(f"To confirm it: {top.confirm}.")
+    if len(found.hypotheses) > 1:
+        second = found.hypotheses[1]
+        out.append(f"Runner-up: {second.cause}; to confirm it instead: {second.confirm}.")
+    return out
 
 
 def next_steps(intent: Intent, found: ServiceFindings) -> list[str]:

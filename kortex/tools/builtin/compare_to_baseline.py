@@ -2,7 +2,9 @@
 
 The baseline is the 24 hours just before the range (it rolls with the range): its mean and
 standard deviation give every sample in the range a z-score; |z| >= 3 is an anomaly. A flat
-baseline (stddev 0) would make every deviation infinite, so z uses a floor of 1% of the mean."""
+baseline (stddev 0) would make every deviation infinite, so z uses a floor of 1% of the mean.
+``baseline_samples`` says how much the baseline holds: a z-score against one or two samples is no
+evidence. ``change_point`` is where the range itself stepped, if it did (kortex/telemetry/changepoint.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +12,10 @@ import math
 from datetime import timedelta
 from typing import Any
 
+from kortex.telemetry import changepoint
 from kortex.telemetry.sources import MetricQuery, downsample
 from kortex.timeparse import isoformat
-from kortex.tools.builtin.common import Labels, MetricName, Product, TimeRange, window
+from kortex.tools.builtin.common import Labels, MetricName, Product, TimeRange, stats, window
 from kortex.tools.spec import ToolContext, ToolInput, ToolSpec
 
 BASELINE = timedelta(hours=24)
@@ -48,6 +51,8 @@ def run(args: CompareToBaselineInput, ctx: ToolContext) -> dict[str, Any]:
         "threshold": THRESHOLD,
         "series": max(base.series, current.series),
         "truncated": base.truncated or current.truncated,
+        "stats": stats([s.value for s in current.samples]),
+        "change_point": changepoint.of_samples(current.samples),
     }
     if base.truncated or current.truncated:
         result["note"] = "only the most recent part of a window fits; narrow the time range"
@@ -84,7 +89,10 @@ SPEC = ToolSpec(
     description=(
         "Compare a metric of a product over a time range with its rolling 24-hour baseline (the 24 hours "
         "before the range). Returns the baseline mean and stddev, every sample with its z-score and an "
-        "anomaly flag (|z| >= 3), the anomaly count and the largest z-score."
+        "anomaly flag (|z| >= 3), the anomaly count and the largest z-score; the range's min/max/mean/p50/p95/p99; "
+        "baseline_samples (a baseline of a "
+        "few samples proves nothing); and change_point: where the range stepped (onset, mean and sample count "
+        "before and after), or null."
     ),
     input_model=CompareToBaselineInput,
     run=run,
@@ -92,6 +100,6 @@ SPEC = ToolSpec(
     redact=("baseline_window", "baseline_start", "baseline_samples", "baseline_mean", "baseline_stddev", "unit",
             "threshold", "samples[].ts", "samples[].value", "samples[].z_score", "samples[].anomalous",
             "sample_count", "anomaly_count", "max_z_score", "first_anomaly_at", "note", "available_metrics",
-            "series", "truncated"),
+            "series", "truncated", "stats", "change_point"),
     list_field="samples",
 )

@@ -1,4 +1,9 @@
-"""get_logs: log lines of a product in a time window, newest first, 100 a page (rfc-005 §6.2.1)."""
+"""get_logs: log lines of a product in a time window, newest first, 100 a page (rfc-005 §6.2.1).
+
+With ``group``, every matching line of the window (up to 5000, newest first) is also grouped into
+templates (kortex/telemetry/logtemplates.py) with counts, first and last time and hosts, and with
+``split_at`` how many of each came before that moment and how many after: the counts a model
+quotes, so it need not count a page of lines itself."""
 
 from __future__ import annotations
 
@@ -9,9 +14,9 @@ from typing import Any, Literal
 from pydantic import Field
 
 from kortex.errors import InvalidInput
-from kortex.telemetry import logql
-from kortex.telemetry.sources import MAX_LOG_PAGE, LogQuery
-from kortex.timeparse import ensure_utc, isoformat
+from kortex.telemetry import logql, logtemplates
+from kortex.telemetry.sources import MAX_LOG_PAGE, LogLine, LogQuery
+from kortex.timeparse import ensure_utc, isoformat, parse_instant
 from kortex.tools.builtin.common import Product, TimeRange, cursors, window
 from kortex.tools.spec import ToolContext, ToolInput, ToolSpec
 
@@ -29,6 +34,13 @@ class GetLogsInput(ToolInput):
     limit: int = Field(MAX_LOG_PAGE, ge=1, le=MAX_LOG_PAGE, description="Lines per page, at most 100")
     cursor: str | None = Field(None, max_length=4000,
                                description="Opaque cursor returned by a prior call. Omit on the first page.")
+    group: bool = Field(False, description="Also group every matching line of the window (up to 5000) into "
+                                           "message templates with counts, first/last time and hosts")
+    split_at: str | None = Field(None, max_length=64,
+                                 description="With group: a time (ISO or relative); each template counts the "
+                                             "lines before it and after it")
+
+MAX_GROUPED = 5000
 
 
 def _bind(args: GetLogsInput, ctx: ToolContext) -> dict[str, Any]:
@@ -74,7 +86,28 @@ def run(args: GetLogsInput, ctx: ToolContext) -> dict[str, Any]:
     }
     if page.has_more and keys:
         result["next_cursor"] = _cursor(ctx, args, start, end, keys[-1])
+    if args.group:
+        result.update(_grouped(args, ctx, flt, start, end, page.lines, page.has_more))
     return result
+
+
+def _grouped(args: GetLogsInput, ctx: ToolContext, flt: Any, start: datetime, end: datetime,
+             first: list[LogLine], more: bool) -> dict[str, Any]:
+    split_at = parse_instant(args.split_at, now=ctx.now) if args.split_at else None
+    lines = list(first)
+    while more and lines and len(lines) < MAX_GROUPED:
+        page = ctx.sources.logs.query_logs(ctx.tenant_id, LogQuery(
+            product=args.product, start=start, end=end, filter=flt, min_level=args.level, limit=MAX_LOG_PAGE,
+            before=(lines[-1].ts, lines[-1].id)))
+        lines.extend(page.lines)
+        more = page.has_more
+    out: dict[str, Any] = {"templates": logtemplates.group(lines, split_at=split_at), "grouped_lines": len(lines),
+                           "grouped_all": not more}
+    if split_at is not None:
+        out["split_at"] = isoformat(split_at)
+        out["before_split"] = sum(1 for line in lines if line.ts < split_at)
+        out["after_split"] = len(lines) - out["before_split"]
+    return out
 
 
 def on_truncate(result: dict[str, Any], args: GetLogsInput, kept: int, ctx: ToolContext) -> dict[str, Any]:
@@ -92,14 +125,16 @@ SPEC = ToolSpec(
         "Query log entries of a product within a time range. Returns up to 100 lines, newest first, "
         "with total_matches; lines that belong to a request carry its trace_id (see get_traces). query takes "
         "plain text or LogQL line filters. When next_cursor is present, call again with the same arguments "
-        "plus cursor to fetch the next page."
+        "plus cursor to fetch the next page. group=true adds the window's message templates with counts, "
+        "first/last time and hosts (split_at: counts before and after that time)."
     ),
     input_model=GetLogsInput,
     run=run,
     category="query",
     redact=("lines[].ts", "lines[].level", "lines[].host", "lines[].message", "lines[].trace_id", "truncated",
             "total_matches",
-            "next_cursor", "query_latency_ms"),
+            "next_cursor", "query_latency_ms", "templates", "grouped_lines", "grouped_all", "split_at",
+            "before_split", "after_split"),
     list_field="lines",
     on_truncate=on_truncate,
 )

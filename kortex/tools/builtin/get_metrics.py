@@ -6,6 +6,7 @@ from typing import Any
 
 from pydantic import Field
 
+from kortex.telemetry import changepoint
 from kortex.telemetry.sources import MetricQuery, downsample
 from kortex.timeparse import isoformat, parse_duration
 from kortex.tools.builtin.common import Labels, MetricName, Product, TimeRange, stats, window
@@ -41,6 +42,7 @@ def run(args: GetMetricsInput, ctx: ToolContext) -> dict[str, Any]:
     result: dict[str, Any] = {
         "samples": [{"ts": isoformat(s.ts), "value": round(s.value, 6)} for s in samples],
         "stats": stats([s.value for s in series.samples]),
+        "change_point": changepoint.of_samples(series.samples),
         "unit": series.unit,
         "step_s": step_s,
         "series": series.series,
@@ -61,13 +63,14 @@ SPEC = ToolSpec(
     name="get_metrics",
     description=(
         "Query a named metric of a product within a time range. Returns the time series (at most 500 "
-        "points) and min/max/mean/p50/p95/p99. Several matching series (label sets) are averaged into one; "
+        "points), min/max/mean/p50/p95/p99 and change_point: where the series stepped (onset, mean and sample "
+        "count before and after), or null. Several matching series (label sets) are averaged into one; "
         "labels narrow them. When the metric has no data, lists the metrics that exist."
     ),
     input_model=GetMetricsInput,
     run=run,
     category="query",
-    redact=("samples[].ts", "samples[].value", "stats", "unit", "step_s", "series", "note", "truncated",
+    redact=("samples[].ts", "samples[].value", "stats", "change_point", "unit", "step_s", "series", "note", "truncated",
             "available_metrics"),
     list_field="samples",
 )

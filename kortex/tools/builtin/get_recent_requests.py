@@ -1,10 +1,12 @@
 """get_recent_requests: requests the LLM platform served, newest first (llm-ops-agent-tools.md).
 
 Pages of at most 100 with a signed cursor; the window is pinned in the cursor so relative
-times mean the same span on every page."""
+times mean the same span on every page. The page comes with its counts by status and its busiest
+users with their share, so a model quotes them instead of counting rows itself."""
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any, Literal
 
 from pydantic import Field
@@ -44,6 +46,22 @@ def summary(r: LLMRequest) -> dict[str, Any]:
             "created_at": isoformat(r.created_at)}
 
 
+TOP_USERS = 5
+
+
+def tally(requests: list[LLMRequest]) -> dict[str, Any]:
+    """The page's requests by status and its busiest users, shares in percent of the page."""
+    total = len(requests)
+    statuses = Counter(r.status for r in requests)
+    users = Counter(r.user_id for r in requests)
+    tiers = {r.user_id: r.user_tier for r in requests}
+    busiest = sorted(users.items(), key=lambda kv: (-kv[1], kv[0]))[:TOP_USERS]
+    return {"by_status": dict(sorted(statuses.items())),
+            "failed_pct": round(100 * (total - statuses.get("success", 0)) / total, 1) if total else 0.0,
+            "by_user": [{"user_id": user, "user_tier": tiers[user], "count": count,
+                         "share_pct": round(100 * count / total, 1)} for user, count in busiest]}
+
+
 def _bind(args: GetRecentRequestsInput, ctx: ToolContext) -> dict[str, Any]:
     return {"tool": "get_recent_requests", "tenant": ctx.tenant_id,
             **args.model_dump(exclude={"cursor", "limit"})}
@@ -61,6 +79,7 @@ def run(args: GetRecentRequestsInput, ctx: ToolContext) -> dict[str, Any]:
         start=start, end=end, user_id=args.user_id, user_tier=args.user_tier, deployment_id=args.deployment_id,
         model_id=args.model_id, backend_id=args.backend_id, status=args.status, limit=args.limit, before=before))
     result: dict[str, Any] = {"requests": [summary(r) for r in page.requests], "count": len(page.requests),
+                              **tally(page.requests),
                               "has_more": page.has_more, "since": isoformat(start), "until": isoformat(end),
                               "_keys": [(r.created_at.isoformat(), r.row_id) for r in page.requests],
                               "_window": (start.isoformat(), end.isoformat())}
@@ -89,12 +108,13 @@ SPEC = ToolSpec(
     description=(
         "Recent requests served by the LLM platform, newest first, filtered by user, tier, deployment, model, "
         "backend, status and time (since/until accept ISO times or '1 hour ago', 'last 30m', 'yesterday'). "
-        "When has_more is true, call again with next_cursor."
+        "The page's counts by status, its failed share (failed_pct) and its busiest users with their share "
+        "(by_user) come with it. When has_more is true, call again with next_cursor."
     ),
     input_model=GetRecentRequestsInput,
     run=run,
     category="query",
-    redact=("requests", "count", "has_more", "since", "until", "next_cursor", "truncated"),
+    redact=("requests", "count", "by_status", "failed_pct", "by_user", "has_more", "since", "until", "next_cursor", "truncated"),
     list_field="requests",
     on_truncate=on_truncate,
 )

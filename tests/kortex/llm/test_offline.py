@@ -31,8 +31,9 @@ def test_names_the_deploy_and_the_pool_errors_and_cites_every_call(harness: Harn
     assert "v2.14.0" in text and "connection pool exhausted" in text
     assert "database connection-pool exhaustion" in text
     calls = [d for d in data if d["type"] == "tool_call"]
-    assert {c["name"] for c in calls} == {"get_recent_deploys", "compare_to_baseline", "get_logs", "get_admin_info",
-                                          "get_incident_history", "propose_action"}
+    # list_products names the product's metrics: every one is surveyed for a step
+    assert {c["name"] for c in calls} == {"list_products", "get_recent_deploys", "compare_to_baseline", "get_logs",
+                                          "get_admin_info", "get_incident_history", "propose_action"}
     cited = set(re.findall(r"\[(call_[0-9a-f]+)\]", text))
     assert cited == {c["call_id"] for c in calls}
     assert "v2.13.2" not in text and "v5.2.1" not in text  # outside the window / another product
@@ -87,21 +88,36 @@ def test_a_subject_the_question_does_not_place_is_resolved_against_the_products_
     assert resolve("is everything ok?", ["billing"]) == "billing"  # the only thing that exists
 
 
-def test_follows_up_on_a_missing_metric_with_one_that_exists(harness: Harness) -> None:
-    tenant = harness.tenant("acme")
+def _billing_latency(h: Harness) -> str:
+    tenant = h.tenant("acme")
     now = utcnow()
     rows = [{"product": "billing", "metric": "billing_latency_p99_seconds", "ts": now - timedelta(minutes=m),
              "value": 0.3 if m > 30 else 2.5, "unit": "seconds", "labels": {}} for m in range(1, 600)]
-    with harness.k.db.begin() as conn:
+    with h.k.db.begin() as conn:
         ingest.write(conn, tenant, "metrics", rows)
-    turn = harness.ask(tenant, "Why is billing slow?")
-    text, data = _answer(harness, turn)
+    return tenant
+
+
+def test_surveys_the_metrics_the_product_reports(harness: Harness) -> None:
+    tenant = _billing_latency(harness)
+    text, data = _answer(harness, harness.ask(tenant, "Why is billing slow?"))
+    metric_calls = [d["arguments"]["metric_name"] for d in data
+                    if d["type"] == "tool_call" and d["name"] == "compare_to_baseline"]
+    assert metric_calls == ["billing_latency_p99_seconds"]
+    assert "billing_latency_p99_seconds went from 0.3 s to 2.5 s" in text
+    # the baseline holds hours of samples here: the z-score means something, with its sample count
+    assert "far outside its 24 h baseline of " in text and "samples (max z-score" in text
+
+
+def test_without_a_survey_follows_up_on_a_missing_metric_with_one_that_exists(harness_factory) -> None:
+    h = harness_factory(tools={"allowed": ["get_recent_deploys", "compare_to_baseline", "get_logs"]})
+    tenant = _billing_latency(h)
+    text, data = _answer(h, h.ask(tenant, "Why is billing slow?"))
     metric_calls = [d["arguments"]["metric_name"] for d in data
                     if d["type"] == "tool_call" and d["name"] == "compare_to_baseline"]
     assert metric_calls == ["http_request_duration_seconds_p99", "billing_latency_p99_seconds"]
-    assert "billing_latency_p99_seconds went from 0.30 s to 2.50 s" in text
-    turn2 = harness.ask(tenant, "Is checkout failing?")
-    assert turn2.status == "done"
+    assert "billing_latency_p99_seconds went from 0.3 s to 2.5 s" in text
+    assert h.ask(tenant, "Is checkout failing?").status == "done"
 
 
 def test_says_so_when_tools_are_disabled(harness_factory) -> None:
@@ -270,14 +286,19 @@ def test_the_analyst_cites_only_calls_of_its_turn_that_succeeded(harness: Harnes
 
 
 def test_the_dominant_error_names_its_one_host_and_not_a_mixed_set() -> None:
-    from kortex.llm.offline.evidence import dominant_host, template
-    one = [{"message": f"write failed: No space left on device (wal {i})", "host": "ledger-3"} for i in range(9)]
-    mixed = [{"message": f"write failed: No space left on device (wal {i})", "host": f"ledger-{i % 3}"}
-             for i in range(9)]
-    shape = template(one[0]["message"])
-    assert dominant_host(one + [{"message": "entry saved", "host": "ledger-1"}], shape) == "ledger-3"
-    assert dominant_host(mixed, shape) is None
-    assert dominant_host([{"message": one[0]["message"]}], shape) is None  # lines without hosts name none
+    from kortex.llm.offline.service import log_pattern
+
+    def top(hosts: list[dict[str, object]]) -> dict[str, object]:
+        return {"templates": [{"template": "write failed", "example": "write failed", "count": 9,
+                               "first_ts": "2026-04-07T14:31:02Z", "last_ts": "2026-04-07T14:41:02Z",
+                               "hosts": hosts}]}
+    one = log_pattern(top([{"host": "ledger-3", "count": 8}, {"host": "ledger-1", "count": 1}]))
+    assert one is not None and (one.host, one.host_count) == ("ledger-3", 8)
+    mixed = log_pattern(top([{"host": f"ledger-{i}", "count": 3} for i in range(3)]))
+    assert mixed is not None and mixed.host is None
+    unnamed = log_pattern(top([]))  # lines without hosts name none
+    assert unnamed is not None and unnamed.host is None
+    assert log_pattern({"templates": []}) is None
 
 
 def test_the_same_question_in_two_sessions_gets_different_call_ids(harness: Harness) -> None:
@@ -291,9 +312,12 @@ def test_the_same_question_in_two_sessions_gets_different_call_ids(harness: Harn
 
 
 def test_a_product_named_by_the_dominant_line_is_looked_at_one_hop_further(harness: Harness) -> None:
-    from kortex.llm.offline.service import ServiceFindings, dependency
-    found = ServiceFindings(product="orders", pattern=("t", 3, "call to inventory took 1480ms (reserve stock)"))
+    from kortex.llm.offline.service import LogPattern, ServiceFindings, dependency
+
+    def line(text: str) -> LogPattern:
+        return LogPattern(template="t", count=3, example=text, first=None, last=None)
+    found = ServiceFindings(product="orders", pattern=line("call to inventory took 1480ms (reserve stock)"))
     assert dependency(found) == "inventory"
-    found = ServiceFindings(product="checkout", pattern=("t", 3, "charge failed: upstream payments returned 503"))
+    found = ServiceFindings(product="checkout", pattern=line("charge failed: upstream payments returned 503"))
     assert dependency(found) == "payments"
-    assert dependency(ServiceFindings(product="ledger", pattern=("t", 3, "write failed: disk full"))) is None
+    assert dependency(ServiceFindings(product="ledger", pattern=line("write failed: disk full"))) is None
