@@ -9,6 +9,7 @@ establish something it says that in ``open_questions`` instead of guessing.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -86,6 +87,19 @@ def _at(value: Any) -> datetime | None:
         return None
 
 
+_CITE = re.compile(r"\[(call_[0-9a-f]+)\]")
+
+
+def _ids(text: str, succeeded: set[str]) -> list[str]:
+    """The calls a sentence cites, in order, that answered."""
+    return list(dict.fromkeys(i for i in _CITE.findall(text) if i in succeeded))
+
+
+def _plain(text: str) -> str:
+    """A sentence without its bracketed citations (the document keeps them in ``citations``)."""
+    return re.sub(r"\s*\[call_[0-9a-f]+\]", "", text).strip()[:4000]
+
+
 def document(request: Request, view: View, calls: list[tuple[ToolCall, ToolResult]]) -> dict[str, Any]:
     """The post-mortem, from the evidence only."""
     intent = intent_of(request)
@@ -122,14 +136,21 @@ def document(request: Request, view: View, calls: list[tuple[ToolCall, ToolResul
 
     open_questions: list[str] = []
     summary = service.summary(intent, view, found).strip()
-    if found.cause is not None:
+    succeeded = {c.id for c, r in calls if not r.is_error}
+    ranked = found.hypotheses
+    if ranked:  # the ranked causes (kortex/llm/offline/ranking.py): the top one, the runner-up after
+        top = ranked[0]
+        statement = _plain(top.cause)
+        root = {"statement": statement[:1].upper() + statement[1:], "citations": _ids(top.cause, succeeded) or anything[:1]}
+        open_questions.append(f"To confirm the root cause: {_plain(top.confirm)}")
+    elif found.cause is not None:
         evidence = _cited(view, "logs") + ([main.evidence.call.id] if main else [])
         cause = f"{found.cause.name[0].upper()}{found.cause.name[1:]}"
         if found.linked:
             cause += f", introduced by deploy {found.linked[0]['version']}"
             evidence += _cited(view, "deploys")
         if found.pattern:
-            cause += f"; the dominant log line reads \"{found.pattern[2][:300]}\""
+            cause += f"; the dominant log line reads \"{found.pattern.example[:300]}\""
         root = {"statement": cause + ".", "citations": evidence or anything[:1]}
     elif found.linked:
         root = {"statement": f"A change shipped in deploy {found.linked[0]['version']} of {product}, which landed just "
@@ -152,8 +173,12 @@ def document(request: Request, view: View, calls: list[tuple[ToolCall, ToolResul
         root["citations"] = anything[:1]
 
     factors = []
-    if found.pattern_host and "logs" in view.by_key:
-        factors.append({"statement": f"The dominant log line came from one host, {found.pattern_host}.",
+    for runner_up in ranked[1:3]:
+        cited = _ids(runner_up.cause, succeeded)
+        if cited:
+            factors.append({"statement": f"Also considered: {_plain(runner_up.cause)}", "citations": cited})
+    if found.pattern and found.pattern.host and "logs" in view.by_key:
+        factors.append({"statement": f"The dominant log line came mostly from one host, {found.pattern.host}.",
                         "citations": _cited(view, "logs")})
     if found.culprit and "logs" in view.by_key:
         factors.append({"statement": f"The log lines name {found.culprit} as holding the resource.",
