@@ -91,6 +91,27 @@ class MessagePage(BaseModel):
     next_after: str | None = Field(None, description="Pass as ?after= to read the next page")
 
 
+class ForkSession(_In):
+    checkpoint_id: str = Field(min_length=1, max_length=64)
+    name: str | None = Field(None, max_length=200)
+
+
+class RetryTurn(_In):
+    checkpoint_id: str | None = Field(None, min_length=1, max_length=64,
+                                      description="default: the turn's start (its question is asked again)")
+    model: str | None = Field(None, max_length=200, description="default: the turn's; 'auto' routes each step")
+
+
+class CheckpointOut(BaseModel):
+    id: str
+    parent_id: str | None
+    turn_id: str
+    step: int | None = Field(description="null: the turn's start (after its user message)")
+    position: list[int] = Field(description="the last message it includes: [turn_no, step, ord]")
+    tokens: int = Field(description="the conversation's size there, estimated (four characters a token)")
+    created_at: datetime
+
+
 class TurnAccepted(BaseModel):
     turn_id: str
     session_id: str

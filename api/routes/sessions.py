@@ -14,6 +14,7 @@ from api.deps import CallerDep, KortexDep, TenantDep, allowed, object_id
 from api.openapi import ERRORS
 from api.schemas import (
     CreateSession,
+    ForkSession,
     MessageOut,
     MessagePage,
     PostMessage,
@@ -24,7 +25,7 @@ from api.schemas import (
 from kortex.access import Permission
 from kortex.container import Kortex
 from kortex.errors import InvalidInput
-from kortex.turns import chat
+from kortex.turns import chat, checkpoints
 from kortex.turns.handoff import Handoff
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"], dependencies=[Depends(allowed(Permission.CHAT))], responses=ERRORS)
@@ -113,6 +114,16 @@ def _post(k: Kortex, tenant_id: str, session_id: str, body: PostMessage, idempot
             log.warning("could not enqueue turn %s now; the watchdog will", posted.turn.id, exc_info=True)
             return posted, True
     return posted, False
+
+
+@router.post("/{session_id}/fork", status_code=201, response_model=SessionOut,
+             responses={404: {"description": "no such session, or no such checkpoint in it"}})
+def fork_session(session_id: str, body: ForkSession, k: KortexDep, tenant: TenantDep, response: Response) -> SessionOut:
+    """A new session whose history ends at a checkpoint of this one (GET /v1/turns/{id}/checkpoints);
+    this session is untouched."""
+    forked = checkpoints.fork(k, tenant.id, object_id(session_id, "session"), body.checkpoint_id, body.name)
+    response.headers["Location"] = f"/v1/sessions/{forked.id}"
+    return SessionOut.of(forked)
 
 
 @router.post("/{session_id}/messages", status_code=202, response_model=TurnAccepted,

@@ -10,11 +10,12 @@ from starlette.concurrency import run_in_threadpool
 
 from api.deps import CallerDep, HubDep, KortexDep, TenantDep, allowed, object_id
 from api.openapi import ERRORS
-from api.schemas import TurnOut
+from api.schemas import CheckpointOut, RetryTurn, TurnAccepted, TurnOut
 from api.sse import HeldStream, resume_point, turn_events
 from kortex.access import Permission
 from kortex.stream.entries import START
 from kortex.turns.cancel import cancel_turn as cancel
+from kortex.turns import checkpoints
 from kortex.turns.chat import get_turn, turn_with_models
 from kortex.turns.follow import nothing_left
 
@@ -40,6 +41,29 @@ def cancel_turn(turn_id: str, request: Request, k: KortexDep, caller: CallerDep)
     if handoff:  # a batch item's turn: its job starts the next item (the watchdog would, later)
         request.app.state.dispatch(handoff)
     return TurnOut.of(turn)
+
+
+@router.get("/{turn_id}/checkpoints", response_model=list[CheckpointOut])
+def list_checkpoints(turn_id: str, k: KortexDep, tenant: TenantDep) -> list[CheckpointOut]:
+    """Every step boundary up to this turn's last one, root first (the session's earlier turns
+    first): fork a session from one, or run this turn again from one."""
+    return [CheckpointOut(id=c.id, parent_id=c.parent_id, turn_id=c.turn_id, step=c.step, position=list(c.position),
+                          tokens=c.tokens, created_at=c.created_at)
+            for c in checkpoints.of_turn(k, tenant.id, object_id(turn_id, "turn"))]
+
+
+@router.post("/{turn_id}/retry", status_code=202, response_model=TurnAccepted,
+             responses={409: {"description": "the turn is still running"}})
+def retry_turn(turn_id: str, body: RetryTurn, request: Request, k: KortexDep, tenant: TenantDep) -> TurnAccepted:
+    """Run the turn again from a checkpoint (default: its start) as a new turn of a new session
+    forked there, with another model if named. Follow it at `events_url`."""
+    retried = checkpoints.retry(k, tenant.id, object_id(turn_id, "turn"), checkpoint=body.checkpoint_id,
+                                model=body.model)
+    if retried.posted.handoff:
+        request.app.state.dispatch(retried.posted.handoff)
+    turn = retried.posted.turn
+    return TurnAccepted(turn_id=turn.id, session_id=turn.session_id, status=turn.status,
+                        events_url=f"/v1/turns/{turn.id}/events")
 
 
 @router.get("/{turn_id}/events", response_class=StreamingResponse,

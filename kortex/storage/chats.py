@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict
 from datetime import datetime
 from typing import Any
@@ -171,3 +172,46 @@ def message_row(
 def count_messages(conn: Connection, tenant_id: str, session_id: str) -> int:
     return int(conn.execute(select(func.count()).where(chat_messages.c.tenant_id == tenant_id,
                                                        chat_messages.c.session_id == session_id)).scalar() or 0)
+
+
+def copy_conversation(conn: Connection, tenant_id: str, source_id: str, target_id: str,
+                      upto: tuple[int, int, int], *, cut_error: dict[str, Any]) -> int:
+    """Copy the source session's turns and messages up to and including position ``upto``
+    (turn_no, step, ord) into the (new, empty) target session, with new ids. A turn copied only
+    in part ends ``cancelled`` with ``cut_error``; whole turns keep their status and usage.
+    Returns how many turns were copied."""
+    source_turns = conn.execute(select(turns).where(turns.c.tenant_id == tenant_id, turns.c.session_id == source_id,
+                                                    turns.c.turn_no <= upto[0]).order_by(turns.c.turn_no)).all()
+    order = tuple_(chat_messages.c.turn_no, chat_messages.c.step, chat_messages.c.ord)
+    messages = conn.execute(select(chat_messages).where(
+        chat_messages.c.tenant_id == tenant_id, chat_messages.c.session_id == source_id,
+        order <= tuple_(*(bindparam(f"p_{i}", v) for i, v in enumerate(upto)))).order_by(
+        chat_messages.c.turn_no, chat_messages.c.step, chat_messages.c.ord)).all()
+    copied = {m.turn_no for m in messages}
+    whole = {t.turn_no for t in source_turns if t.turn_no < upto[0] or _ends_at(messages, t.turn_no, upto)}
+    ids: dict[str, str] = {}
+    now = utcnow()
+    for t in source_turns:
+        if t.turn_no not in copied:
+            continue
+        row = dict(t._mapping)
+        ids[row["id"]] = row["id"] = uuid7()
+        row.update(session_id=target_id, idempotency_key=None, done_event_id=None, lease_until=None,
+                   created_at=now, updated_at=now)
+        if t.turn_no not in whole or row["status"] in ACTIVE:
+            row.update(status="cancelled", error=cut_error, finished_at=now)
+        conn.execute(turns.insert().values(**row))
+    for m in messages:
+        row = dict(m._mapping)
+        row.update(id=uuid7(), session_id=target_id, turn_id=ids[row["turn_id"]])
+        conn.execute(chat_messages.insert().values(**row))
+    conn.execute(chat_sessions.update().where(chat_sessions.c.id == target_id)
+                 .values(turn_count=len(ids), updated_at=now))
+    return len(ids)
+
+
+def _ends_at(messages: Sequence[Any], turn_no: int, upto: tuple[int, int, int]) -> bool:
+    """Whether the copy of turn ``turn_no`` is the whole turn: it ends with a final answer (an
+    assistant message without tool calls) at or before ``upto``."""
+    own = [m for m in messages if m.turn_no == turn_no]
+    return bool(own) and own[-1].role == "assistant" and not own[-1].tool_calls
