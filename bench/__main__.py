@@ -12,6 +12,8 @@ Parts:
             beside a bare FastAPI endpoint + bare Celery task + bare SSE endpoint.
   fairness  tenant B's trivial turns, one at a time, idle and while tenant A floods paced turns.
   sse       bench/sse.py's fan-out figures (2,000 streams x 5 events/s vs a raw ASGI floor), if present.
+  routing   what choosing each step's model (model "auto") costs beside a pinned model (issue 13);
+            in this process, no services.
   batch     a job of post-mortems on the batch queue (scripted model): items/s, and another
             tenant's chat first-event p50/p99 idle vs while the batch runs (issue 12).
 
@@ -40,12 +42,12 @@ from typing import Any
 if __package__ in (None, ""):  # `python bench/__main__.py`: make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import batch, fairness, latency, paced  # noqa: E402
+from bench import batch, fairness, latency, paced, routing  # noqa: E402
 from bench.report import Report, Row  # noqa: E402
 from bench.scripts import all_scripts  # noqa: E402
 from bench.stack import BenchEnv, Cleanup, Limits, bench_env, raise_nofile  # noqa: E402
 
-PARTS = ("paced", "latency", "fairness", "sse", "batch")
+PARTS = ("paced", "latency", "fairness", "sse", "batch", "routing")
 
 
 class PartTimeout(BaseException):
@@ -145,6 +147,7 @@ def main(argv: list[str] | None = None) -> Report:
         "fairness": lambda env: fairness.run(env, report, args.flood, args.b_samples, 30.0 if args.quick else 60.0),
         "sse": lambda env: run_sse(env, report, args),
         "batch": lambda env: batch.run(env, report, args.batch_items, args.b_samples),
+        "routing": lambda env: routing.run(report, 300 if args.quick else 3000),
     }
     started = time.monotonic()
     print(f"Kortex bench: {', '.join(args.only)}" + (" (quick)" if args.quick else ""), flush=True)

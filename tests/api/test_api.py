@@ -68,9 +68,11 @@ def test_session_lifecycle_and_turn_through_the_api(env) -> None:
     assert turn["status"] == "done" and turn["model_used"] == "offline:analyst"
     messages = client.get(f"/v1/sessions/{sid}/messages", headers=auth(key)).json()["messages"]
     roles = [m["role"] for m in messages]
-    # the analyst's rounds: five probes (deploys, a metric, logs, admin info, logged changes), then
-    # incident history, then a proposal, then the answer
-    assert roles == ["user", "assistant", *["tool"] * 5, "assistant", "tool", "assistant", "tool", "assistant"]
+    # the analyst's rounds: the survey (deploys, the product's metrics listed, admin info, logged
+    # changes), every metric read, the logs grouped at the onset, incident history, a proposal,
+    # then the answer
+    assert roles == ["user", "assistant", *["tool"] * 4, "assistant", *["tool"] * 3, "assistant", "tool",
+                     "assistant", "tool", "assistant", "tool", "assistant"]
     page = client.get(f"/v1/sessions/{sid}/messages?limit=2", headers=auth(key)).json()
     rest = client.get(f"/v1/sessions/{sid}/messages?after={page['next_after']}", headers=auth(key)).json()
     assert [m["id"] for m in page["messages"] + rest["messages"]] == [m["id"] for m in messages]
@@ -78,7 +80,7 @@ def test_session_lifecycle_and_turn_through_the_api(env) -> None:
     sse = client.get(body["events_url"], headers=auth(key))
     assert sse.headers["content-type"].startswith("text/event-stream")
     events = [line.split(": ", 1)[1] for line in sse.text.splitlines() if line.startswith("event: ")]
-    assert events[0] == "turn" and events[-1] == "done" and events.count("tool_result") == 7
+    assert events[0] == "turn" and events[-1] == "done" and events.count("tool_result") == 10
     assert events.count("proposal") == 1 and events.index("proposal") > events.index("tool_result")
 
 

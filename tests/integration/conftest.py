@@ -88,6 +88,9 @@ def service_env(pg_url: str, redis_prefix: str, **extra: str) -> dict[str, str]:
         "KORTEX_TURN__WATCHDOG_EVERY": "1",
         "KORTEX_TURN__HEARTBEAT": "0.5",
         "KORTEX_TURN__TEXT_FLUSH_MS": "0",
+        # model "auto" chooses among these (test_routing.py); pinned models are untouched
+        "KORTEX_LLM__ROUTING__CANDIDATES": json.dumps(["anthropic::claude-haiku-4-6", "anthropic::claude-sonnet-4-6",
+                                                       "anthropic::claude-opus-4-6"]),
         "PYTHONPATH": str(ROOT),
         "PYTHONUNBUFFERED": "1",
     })
