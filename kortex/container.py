@@ -27,7 +27,6 @@ from kortex.llm.registry import ProviderFactory, ProviderRegistry
 from kortex.proposals import ActionExecutor, ProposalService
 from kortex.storage.db import Database
 from kortex.storage.turns import TurnCalls
-from kortex.turns.routed import Router
 from kortex.stream.store import EventStore
 from kortex.telemetry.factory import build_sources
 from kortex.telemetry.sources import TelemetrySources
@@ -37,6 +36,7 @@ from kortex.tools.pipeline import ToolPipeline
 from kortex.tools.policy import ToolPolicy
 from kortex.tools.registry import ToolRegistry
 from kortex.tools.spec import ToolSpec
+from kortex.turns.routed import Router
 
 if TYPE_CHECKING:
     from kortex.turns.engine import StepEngine

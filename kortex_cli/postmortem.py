@@ -233,7 +233,7 @@ def export(
     chosen = _format(fmt)
     with _jobs(url, api_key, tenant, worker=False) as jobs:
         try:
-            items = jobs.items(job_id)
+            jobs.status(job_id)  # a job of another tenant, or none, is said so before anything is written
         except KortexError as exc:
             _fail(str(exc))
         written = _write(jobs, job_id, [], out, chosen)  # what the job itself wrote

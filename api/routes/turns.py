@@ -14,8 +14,8 @@ from api.schemas import CheckpointOut, RetryTurn, TurnAccepted, TurnOut
 from api.sse import HeldStream, resume_point, turn_events
 from kortex.access import Permission
 from kortex.stream.entries import START
-from kortex.turns.cancel import cancel_turn as cancel
 from kortex.turns import checkpoints
+from kortex.turns.cancel import cancel_turn as cancel
 from kortex.turns.chat import get_turn, turn_with_models
 from kortex.turns.follow import nothing_left
 

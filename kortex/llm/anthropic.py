@@ -7,8 +7,7 @@ blocks; the stream's ``input_json_delta`` fragments are assembled here into whol
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncGenerator, Iterator
-from contextlib import aclosing
+from collections.abc import Iterator
 from typing import Any
 
 from kortex.config import ProviderSettings, Settings
@@ -26,8 +25,9 @@ from kortex.llm.base import (
 )
 from kortex.llm.convert import CallAssembler, from_user_turn, paired, result_text, wire_id
 from kortex.llm.failures import failure
-from kortex.llm.http import HTTPProvider, VendorClient, api_path, clean_api_key, drain
-from kortex.llm.wire import SSEvent, sse_events
+from kortex.llm.http import SSEProvider
+from kortex.llm.vendor import VendorClient, api_path, clean_api_key
+from kortex.llm.wire import SSEvent
 from kortex.messages import AssistantMessage, ToolMessage, UserMessage
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
@@ -39,7 +39,7 @@ _STOP: dict[str, StopReason] = {"end_turn": "end_turn", "tool_use": "tool_use", 
 _RETRYABLE_ERRORS = {"overloaded_error", "api_error", "rate_limit_error", "timeout_error"}
 
 
-class AnthropicProvider(HTTPProvider):
+class AnthropicProvider(SSEProvider):
     catalogue = catalog.ANTHROPIC
 
     def __init__(self, name: str, config: ProviderSettings, settings: Settings, api_key: str) -> None:
@@ -67,19 +67,8 @@ class AnthropicProvider(HTTPProvider):
             body["stop_sequences"] = list(request.stop)
         return body
 
-    async def _stream_once(self, request: CompletionRequest) -> AsyncGenerator[StreamChunk, None]:
-        model = request.model or self.default_model().id
-        decoder = Decoder(self.name, model)
-        async with self.http.post_stream(self.path, self.body(request), model=model) as response:
-            async with aclosing(sse_events(response.aiter_bytes())) as events:
-                async for event in events:
-                    for chunk in decoder.feed(event):
-                        yield chunk
-                    if decoder.finished:
-                        await drain(events)  # briefly: the connection is reused only if the body ends
-                        return
-        raise failure("stream_truncated", provider=self.name, model=model, retryable=True, usage=decoder.usage,
-                      detail="the stream ended before message_stop")
+    def decoder(self, model: str) -> Decoder:
+        return Decoder(self.name, model)
 
 
 def to_messages(request: CompletionRequest) -> list[dict[str, Any]]:
@@ -125,6 +114,11 @@ class Decoder:
         self._tools = CallAssembler()
         self._stop: StopReason = "end_turn"
         self.usage = TokenUsage()
+
+    def at_end(self) -> Iterator[StreamChunk]:
+        raise failure("stream_truncated", provider=self.provider, model=self.model, retryable=True, usage=self.usage,
+                      detail="the stream ended before message_stop")
+        yield  # pragma: no cover - a generator, as the protocol asks
 
     def _invalid(self, what: str) -> ProviderError:
         return failure("stream_invalid", provider=self.provider, model=self.model, usage=self.usage, detail=what)

@@ -1,4 +1,15 @@
-"""What a failed provider call is called: one client-safe sentence per error code.
+"""What a failed provider call is called: one client-safe sentence per error code, and how
+transport failures and error statuses become such failures.
+
+Translation (here for httpx; ``kortex/llm/transport.py`` does the same for aiohttp, the default
+``llm.http_transport``)::
+
+    connect error / connect or pool timeout  -> code "connect_failed",     retryable
+    read timeout                             -> code "read_timeout",       retryable
+    reset, incomplete body, remote protocol  -> code "stream_interrupted", retryable
+    request we cannot send (bad header, URL) -> code "request_invalid",    not retryable
+    HTTP 408/409/429/5xx/529                 -> retryable, Retry-After kept
+    other HTTP 4xx                           -> not retryable (auth, bad request, unknown model)
 
 Vendor and network texts quote key fragments, account and request ids; they go in
 ``ProviderError.detail`` (scrubbed, bounded) for operators' logs, never into the message that
@@ -7,11 +18,20 @@ reaches a client's event stream or a turn's error.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
+
+import httpx
+
 from kortex.errors import ProviderError
 from kortex.llm.base import TokenUsage
+from kortex.llm.retry import RETRYABLE_STATUS, parse_retry_after
 from kortex.redaction import scrub_text
 
 MAX_DETAIL = 500
+MAX_ERROR_BODY = 16 * 1024
+_CODES = {401: "provider_auth", 403: "provider_auth", 404: "provider_not_found", 429: "rate_limited",
+          529: "provider_overloaded", 503: "provider_overloaded"}
 
 MESSAGES: dict[str, str] = {
     "provider_auth": "the provider rejected the API key",
@@ -43,3 +63,68 @@ def failure(code: str, *, detail: str = "", provider: str = "", model: str = "",
 
 def clean_detail(text: str) -> str:
     return scrub_text(" ".join(text.split()))[:MAX_DETAIL]
+
+
+def transport_error(exc: httpx.HTTPError, provider: str, model: str) -> ProviderError:
+    """Never the request in the text: a protocol error quotes the header it refused, and headers
+    carry the API key. Only network errors keep their text (addresses, errno) as detail."""
+    name = exc.__class__.__name__
+    if isinstance(exc, httpx.LocalProtocolError | httpx.UnsupportedProtocol):
+        # Our request cannot be sent as it is (a bad header value, a bad URL scheme): trying
+        # again sends the same thing.
+        return failure("request_invalid", provider=provider, model=model, detail=name)
+    if isinstance(exc, httpx.ProtocolError):
+        return failure("stream_interrupted", provider=provider, model=model, retryable=True, detail=name)
+    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout):
+        code = "connect_failed"
+    elif isinstance(exc, httpx.ReadTimeout | httpx.WriteTimeout):
+        code = "read_timeout"
+    elif isinstance(exc, httpx.TransportError):
+        code = "stream_interrupted"
+    else:
+        return failure("provider", provider=provider, model=model, detail=name)
+    text = str(exc).strip()
+    return failure(code, provider=provider, model=model, retryable=True, detail=f"{name}: {text}" if text else name)
+
+
+async def status_error(response: httpx.Response, provider: str, model: str) -> ProviderError:
+    body = bytearray()
+    try:
+        async for part in response.aiter_bytes():
+            body += part
+            if len(body) >= MAX_ERROR_BODY:
+                break
+    except httpx.HTTPError:
+        pass  # the status says enough
+    return status_failure(response.status_code, response.reason_phrase, response.headers,
+                          bytes(body[:MAX_ERROR_BODY]), provider, model)
+
+
+def status_failure(status: int, reason: str, headers: Mapping[str, str], body: bytes, provider: str,
+                   model: str) -> ProviderError:
+    """An HTTP error status as a ``ProviderError``, whichever client read it; ``headers`` must
+    be case-insensitive (httpx's and aiohttp's are)."""
+    detail = vendor_message(body) or reason or "error"
+    retryable = status in RETRYABLE_STATUS
+    code = _CODES.get(status) or ("provider_server_error" if status >= 500 else "provider_rejected")
+    return failure(code, provider=provider, model=model, status=status, retryable=retryable, detail=detail,
+                   retry_after=parse_retry_after(headers) if retryable else None)
+
+
+def vendor_message(body: bytes) -> str:
+    """The human part of a vendor's error body (Anthropic ``error.message``, OpenAI
+    ``error.message``, Ollama ``error``), bounded."""
+    text = body.decode("utf-8", "replace").strip()
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        return text[:300]
+    if isinstance(parsed, dict):
+        error = parsed.get("error", parsed)
+        if isinstance(error, dict):
+            kind, message = error.get("type"), error.get("message")
+            if isinstance(message, str):
+                return (f"{kind}: {message}" if isinstance(kind, str) and kind else message)[:300]
+        elif isinstance(error, str):
+            return error[:300]
+    return text[:300]

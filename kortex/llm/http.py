@@ -1,35 +1,20 @@
-"""HTTP plumbing the vendor adapters share: one client per provider made lazily on the streaming
-loop, timeouts from configuration, transport failures and error statuses translated into
-``ProviderError``, retries with backoff around one streamed call, and the checks of a
-provider's configuration (API key, models) made when it is created.
-
-Translation (here for httpx; ``kortex/llm/transport.py`` does the same for aiohttp, the default
-``llm.http_transport``)::
-
-    connect error / connect or pool timeout  -> code "connect_failed",     retryable
-    read timeout                             -> code "read_timeout",       retryable
-    reset, incomplete body, remote protocol  -> code "stream_interrupted", retryable
-    request we cannot send (bad header, URL) -> code "request_invalid",    not retryable
-    HTTP 408/409/429/5xx/529                 -> retryable, Retry-After kept
-    other HTTP 4xx                           -> not retryable (auth, bad request, unknown model)
-
-Messages are ours (``kortex.llm.failures``); what the network or the vendor said is kept in
-``ProviderError.detail`` for the logs, scrubbed, and never includes a request header.
+"""The retrying provider the HTTP vendors share (``HTTPProvider``): the models on offer, and
+``stream``, which tries one streamed call again on retryable failures while nothing has been
+produced; and the one stream-reading loop of the SSE vendors (``SSEProvider``: Anthropic,
+OpenAI): post, read server-sent events, hand each to the vendor's decoder, stop at its end.
+The wire client is ``kortex/llm/vendor.py``; failures are named in ``kortex/llm/failures.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager
-from typing import TYPE_CHECKING, Any, Protocol
-
-import httpx
+from collections.abc import AsyncGenerator, Iterable, Sequence
+from contextlib import aclosing
+from typing import Any, Protocol
 
 from kortex.config import ProviderSettings, Settings
-from kortex.errors import ConfigError, ProviderError, ProviderUnavailable
+from kortex.errors import ProviderError, ProviderUnavailable
 from kortex.llm import catalog
 from kortex.llm.base import (
     CompletionRequest,
@@ -44,219 +29,13 @@ from kortex.llm.base import (
     WarningChunk,
 )
 from kortex.llm.failures import failure
-from kortex.llm.retry import RETRYABLE_STATUS, RetryPolicy, parse_retry_after
-from kortex.llm.wire import dumps
-
-if TYPE_CHECKING:
-    from kortex.llm.transport import AiohttpClient
+from kortex.llm.retry import RetryPolicy
+from kortex.llm.vendor import VendorClient, drain
+from kortex.llm.wire import sse_events
 
 log = logging.getLogger(__name__)
 
-MAX_ERROR_BODY = 16 * 1024
-#: how long the rest of a body is read once the answer is complete (for connection reuse)
-DRAIN_SECONDS = 1.0
 sleep = asyncio.sleep  # the backoff wait (tests record it instead of waiting)
-_CODES = {401: "provider_auth", 403: "provider_auth", 404: "provider_not_found", 429: "rate_limited",
-          529: "provider_overloaded", 503: "provider_overloaded"}
-
-
-def clean_api_key(raw: str | None, provider: str, where: str) -> str | None:
-    """The key without surrounding whitespace (secret files end in a newline); None when empty.
-    A key with whitespace or control characters inside is refused here, when the provider is
-    created: sent as a header it fails every call with an error that quotes it."""
-    key = (raw or "").strip()
-    if not key:
-        return None
-    if not all("!" <= ch <= "~" for ch in key):
-        raise ProviderUnavailable(f"the API key ({where}) contains whitespace, control or non-ASCII characters; "
-                                  "check the secret it comes from", provider=provider, code="provider_config")
-    return key
-
-
-def make_transport(kind: str, limits: httpx.Limits) -> httpx.AsyncBaseTransport | None:
-    """The transport under an httpx client: None, httpx's own pool (``aiohttp`` does not use
-    httpx at all, see ``VendorClient``)."""
-    if kind == "httpx":
-        return None
-    raise ConfigError(f"unknown llm.http_transport {kind!r}")
-
-
-class StreamBody(Protocol):
-    """A response body being streamed, as the decoders read it: httpx's ``Response`` or
-    ``transport.Body`` (aiohttp)."""
-
-    def aiter_bytes(self) -> AsyncIterator[bytes]: ...
-
-
-class VendorClient:
-    """The HTTP client of one provider: aiohttp's (``transport.AiohttpClient``) or httpx's,
-    as ``llm.http_transport`` says. Made on first use by the loop that streams, and made again
-    when used from another loop (a forked worker child inherits the object, not the loop)."""
-
-    def __init__(self, *, provider: str, base_url: str, headers: dict[str, str], config: ProviderSettings,
-                 transport: str = "httpx") -> None:
-        self.provider = provider
-        self.base_url = base_url.rstrip("/")
-        self._headers = headers
-        self._config = config
-        self._timeout = httpx.Timeout(config.timeout, connect=config.connect_timeout, pool=config.timeout)
-        self._limits = httpx.Limits(max_connections=config.max_connections,
-                                    max_keepalive_connections=min(64, config.max_connections))
-        self._transport = transport
-        self._http: httpx.AsyncClient | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._aiohttp: AiohttpClient | None = None
-
-    def _aio(self) -> AiohttpClient | None:
-        """The aiohttp client when that is the transport, else None (httpx)."""
-        if self._aiohttp is None and self._transport == "aiohttp":
-            try:
-                from kortex.llm.transport import AiohttpClient
-            except ImportError as exc:  # pragma: no cover - aiohttp is a dependency; a broken install says so
-                raise ConfigError("llm.http_transport = 'aiohttp' needs the aiohttp package") from exc
-            config = self._config
-            self._aiohttp = AiohttpClient(provider=self.provider, base_url=self.base_url, headers=self._headers,
-                                          timeout=config.timeout, connect_timeout=config.connect_timeout,
-                                          max_connections=config.max_connections, max_error_body=MAX_ERROR_BODY)
-        return self._aiohttp
-
-    def client(self) -> httpx.AsyncClient:
-        loop = asyncio.get_running_loop()
-        if self._http is None or self._loop is not loop:
-            self._http = httpx.AsyncClient(
-                base_url=self.base_url, headers=self._headers, timeout=self._timeout, limits=self._limits,
-                transport=make_transport(self._transport, self._limits), follow_redirects=False)
-            self._loop = loop
-        return self._http
-
-    def post_stream(self, path: str, body: dict[str, Any], *,
-                    model: str) -> AbstractAsyncContextManager[StreamBody]:
-        """POST ``body`` and hand over the response body once its status is good; errors are
-        translated, including those raised while the caller reads the body."""
-        aio = self._aio()
-        if aio is not None:
-            return aio.post_stream(path, dumps(body), model=model)
-        return self._httpx_post_stream(path, dumps(body), model=model)
-
-    @asynccontextmanager
-    async def _httpx_post_stream(self, path: str, content: bytes, *, model: str) -> AsyncIterator[StreamBody]:
-        try:
-            async with self.client().stream("POST", path, content=content,
-                                            headers={"content-type": "application/json"}) as response:
-                if response.status_code >= 400:
-                    raise await status_error(response, self.provider, model)
-                yield response
-        except httpx.LocalProtocolError as exc:
-            # Its text (and its cause's) quotes the refused header, the API key as likely as not:
-            # the chain is cut so no traceback in a log can show it.
-            raise transport_error(exc, self.provider, model) from None
-        except httpx.HTTPError as exc:
-            raise transport_error(exc, self.provider, model) from exc
-        except httpx.InvalidURL as exc:
-            raise failure("request_invalid", provider=self.provider, model=model, detail="invalid URL") from exc
-
-    async def get_json(self, path: str, *, timeout: float | None = None) -> Any:
-        aio = self._aio()
-        if aio is not None:
-            return await aio.get_json(path, timeout=timeout)
-        try:
-            response = await self.client().get(path, timeout=timeout or httpx.USE_CLIENT_DEFAULT)
-            if response.status_code >= 400:
-                raise await status_error(response, self.provider, "")
-            return response.json()
-        except httpx.LocalProtocolError as exc:
-            raise transport_error(exc, self.provider, "") from None
-        except httpx.HTTPError as exc:
-            raise transport_error(exc, self.provider, "") from exc
-        except httpx.InvalidURL as exc:
-            raise failure("request_invalid", provider=self.provider, detail="invalid URL") from exc
-        except ValueError as exc:
-            raise failure("stream_invalid", provider=self.provider,
-                          detail="the server answered with something that is not JSON") from exc
-
-    async def aclose(self) -> None:
-        if self._aiohttp is not None:
-            await self._aiohttp.aclose()
-        client, self._http = self._http, None
-        if client is not None and self._loop is asyncio.get_running_loop():
-            await client.aclose()
-
-
-def transport_error(exc: httpx.HTTPError, provider: str, model: str) -> ProviderError:
-    """Never the request in the text: a protocol error quotes the header it refused, and headers
-    carry the API key. Only network errors keep their text (addresses, errno) as detail."""
-    name = exc.__class__.__name__
-    if isinstance(exc, httpx.LocalProtocolError | httpx.UnsupportedProtocol):
-        # Our request cannot be sent as it is (a bad header value, a bad URL scheme): trying
-        # again sends the same thing.
-        return failure("request_invalid", provider=provider, model=model, detail=name)
-    if isinstance(exc, httpx.ProtocolError):
-        return failure("stream_interrupted", provider=provider, model=model, retryable=True, detail=name)
-    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout):
-        code = "connect_failed"
-    elif isinstance(exc, httpx.ReadTimeout | httpx.WriteTimeout):
-        code = "read_timeout"
-    elif isinstance(exc, httpx.TransportError):
-        code = "stream_interrupted"
-    else:
-        return failure("provider", provider=provider, model=model, detail=name)
-    text = str(exc).strip()
-    return failure(code, provider=provider, model=model, retryable=True, detail=f"{name}: {text}" if text else name)
-
-
-async def status_error(response: httpx.Response, provider: str, model: str) -> ProviderError:
-    body = bytearray()
-    try:
-        async for part in response.aiter_bytes():
-            body += part
-            if len(body) >= MAX_ERROR_BODY:
-                break
-    except httpx.HTTPError:
-        pass  # the status says enough
-    return status_failure(response.status_code, response.reason_phrase, response.headers,
-                          bytes(body[:MAX_ERROR_BODY]), provider, model)
-
-
-def status_failure(status: int, reason: str, headers: Mapping[str, str], body: bytes, provider: str,
-                   model: str) -> ProviderError:
-    """An HTTP error status as a ``ProviderError``, whichever client read it; ``headers`` must
-    be case-insensitive (httpx's and aiohttp's are)."""
-    detail = vendor_message(body) or reason or "error"
-    retryable = status in RETRYABLE_STATUS
-    code = _CODES.get(status) or ("provider_server_error" if status >= 500 else "provider_rejected")
-    return failure(code, provider=provider, model=model, status=status, retryable=retryable, detail=detail,
-                   retry_after=parse_retry_after(headers) if retryable else None)
-
-
-def vendor_message(body: bytes) -> str:
-    """The human part of a vendor's error body (Anthropic ``error.message``, OpenAI
-    ``error.message``, Ollama ``error``), bounded."""
-    text = body.decode("utf-8", "replace").strip()
-    try:
-        parsed = json.loads(text)
-    except ValueError:
-        return text[:300]
-    if isinstance(parsed, dict):
-        error = parsed.get("error", parsed)
-        if isinstance(error, dict):
-            kind, message = error.get("type"), error.get("message")
-            if isinstance(message, str):
-                return (f"{kind}: {message}" if isinstance(kind, str) and kind else message)[:300]
-        elif isinstance(error, str):
-            return error[:300]
-    return text[:300]
-
-
-async def drain(rest: AsyncIterator[object], seconds: float | None = None) -> None:
-    """Read what is left of a body once the answer is complete, so the connection can be
-    reused; briefly, and whatever goes wrong (a reset, a proxy holding the connection open)
-    costs only that connection: the answer is whole already."""
-    try:
-        async with asyncio.timeout(DRAIN_SECONDS if seconds is None else seconds):
-            async for _ in rest:
-                pass
-    except Exception as exc:  # noqa: BLE001 - nothing after the final chunk can change the answer
-        log.debug("ignored after a complete answer: %s", exc.__class__.__name__)
 
 
 class HTTPProvider(Provider):
@@ -370,9 +149,43 @@ class HTTPProvider(Provider):
             await http.aclose()
 
 
-def api_path(base_url: str, path: str) -> str:
-    """The request path under ``base_url``, which may or may not end in ``/v1`` (both spellings
-    are common in configuration: ``https://api.openai.com`` and ``https://api.openai.com/v1``)."""
-    if base_url.rstrip("/").endswith("/v1") and path.startswith("/v1/"):
-        return path[3:]
-    return path
+class Decoder(Protocol):
+    """A vendor's reading of one stream: events in, our chunks out."""
+
+    finished: bool
+    usage: TokenUsage
+
+    def feed(self, event: Any) -> Iterable[StreamChunk]: ...
+
+    def at_end(self) -> Iterable[StreamChunk]:
+        """The body ended before the vendor's final event: the last chunks, or a failure."""
+        ...
+
+
+class SSEProvider(HTTPProvider):
+    """A vendor that streams server-sent events: the loop is here once, the reading of the
+    events in its ``Decoder``."""
+
+    http: VendorClient
+    path: str
+
+    def body(self, request: CompletionRequest) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def decoder(self, model: str) -> Decoder:
+        raise NotImplementedError
+
+    async def _stream_once(self, request: CompletionRequest) -> AsyncGenerator[StreamChunk, None]:
+        model = request.model or self.default_model().id
+        decoder = self.decoder(model)
+        async with self.http.post_stream(self.path, self.body(request), model=model) as response:
+            async with aclosing(sse_events(response.aiter_bytes())) as events:
+                async for event in events:
+                    for chunk in decoder.feed(event):
+                        yield chunk
+                    if decoder.finished:
+                        await drain(events)  # briefly: the connection is reused only if the body ends
+                        return
+        for chunk in decoder.at_end():
+            yield chunk
+

@@ -35,7 +35,8 @@ from kortex.llm.base import (
 )
 from kortex.llm.convert import MAX_CALLS, from_user_turn, paired, parse_arguments, result_text
 from kortex.llm.failures import failure
-from kortex.llm.http import HTTPProvider, VendorClient, clean_api_key, drain
+from kortex.llm.http import HTTPProvider
+from kortex.llm.vendor import VendorClient, clean_api_key, drain
 from kortex.llm.wire import ndjson_lines
 from kortex.messages import AssistantMessage, ToolCall, ToolMessage, UserMessage
 

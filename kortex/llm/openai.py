@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import AsyncGenerator, Iterator
-from contextlib import aclosing
+from collections.abc import Iterator
 from typing import Any
 
 from kortex.config import ProviderSettings, Settings
@@ -30,8 +29,9 @@ from kortex.llm.base import (
 )
 from kortex.llm.convert import CallAssembler, from_user_turn, paired, result_text, wire_id
 from kortex.llm.failures import failure
-from kortex.llm.http import HTTPProvider, VendorClient, api_path, clean_api_key, drain
-from kortex.llm.wire import SSEvent, sse_events
+from kortex.llm.http import SSEProvider
+from kortex.llm.vendor import VendorClient, api_path, clean_api_key
+from kortex.llm.wire import SSEvent
 from kortex.messages import AssistantMessage, ToolMessage, UserMessage
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
@@ -41,7 +41,7 @@ _STOP: dict[str, StopReason] = {"stop": "end_turn", "length": "max_tokens", "too
 _FIXED_TEMPERATURE = ("gpt-5", "o1", "o3", "o4")
 
 
-class OpenAIProvider(HTTPProvider):
+class OpenAIProvider(SSEProvider):
     catalogue = catalog.OPENAI
 
     def __init__(self, name: str, config: ProviderSettings, settings: Settings, api_key: str | None) -> None:
@@ -74,23 +74,8 @@ class OpenAIProvider(HTTPProvider):
             body["stop"] = list(request.stop)
         return body
 
-    async def _stream_once(self, request: CompletionRequest) -> AsyncGenerator[StreamChunk, None]:
-        model = request.model or self.default_model().id
-        decoder = Decoder(self.name, model)
-        async with self.http.post_stream(self.path, self.body(request), model=model) as response:
-            async with aclosing(sse_events(response.aiter_bytes())) as events:
-                async for event in events:
-                    for chunk in decoder.feed(event):
-                        yield chunk
-                    if decoder.finished:
-                        await drain(events)  # briefly: the connection is reused only if the body ends
-                        return
-        if decoder.stop is not None:  # a server that omits [DONE] after a complete answer
-            for chunk in decoder.finish():
-                yield chunk
-            return
-        raise failure("stream_truncated", provider=self.name, model=model, retryable=True, usage=decoder.usage,
-                      detail="the stream ended before the model finished")
+    def decoder(self, model: str) -> Decoder:
+        return Decoder(self.name, model)
 
 
 def to_messages(request: CompletionRequest) -> list[dict[str, Any]]:
@@ -151,6 +136,12 @@ class Decoder:
         if not isinstance(value, str):
             raise self._invalid(f"{what} is not a string")
         return value
+
+    def at_end(self) -> Iterator[StreamChunk]:
+        if self.stop is None:
+            raise failure("stream_truncated", provider=self.provider, model=self.model, retryable=True,
+                          usage=self.usage, detail="the stream ended before the model finished")
+        yield from self.finish()  # a server that omits [DONE] after a complete answer
 
     def feed(self, event: SSEvent) -> Iterator[StreamChunk]:
         if event.data.strip() == "[DONE]":

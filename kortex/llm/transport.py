@@ -24,8 +24,7 @@ from aiohttp.helpers import get_env_proxy_for_url
 from yarl import URL
 
 from kortex.errors import ProviderError
-from kortex.llm.failures import failure
-from kortex.llm.http import status_failure  # http.py imports this module only when it is used
+from kortex.llm.failures import failure, status_failure
 
 #: what a transport failure can be raised as, from aiohttp's connector, parser or stream
 NETWORK_ERRORS = (aiohttp.ClientError, TimeoutError, ConnectionError)

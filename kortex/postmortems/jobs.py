@@ -33,11 +33,9 @@ from kortex.errors import BudgetExceeded, Conflict, InvalidInput, KortexError, N
 from kortex.ids import uuid7
 from kortex.messages import AssistantMessage, Message, ToolMessage
 from kortex.postmortems.document import PostMortem
-from kortex.storage import chats
+from kortex.storage import chats, turns
 from kortex.storage import postmortems as store
-from kortex.storage import turns
-from kortex.storage.records import ItemRecord, JobRecord, PostmortemRecord
-from kortex.storage.records import TurnRecord
+from kortex.storage.records import ItemRecord, JobRecord, PostmortemRecord, TurnRecord
 from kortex.telemetry.sources import Incident
 from kortex.timeparse import isoformat, utcnow
 from kortex.turns.handoff import NOTHING, Handoff, ItemDispatch, StepDispatch

@@ -17,6 +17,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import timedelta
+from typing import Any
 
 from sqlalchemy.engine import Connection
 
@@ -75,7 +76,7 @@ class LatencyBook:
             self._cache.clear()
 
 
-def measure(rows: Sequence[object], min_samples: int) -> dict[str, Latency]:
+def measure(rows: Sequence[Any], min_samples: int) -> dict[str, Latency]:
     """p50/p95 time to first token and tokens/s by model (``provider:model``), from audit rows;
     models with fewer than ``min_samples`` calls are left out (unknown, not fast)."""
     first: dict[str, list[float]] = defaultdict(list)
@@ -85,10 +86,10 @@ def measure(rows: Sequence[object], min_samples: int) -> dict[str, Latency]:
         ttft = payload.get("first_token_ms")
         if ttft is None:
             continue
-        subject = str(getattr(row, "subject"))
+        subject = str(row.subject)
         first[subject].append(float(ttft))
-        streaming_ms = float(getattr(row, "latency_ms") or 0) - float(ttft)
-        tokens = int(getattr(row, "output_tokens") or 0)
+        streaming_ms = float(row.latency_ms or 0) - float(ttft)
+        tokens = int(row.output_tokens or 0)
         if streaming_ms > 0 and tokens > 0:
             speed[subject].append(tokens / (streaming_ms / 1000))
     out = {}

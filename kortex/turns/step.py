@@ -38,12 +38,12 @@ from kortex.storage.audit import AuditEntry
 from kortex.storage.records import TurnRecord
 from kortex.stream.store import StepPublisher
 from kortex.timeparse import utcnow
+from kortex.turns.anomalies import Anomaly, check_answer, check_calls, check_cost, check_depth
 from kortex.turns.closing import publish_done
 from kortex.turns.grounding import Grounding, check, successful_calls
 from kortex.turns.handoff import NOTHING, Handoff, StepDispatch, ToolDispatch, Trace
-from kortex.turns.outbox import publish_in, publish_kept
-from kortex.turns.anomalies import Anomaly, check_answer, check_calls, check_cost, check_depth
 from kortex.turns.notes import Notes, checked
+from kortex.turns.outbox import publish_in, publish_kept
 from kortex.turns.profiles import lane_of, profile_of
 from kortex.turns.routed import is_auto
 

@@ -23,8 +23,8 @@ from kortex.tools.policy import ToolPolicy
 from kortex.tools.spec import ToolContext
 from kortex.turns import spool
 from kortex.turns.handoff import NOTHING, Handoff, StepDispatch, Trace
-from kortex.turns.profiles import lane_of, profile_of
 from kortex.turns.outbox import publish_in
+from kortex.turns.profiles import lane_of, profile_of
 
 log = logging.getLogger(__name__)
 

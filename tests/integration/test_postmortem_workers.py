@@ -10,11 +10,11 @@ nobody here consumes."""
 from __future__ import annotations
 
 import os
-from collections import Counter
 import signal
 import sys
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any

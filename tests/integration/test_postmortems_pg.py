@@ -10,6 +10,7 @@ import pytest
 
 from tests.conftest import Harness, make_settings
 from tests.kortex.postmortems.test_jobs import (  # noqa: F401 - collected here, on PostgreSQL
+    tenant,
     test_a_job_writes_one_valid_cited_post_mortem_per_incident,
     test_another_tenant_sees_no_job_item_or_post_mortem,
     test_cancel_stops_queued_items_and_cancels_running_ones_when_asked,
@@ -17,7 +18,6 @@ from tests.kortex.postmortems.test_jobs import (  # noqa: F401 - collected here,
     test_max_usd_stops_the_job_before_the_next_llm_call,
     test_running_twice_never_writes_two_and_a_rerun_skips_what_is_done,
     test_the_same_idempotency_key_answers_the_same_job,
-    tenant,
 )
 
 pytestmark = pytest.mark.integration
@@ -43,12 +43,12 @@ def test_starting_an_item_and_cancelling_its_job_at_once_do_not_deadlock(h: Harn
     from kortex.postmortems import jobs
     from kortex.storage.schema import turns as turns_table
 
-    tenant = h.tenant(f"pm-{uuid.uuid4().hex[:8]}")
-    h.seed(tenant, "incident-archive")
-    submitted = jobs.submit(h.k, tenant, jobs.JobRequest(incident_ids=["INC-1101", "INC-1110", "INC-1116"],
+    tenant_id = h.tenant(f"pm-{uuid.uuid4().hex[:8]}")
+    h.seed(tenant_id, "incident-archive")
+    submitted = jobs.submit(h.k, tenant_id, jobs.JobRequest(incident_ids=["INC-1101", "INC-1110", "INC-1116"],
                                                          concurrency=2, max_usd=0.01), by="test")
     first, second = submitted.handoff.items
-    step0 = jobs.start_item(h.k, tenant, first.item_id)
+    step0 = jobs.start_item(h.k, tenant_id, first.item_id)
     with h.k.db.begin() as conn:  # the job's budget is spent: the next start takes the skip path
         conn.execute(update(turns_table).where(turns_table.c.id == step0.steps[0].turn_id).values(cost_usd=0.02))
     go = threading.Event()
@@ -67,10 +67,10 @@ def test_starting_an_item_and_cancelling_its_job_at_once_do_not_deadlock(h: Harn
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors[name] = exc
 
-    starter = threading.Thread(target=run, args=("start_item", lambda: jobs.start_item(h.k, tenant, second.item_id)))
+    starter = threading.Thread(target=run, args=("start_item", lambda: jobs.start_item(h.k, tenant_id, second.item_id)))
     starter.start()
     time.sleep(0.5)
-    canceller = threading.Thread(target=run, args=("cancel", lambda: jobs.cancel(h.k, tenant, submitted.view.job.id,
+    canceller = threading.Thread(target=run, args=("cancel", lambda: jobs.cancel(h.k, tenant_id, submitted.view.job.id,
                                                                                   by="key:test")))
     canceller.start()
     time.sleep(0.5)
@@ -78,4 +78,4 @@ def test_starting_an_item_and_cancelling_its_job_at_once_do_not_deadlock(h: Harn
     starter.join(20)
     canceller.join(20)
     assert not errors, {k: repr(v) for k, v in errors.items()}
-    assert jobs.view(h.k, tenant, submitted.view.job.id).job.status == "cancelled"
+    assert jobs.view(h.k, tenant_id, submitted.view.job.id).job.status == "cancelled"

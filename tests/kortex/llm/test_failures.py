@@ -15,6 +15,7 @@ import pytest
 from kortex.config import ProviderSettings, Settings
 from kortex.errors import ProviderError
 from kortex.llm import anthropic, http, ollama, openai
+from kortex.llm import vendor as vendor_client
 from kortex.llm.base import CompletionRequest, DoneChunk, StreamChunk, TextChunk, TokenUsage, UsageChunk
 from kortex.llm.providers import BUILTIN_PROVIDERS
 from kortex.llm.registry import ProviderRegistry
@@ -75,7 +76,7 @@ def test_a_request_that_cannot_be_sent_is_not_retried_and_never_quotes_the_key(t
 def test_a_reset_or_a_stall_after_the_final_frame_does_not_fail_a_complete_answer(
         transport: str, fake: FakeLLM, vendor: str, after_end: str, waits: list[float],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(http, "DRAIN_SECONDS", 0.1)
+    monkeypatch.setattr(vendor_client, "DRAIN_SECONDS", 0.1)
     fake.add(model_of(vendor), {"steps": [{"text": ["whole ", "answer"], "after_end": after_end,
                                            "usage": {"input_tokens": 40, "output_tokens": 7}}]})
     # The read timeout is what a stalled drain would run into without its own short deadline.
@@ -229,7 +230,7 @@ def test_an_ndjson_line_cut_mid_way_is_a_retryable_truncation(fake: FakeLLM, wai
 @pytest.mark.parametrize("vendor", VENDORS)
 def test_closing_a_stream_closes_its_body_decoder_at_once(fake: FakeLLM, vendor: str,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    module: Any = {"anthropic": anthropic, "openai": openai, "ollama": ollama}[vendor]
+    module: Any = {"anthropic": http, "openai": http, "ollama": ollama}[vendor]  # where each reads its stream
     name = "ndjson_lines" if vendor == "ollama" else "sse_events"
     original = getattr(module, name)
     closed: list[bool] = []

@@ -21,7 +21,6 @@ from kortex.testing.inline import drive
 from kortex.turns.chat import get_turn
 from kortex.turns.handoff import Handoff
 from tests.conftest import Harness
-from tests.kortex.llm.conftest import fake  # noqa: F401 - the fake LLM server fixture
 
 
 @pytest.fixture

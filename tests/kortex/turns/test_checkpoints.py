@@ -16,7 +16,7 @@ from kortex.testing.inline import drive
 from kortex.turns import chat, checkpoints
 from tests.api.conftest import bearer
 from tests.conftest import Harness
-from tests.kortex.llm.conftest import fake, vendor_config  # noqa: F401 - the fake LLM server fixture
+from tests.kortex.llm.conftest import vendor_config
 
 STRONG, FAST = "claude-opus-4-6", "claude-haiku-4-6"
 QUESTION = "Why is checkout slow?"

@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from kortex.errors import KortexError
-
 from kortex.storage import turns
 from kortex.testing.fakellm import FakeLLM
 from kortex.testing.inline import drive

@@ -26,7 +26,7 @@ from kortex.testing.fakellm import FakeLLM
 from kortex.turns import chat
 from kortex.turns.chat import turn_with_models
 from tests.conftest import Harness
-from tests.kortex.llm.conftest import fake, vendor_config  # noqa: F401 - the fake LLM server fixture
+from tests.kortex.llm.conftest import vendor_config
 
 FAST, BALANCED, STRONG = "claude-haiku-4-6", "claude-sonnet-4-6", "claude-opus-4-6"
 SIMPLE, COMPLEX = "Is checkout up?", "Why did checkout's p99 regress after the deploy, and what caused it?"
