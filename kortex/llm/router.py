@@ -226,6 +226,9 @@ class RoutedStream:
         return self.request.model_copy(update=update)
 
     async def stream(self) -> AsyncIterator[StreamChunk]:
+        """The step's answer. Three layers, each a small wrapper around the one below, the way
+        a fallback model wraps models: ``stream`` fails over across the candidates, ``_frugal``
+        tries a candidate's fast model before its full one, ``_call`` is one LLM call."""
         error: ProviderError | None = None
         for index, candidate in enumerate(self.candidates):
             if error is not None:
@@ -233,83 +236,114 @@ class RoutedStream:
                                    message=(f"{self.attempts[-1].spec} failed ({error.message}); "
                                             f"{candidate.first_spec} answers instead"))
             guarded = self.first_token_deadline is not None and index < len(self.candidates) - 1
-            tries = [(candidate.fast, True), (candidate.model, False)] if candidate.fast else [(candidate.model, False)]
-            for model, fast in tries:
-                assert model is not None
-                attempt = Attempt(provider=candidate.provider.name, model=model, fast=fast)
-                self.attempts.append(attempt)
-                call_span = tracing.start("llm.call", {"llm.provider": attempt.provider, "llm.model": model.id,
-                                                       "llm.fast": fast})
-                held: list[str] = []
-                calls: list[ToolCallChunk] = []
-                done: DoneChunk | None = None
-                try:
-                    stream = candidate.provider.stream(self.request_for(candidate.provider, model, fast=fast))
-                    async with aclosing(stream) as chunks:  # type: ignore[type-var]
-                        if guarded and not fast:
-                            assert self.first_token_deadline is not None
-                            chunks = _first_token_within(chunks, self.first_token_deadline)
-                        async for chunk in chunks:
-                            if isinstance(chunk, UsageChunk):
-                                attempt.usage = chunk.usage  # kept should the call fail or be cancelled
-                            elif isinstance(chunk, TextChunk):
-                                if attempt.first_token_ms is None:
-                                    attempt.first_token_ms = int((time.monotonic() - attempt.started) * 1000)
-                                if fast:
-                                    held.append(chunk.text)
-                                else:
-                                    self.text_streamed = True
-                                    yield chunk
-                            elif isinstance(chunk, ToolCallChunk):
-                                if attempt.first_token_ms is None:
-                                    attempt.first_token_ms = int((time.monotonic() - attempt.started) * 1000)
-                                calls.append(chunk)
-                            elif isinstance(chunk, DoneChunk):
-                                done = chunk
-                            elif isinstance(chunk, WarningChunk) and chunk.code == "provider_retry":
-                                attempt.retries += 1
-                                yield chunk
-                            elif isinstance(chunk, WarningChunk) and chunk.code in _ONCE_PER_STEP:
-                                if chunk.code not in self._warned:
-                                    self._warned.add(chunk.code)
-                                    yield chunk
-                            else:
-                                yield chunk
-                    if done is None:
-                        raise ProviderError("the stream ended without a final chunk", retryable=True,
-                                            code="stream_truncated")
-                except ProviderError as exc:
-                    exc.provider, exc.model = exc.provider or attempt.provider, exc.model or model.id
-                    attempt.end(error=exc)
-                    _end_span(call_span, attempt, error=exc.code)
-                    if fast:  # the full model may well manage (a longer context, another capacity pool)
-                        yield WarningChunk(code="frugal_escalation", message=(
-                            f"{attempt.spec} failed ({exc.message}); {candidate.spec} answers instead"))
-                        continue
-                    if self.text_streamed or not can_fail_over(exc):
-                        raise
-                    error = exc
-                    break  # the next provider; a failing fast model says little good of its sibling
-                except BaseException:  # cancelled (a step timeout, a lost lease): billed all the same
-                    attempt.end(error=ProviderError("cancelled", provider=attempt.provider, model=model.id,
-                                                    code="cancelled"))
-                    _end_span(call_span, attempt, error="cancelled")
-                    raise
-                attempt.end(done=done)
-                _end_span(call_span, attempt)
-                text = "".join(held)
-                if fast and (done.stop_reason == "max_tokens" or NEED_MORE_CONTEXT in text):
-                    why = "ran out of tokens" if done.stop_reason == "max_tokens" else "asked for a stronger model"
-                    yield WarningChunk(code="frugal_escalation",
-                                       message=f"{attempt.spec} {why}; {candidate.spec} answers instead")
-                    continue
-                if text:
-                    self.text_streamed = True
-                    yield TextChunk(text=text)
-                for call in calls:
-                    yield call
-                yield done
-                self.answered = attempt
+            try:
+                async for chunk in self._frugal(candidate, guarded=guarded):
+                    yield chunk
                 return
+            except ProviderError as exc:
+                if self.text_streamed or not can_fail_over(exc):
+                    raise
+                error = exc  # the next provider; a failing fast model says little good of its sibling
         assert error is not None
         raise error
+
+    async def _frugal(self, candidate: Candidate, *, guarded: bool) -> AsyncIterator[StreamChunk]:
+        """A candidate's answer: in frugal mode its fast model first, held back, then its full
+        model when the fast one fails, runs out of tokens or asks for a stronger model."""
+        if candidate.fast is not None:
+            fast = _Call()
+            try:
+                async for chunk in self._call(candidate, candidate.fast, fast, held=True):
+                    yield chunk
+            except ProviderError as exc:  # the full model may well manage (a longer context, another pool)
+                yield WarningChunk(code="frugal_escalation", message=(
+                    f"{self.attempts[-1].spec} failed ({exc.message}); {candidate.spec} answers instead"))
+            else:
+                assert fast.done is not None
+                text = "".join(fast.held)
+                if fast.done.stop_reason != "max_tokens" and NEED_MORE_CONTEXT not in text:
+                    if text:
+                        self.text_streamed = True
+                        yield TextChunk(text=text)
+                    for chunk in fast.finish():
+                        yield chunk
+                    self.answered = fast.attempt
+                    return
+                why = "ran out of tokens" if fast.done.stop_reason == "max_tokens" else "asked for a stronger model"
+                yield WarningChunk(code="frugal_escalation",
+                                   message=f"{self.attempts[-1].spec} {why}; {candidate.spec} answers instead")
+        full = _Call()
+        async for chunk in self._call(candidate, candidate.model, full, guarded=guarded):
+            yield chunk
+        for chunk in full.finish():
+            yield chunk
+        self.answered = full.attempt
+
+    async def _call(self, candidate: Candidate, model: ModelInfo, into: _Call, *, held: bool = False,
+                    guarded: bool = False) -> AsyncIterator[StreamChunk]:
+        """One LLM call: its text live (or ``held`` in ``into``, a frugal attempt), its tool calls
+        and final chunk kept in ``into`` for the caller; billed and audited (an ``Attempt``)
+        however it ends, cancelled included."""
+        attempt = into.attempt = Attempt(provider=candidate.provider.name, model=model, fast=held)
+        self.attempts.append(attempt)
+        call_span = tracing.start("llm.call", {"llm.provider": attempt.provider, "llm.model": model.id,
+                                               "llm.fast": held})
+        try:
+            stream = candidate.provider.stream(self.request_for(candidate.provider, model, fast=held))
+            async with aclosing(stream) as chunks:  # type: ignore[type-var]
+                if guarded and not held:
+                    assert self.first_token_deadline is not None
+                    chunks = _first_token_within(chunks, self.first_token_deadline)
+                async for chunk in chunks:
+                    if isinstance(chunk, UsageChunk):
+                        attempt.usage = chunk.usage  # kept should the call fail or be cancelled
+                        continue
+                    if isinstance(chunk, TextChunk | ToolCallChunk) and attempt.first_token_ms is None:
+                        attempt.first_token_ms = int((time.monotonic() - attempt.started) * 1000)
+                    if isinstance(chunk, TextChunk):
+                        if held:
+                            into.held.append(chunk.text)
+                        else:
+                            self.text_streamed = True
+                            yield chunk
+                    elif isinstance(chunk, ToolCallChunk):
+                        into.calls.append(chunk)
+                    elif isinstance(chunk, DoneChunk):
+                        into.done = chunk
+                    elif isinstance(chunk, WarningChunk) and chunk.code == "provider_retry":
+                        attempt.retries += 1
+                        yield chunk
+                    elif isinstance(chunk, WarningChunk) and chunk.code in _ONCE_PER_STEP:
+                        if chunk.code not in self._warned:
+                            self._warned.add(chunk.code)
+                            yield chunk
+                    else:
+                        yield chunk
+            if into.done is None:
+                raise ProviderError("the stream ended without a final chunk", retryable=True, code="stream_truncated")
+        except ProviderError as exc:
+            exc.provider, exc.model = exc.provider or attempt.provider, exc.model or model.id
+            attempt.end(error=exc)
+            _end_span(call_span, attempt, error=exc.code)
+            raise
+        except BaseException:  # cancelled (a step timeout, a lost lease): billed all the same
+            attempt.end(error=ProviderError("cancelled", provider=attempt.provider, model=model.id, code="cancelled"))
+            _end_span(call_span, attempt, error="cancelled")
+            raise
+        attempt.end(done=into.done)
+        _end_span(call_span, attempt)
+
+
+@dataclass(slots=True)
+class _Call:
+    """What one call leaves its caller: held text (frugal), tool calls and the final chunk,
+    which come out only once the call has succeeded."""
+
+    attempt: Attempt | None = None
+    held: list[str] = field(default_factory=list)
+    calls: list[ToolCallChunk] = field(default_factory=list)
+    done: DoneChunk | None = None
+
+    def finish(self) -> list[StreamChunk]:
+        assert self.done is not None
+        return [*self.calls, self.done]
