@@ -132,6 +132,10 @@ class OfflineAnalyst(Provider):
             if not calls or state.rounds >= MAX_ROUNDS:  # investigated: submit what it shows
                 document = postmortem.document(wanted, view, state.done_calls())
                 calls = [ToolCall(id="", name=postmortem.SUBMIT, arguments=document)]
+        elif wanted is not None and _lost(submitted[-1][1]) and len(submitted) < MAX_SUBMITS:
+            # The submission never ran to a verdict (its worker died, it timed out): the same
+            # document again. A refusal of the document itself is the answer and stands.
+            calls = [submitted[-1][0].model_copy(update={"id": ""})]
         if calls:
             for i, call in enumerate(calls):
                 yield ToolCallChunk(call=self._with_id(call, state, i))
@@ -151,6 +155,13 @@ class OfflineAnalyst(Provider):
     def _with_id(self, call: ToolCall, state: TurnState, index: int) -> ToolCall:
         # Random, as a vendor's are: ids derived from the question repeated across sessions.
         return call.model_copy(update={"id": "call_" + secrets.token_hex(8)})
+
+
+MAX_SUBMITS = 3
+
+
+def _lost(result: ToolResult) -> bool:
+    return result.is_error and result.error_code in ("timeout", "upstream", "internal", "cancelled")
 
 
 def _text_of(message: Message) -> str:

@@ -255,3 +255,33 @@ def test_a_real_model_s_document_is_stored_under_the_item_s_incident(harness_fac
     stored = jobs.postmortem_of(h.k, tenant, "INC-1116")
     assert stored.document["incident_id"] == "INC-1116" and stored.document["root_cause"]["citations"] == ["toolu_pm_1"]
     assert stored.grounding == {"cited": 1, "dangling": [], "incident_id_given": "bench"}
+
+
+def test_the_offline_analyst_submits_again_when_its_submission_was_lost_not_refused() -> None:
+    """A submission whose worker died (the watchdog answers it as a timeout) is sent again; a
+    document the tool refused is not, the refusal being the answer."""
+    import asyncio
+
+    from kortex.llm.base import CompletionRequest, ToolCallChunk, ToolSchema
+    from kortex.llm.offline.provider import OfflineAnalyst
+    from kortex.messages import AssistantMessage, ToolCall, ToolMessage, ToolResult, UserMessage
+
+    document = {"title": "x", "incident_id": "INC-1", "severity": "error"}
+    question = UserMessage(content='Write the post-mortem of incident INC-1.\nincident: {"id": "INC-1", "title": "t"}')
+    tools = (ToolSchema(name="submit_postmortem", description="", input_schema={"type": "object"}),)
+
+    def next_calls(error_code: str) -> list[ToolCall]:
+        call = ToolCall(id="call_1", name="submit_postmortem", arguments=document)
+        result = ToolResult(call_id="call_1", name="submit_postmortem", is_error=True, error_code=error_code,
+                            content={"error": True})
+        request = CompletionRequest(messages=(question, AssistantMessage(content="", tool_calls=(call,)),
+                                              ToolMessage(result=result)), tools=tools)
+
+        async def run() -> list[ToolCall]:
+            return [c.call async for c in OfflineAnalyst().stream(request) if isinstance(c, ToolCallChunk)]
+
+        return asyncio.run(run())
+
+    again = next_calls("timeout")
+    assert [c.name for c in again] == ["submit_postmortem"] and again[0].arguments == document
+    assert next_calls("validation") == []
