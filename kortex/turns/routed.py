@@ -136,6 +136,13 @@ def _synthetic(provider: Provider) -> bool:
     return bool(getattr(provider, "synthetic", False))
 
 
+def _tighter(deployment: float | None, tenant: Any) -> float | None:
+    """The stricter of two limits; a tenant value that is not a positive number is ignored."""
+    own = float(tenant) if isinstance(tenant, int | float) and not isinstance(tenant, bool) and tenant > 0 else None
+    values = [v for v in (deployment, own) if v is not None]
+    return min(values) if values else None
+
+
 class Router:
     """The process's router: its strategy (configured), the latency book."""
 
@@ -145,10 +152,14 @@ class Router:
         self.latency = LatencyBook()
 
     def decide(self, registry: ProviderRegistry, history: Sequence[Message], latency: dict[str, Latency], *,
-               last_step: bool) -> RoutingDecision:
+               last_step: bool, tenant: dict[str, Any] | None = None) -> RoutingDecision:
+        """The step's model. ``tenant``: the tenant's own terms (its settings' ``routing``), which
+        tighten the deployment's: the lower cost ceiling and latency SLA win."""
         routing = self.settings.llm.routing
-        task = task_of(history, last_step=last_step, cost_ceiling_usd=routing.cost_ceiling_usd,
-                       latency_sla_ms=routing.latency_sla_ms,
+        own = tenant or {}
+        task = task_of(history, last_step=last_step,
+                       cost_ceiling_usd=_tighter(routing.cost_ceiling_usd, own.get("cost_ceiling_usd")),
+                       latency_sla_ms=_tighter(routing.latency_sla_ms, own.get("latency_sla_ms")),
                        required=frozenset(routing.required_capabilities))
         models = catalog(registry, self.settings, latency)
         if not models:

@@ -7,7 +7,7 @@ import asyncio
 import logging
 import time
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Connection
@@ -136,7 +136,7 @@ async def _step_claimed(k: Kortex, claimed: Claimed, step: int, hold: StepHold) 
                 candidates: list[Candidate] = []
             elif claimed.latency is not None:  # model "auto": this step's model is chosen now
                 routed = k.router.decide(k.providers, history, claimed.latency,
-                                         last_step=step >= k.settings.llm.max_tool_depth)
+                                         last_step=step >= k.settings.llm.max_tool_depth, tenant=claimed.routing)
                 candidates = k.router.candidates(k.providers, routed)
             else:
                 candidates = plan(k.providers, turn.model)
@@ -172,6 +172,8 @@ class Claimed:
     latency: dict[str, Latency] | None = None
     #: the session's messages when the history had to be cut to fit (else how many were loaded)
     total_messages: int = 0
+    #: the tenant's own routing terms (its settings' ``routing``: cost_ceiling_usd, latency_sla_ms)
+    routing: dict[str, Any] = field(default_factory=dict)
 
 
 def _claim(k: Kortex, tenant_id: str, turn_id: str, step: int) -> Claimed | None:
@@ -181,14 +183,14 @@ def _claim(k: Kortex, tenant_id: str, turn_id: str, step: int) -> Claimed | None
         turn = turns.claim_step(conn, tenant_id, turn_id, step, lease=k.settings.turn.step_lease)
         if turn is None:
             return None
-        history = _load(k, conn, turn)
+        history, tenant_settings = _load(k, conn, turn)
         latency = None
         if is_auto(k.settings, turn.model) and not isinstance(history, KortexError):
             latency = k.router.latency.get(conn, turn.tenant_id, k.settings.llm.routing.min_latency_samples)
         total = len(history) if isinstance(history, list) else 0
         if total >= k.settings.llm.max_history_messages:  # cut to fit: how much was left out
             total = chats.count_messages(conn, turn.tenant_id, turn.session_id)
-        return Claimed(turn, history, latency, total)
+        return Claimed(turn, history, latency, total, tenant_settings.get("routing") or {})
 
 
 def _release(k: Kortex, turn: TurnRecord, step: int) -> Handoff:
@@ -200,20 +202,22 @@ def _release(k: Kortex, turn: TurnRecord, step: int) -> Handoff:
                                        lane=lane_of(turn.profile)),))
 
 
-def _load(k: Kortex, conn: Connection, turn: TurnRecord) -> list[Message] | KortexError:
+def _load(k: Kortex, conn: Connection, turn: TurnRecord) -> tuple[list[Message] | KortexError, dict[str, Any]]:
     """The conversation so far, once the budget allows another LLM call (it is checked before
-    every call, not only when the turn began)."""
+    every call, not only when the turn began), and the tenant's own settings."""
+    spent = budget.spend(conn, turn.tenant_id, turn.session_id)
+    tenant_settings = spent.tenant_settings or {}
     try:
-        budget.check_spend(k.settings.llm.budget, budget.spend(conn, turn.tenant_id, turn.session_id))
+        budget.check_spend(k.settings.llm.budget, spent)
     except BudgetExceeded as exc:
-        return exc
+        return exc, tenant_settings
     history = chats.load_history(conn, turn.tenant_id, turn.session_id, limit=k.settings.llm.max_history_messages)
     try:
         gate = profile_of(turn.profile).before_call
     except ConfigError:
         gate = None  # the step fails the turn as unknown_profile before any call
     refusal = gate(conn, turn, history) if gate is not None else None
-    return refusal if refusal is not None else history  # refused: the kind of turn's own limit
+    return (refusal if refusal is not None else history), tenant_settings  # refused: the kind of turn's own limit
 
 
 def _time_limit(k: Kortex, turn: TurnRecord) -> float:

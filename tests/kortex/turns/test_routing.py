@@ -229,3 +229,19 @@ def test_required_capabilities_filter_and_the_strategy_is_pure() -> None:
 def test_auto_is_accepted_as_a_session_model(harness: Harness) -> None:
     session = chat.create_session(harness.k, harness.tenant("acme"), "routed", "auto")
     assert session.model == "auto"
+
+
+def test_a_tenant_s_own_cost_ceiling_tightens_the_deployment_s(harness_factory: Any, fake: FakeLLM) -> None:
+    from sqlalchemy import update
+
+    from kortex.storage.schema import tenants
+
+    fake.add(FAST, _answer("The small model answers within the tenant's ceiling."))
+    h = _stack(harness_factory, fake)
+    tenant = h.tenant("acme")
+    with h.k.db.begin() as conn:  # the tenant's settings, as an operator sets its budget there
+        conn.execute(update(tenants).where(tenants.c.id == tenant).values(
+            settings={"routing": {"cost_ceiling_usd": 0.005}}))
+    turn = h.ask(tenant, COMPLEX, model="auto")
+    route = next(d for t, d in _events(h, turn.id) if t == "route")
+    assert route["model"] == f"anthropic:{FAST}" and "excluded by constraints" in route["reason"]
