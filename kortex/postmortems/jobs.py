@@ -170,13 +170,9 @@ def submit(k: Kortex, tenant_id: str, request: JobRequest, *, idempotency_key: s
     if request.model is not None:
         k.providers.resolve(request.model)  # unknown or unavailable: a 4xx now, not a failed item later
     digest = _request_hash(request)
-    if idempotency_key is not None:
-        with k.db.connect() as conn:
-            earlier = store.job_by_key(conn, tenant_id, idempotency_key)
-        if earlier is not None:
-            if earlier[1] != digest:
-                raise Conflict("this Idempotency-Key was used for a different request", code="idempotency_mismatch")
-            return Submitted(view=view(k, tenant_id, earlier[0].id), created=False, handoff=NOTHING)
+    earlier = _replayed(k, tenant_id, idempotency_key, digest)
+    if earlier is not None:
+        return earlier
     now = utcnow()
     incidents = _select(k, tenant_id, request, now)
     for _ in range(2):
@@ -186,13 +182,23 @@ def submit(k: Kortex, tenant_id: str, request: JobRequest, *, idempotency_key: s
             if exc.code != "integrity" or idempotency_key is None:
                 raise
         # Two identical requests raced on the Idempotency-Key: the loser answers the winner's job.
-        with k.db.connect() as conn:
-            earlier = store.job_by_key(conn, tenant_id, idempotency_key)
+        earlier = _replayed(k, tenant_id, idempotency_key, digest)
         if earlier is not None:
-            if earlier[1] != digest:
-                raise Conflict("this Idempotency-Key was used for a different request", code="idempotency_mismatch")
-            return Submitted(view=view(k, tenant_id, earlier[0].id), created=False, handoff=NOTHING)
+            return earlier
     raise Conflict("the job could not be stored; try again", code="conflict")
+
+
+def _replayed(k: Kortex, tenant_id: str, key: str | None, digest: str) -> Submitted | None:
+    """The job this Idempotency-Key made, if any; the key used for another request is a Conflict."""
+    if key is None:
+        return None
+    with k.db.connect() as conn:
+        earlier = store.job_by_key(conn, tenant_id, key)
+    if earlier is None:
+        return None
+    if earlier[1] != digest:
+        raise Conflict("this Idempotency-Key was used for a different request", code="idempotency_mismatch")
+    return Submitted(view=view(k, tenant_id, earlier[0].id), created=False, handoff=NOTHING)
 
 
 def _store_job(k: Kortex, tenant_id: str, request: JobRequest, job_id: str, incidents: list[Incident], digest: str,
