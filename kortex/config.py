@@ -257,6 +257,19 @@ class AnomalySettings(_Section):
     max_retries_per_turn: int = Field(3, ge=0, le=10)
     # the same tool call (name and arguments) made this many times in a turn ends it (escalate)
     repeated_calls_escalate: int = Field(3, ge=2)
+    # kind -> action, where the deployment wants another recovery than the policy's recommendation
+    # (kortex/turns/anomalies.py POLICY): {"repeated_tool_call": "rollback"}
+    actions: dict[str, Literal["continue", "retry", "fallback", "rollback", "escalate"]] = Field(default_factory=dict)
+
+    @field_validator("actions")
+    @classmethod
+    def _kinds(cls, value: dict[str, str]) -> dict[str, str]:
+        from kortex.turns.anomalies import POLICY
+
+        unknown = sorted(set(value) - set(POLICY))
+        if unknown:
+            raise ValueError(f"unknown anomaly kind(s) {', '.join(unknown)}; known: {', '.join(POLICY)}")
+        return value
 
 
 class LLMSettings(_Section):

@@ -5,10 +5,11 @@ Detection is pure: the step hands in what happened and gets back ``Anomaly`` rec
 carries out the recommended action (kortex/turns/step.py): ``continue`` records it; ``retry``
 runs the model again (at most once per step and three times per turn), announced, so text the
 client already has is never repeated silently; ``fallback`` hands the step to the routing
-decision's fallback model (a slow first token, before any text); ``escalate`` ends the turn with
-a clear error. ``rollback`` (rerun from the parent checkpoint) is an action a deployment can map
-a kind to; by default no kind recommends it, because a step's parent checkpoint is where the
-step itself starts, which ``retry`` already reruns.
+decision's fallback model (a slow first token, before any text); ``rollback`` reruns the step
+from its parent checkpoint (the boundary before it) on the same model, its tools offered again,
+replacing what the step produced (its tool calls too); ``escalate`` ends the turn with a clear
+error. A deployment maps any kind to another action in ``[llm.anomalies] actions``; by default
+no kind recommends ``rollback``.
 """
 
 from __future__ import annotations
@@ -42,14 +43,17 @@ POLICY: dict[str, tuple[Severity, Action]] = {
 class Anomaly:
     kind: str
     message: str
+    #: what recovery does about it: the policy's recommendation, or the deployment's own
+    #: (``[llm.anomalies] actions``)
+    action: Action = "continue"
 
     @property
     def severity(self) -> Severity:
         return POLICY[self.kind][0]
 
-    @property
-    def action(self) -> Action:
-        return POLICY[self.kind][1]
+
+def found(kind: str, message: str, policy: AnomalySettings) -> Anomaly:
+    return Anomaly(kind, message, policy.actions.get(kind, POLICY[kind][1]))
 
 
 def _signature(call: ToolCall) -> tuple[str, str]:
@@ -71,11 +75,11 @@ def check_calls(history: Sequence[Message], calls: Sequence[ToolCall], policy: A
     for call in calls:
         times = seen[_signature(call)] + 1
         if times >= policy.repeated_calls_escalate:
-            out.append(Anomaly("looping_tool_calls", f"{call.name} was called {times} times with the same arguments "
-                                                     "in this turn; the turn stops rather than loop"))
+            out.append(found("looping_tool_calls", f"{call.name} was called {times} times with the same arguments "
+                                                   "in this turn; the turn stops rather than loop", policy))
         elif times > 1:
-            out.append(Anomaly("repeated_tool_call", f"{call.name} was called again with the same arguments; "
-                                                     "its earlier result is already in the conversation"))
+            out.append(found("repeated_tool_call", f"{call.name} was called again with the same arguments; "
+                                                   "its earlier result is already in the conversation", policy))
     return out
 
 
@@ -84,33 +88,34 @@ def check_answer(text: str, *, had_results: bool, cited: int | None, policy: Ano
     out = []
     stripped = text.strip()
     if not stripped:
-        out.append(Anomaly("empty_answer", "the model answered with no text"))
+        out.append(found("empty_answer", "the model answered with no text", policy))
     elif len(stripped) < policy.min_answer_chars:
-        out.append(Anomaly("short_answer", f"the answer has {len(stripped)} characters "
-                                           f"(fewer than {policy.min_answer_chars})"))
+        out.append(found("short_answer", f"the answer has {len(stripped)} characters "
+                                         f"(fewer than {policy.min_answer_chars})", policy))
     elif had_results and cited == 0:
-        out.append(Anomaly("uncited_answer", "the answer cites none of this turn's tool calls"))
+        out.append(found("uncited_answer", "the answer cites none of this turn's tool calls", policy))
     return out
 
 
 def check_cost(estimated_usd: float | None, actual_usd: float, policy: AnomalySettings) -> list[Anomaly]:
     if not estimated_usd or actual_usd <= policy.cost_overrun_ratio * estimated_usd:
         return []
-    return [Anomaly("cost_overrun", f"the step cost ${actual_usd:.4f}, {actual_usd / estimated_usd:.1f}x the "
-                                    f"router's estimate of ${estimated_usd:.4f}")]
+    return [found("cost_overrun", f"the step cost ${actual_usd:.4f}, {actual_usd / estimated_usd:.1f}x the "
+                                  f"router's estimate of ${estimated_usd:.4f}", policy)]
 
 
 def check_context(loaded: int, total: int, policy: AnomalySettings) -> list[Anomaly]:
     if total <= 0 or loaded >= total or (total - loaded) / total <= policy.context_cut_ratio:
         return []
-    return [Anomaly("context_degradation", f"the conversation was cut from {total} to {loaded} messages to fit")]
+    return [found("context_degradation", f"the conversation was cut from {total} to {loaded} messages to fit",
+                  policy)]
 
 
-def check_depth(step: int, depth: int, calls: Sequence[ToolCall]) -> list[Anomaly]:
+def check_depth(step: int, depth: int, calls: Sequence[ToolCall], policy: AnomalySettings) -> list[Anomaly]:
     if calls and step == depth - 1:
-        return [Anomaly("chain_depth", f"step {step + 1} of at most {depth} called tools: the next step must answer "
-                                       "without them")]
+        return [found("chain_depth", f"step {step + 1} of at most {depth} called tools: the next step must answer "
+                                     "without them", policy)]
     return []
 
 
-__all__ = ["POLICY", "Anomaly", "check_answer", "check_calls", "check_context", "check_cost", "check_depth"]
+__all__ = ["POLICY", "Action", "Anomaly", "found", "check_answer", "check_calls", "check_context", "check_cost", "check_depth"]

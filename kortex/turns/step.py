@@ -39,6 +39,7 @@ from kortex.storage.records import TurnRecord
 from kortex.stream.store import StepPublisher
 from kortex.timeparse import utcnow
 from kortex.turns.anomalies import Anomaly, check_answer, check_calls, check_cost, check_depth
+from kortex.turns.checkpoints import checkpoint_id
 from kortex.turns.closing import publish_done
 from kortex.turns.grounding import Grounding, check, successful_calls
 from kortex.turns.handoff import NOTHING, Handoff, StepDispatch, ToolDispatch, Trace
@@ -260,17 +261,17 @@ async def _run_claimed(k: Kortex, turn: TurnRecord, step: int, candidates: list[
 
     async def answer() -> tuple[str, tuple[ToolCall, ...], DoneChunk, Grounding | None]:
         text, calls, done = await _consume(streams[0], publisher, _call_ids(history), hold, notes)
+        if checking:
+            text, calls, done = await recover(text, calls, done)
         if calls:
             return text, calls, done, None
-        if checking:
-            text, done = await retried(text, done)
         policy = settings.llm.grounding
         grounding = check(text, history, numbers=policy.check_numbers)
         if checking:
-            for found in check_answer(text, had_results=bool(successful_calls(history)), cited=grounding.summary()
+            for noted in check_answer(text, had_results=bool(successful_calls(history)), cited=grounding.summary()
                                       ["cited"], policy=checks):
-                if found.action == "continue":  # empty or short once more after a retry: it stands
-                    notes.noted(found, publisher)
+                if noted.kind == "uncited_answer":  # empty or short once more after a recovery: it stands
+                    notes.noted(noted, publisher)
         if policy.policy != "strict" or grounding.grounded:
             return text, calls, done, grounding
         publisher.emit(ErrorEvent(code="ungrounded_answer", fatal=False, message=(
@@ -285,29 +286,56 @@ async def _run_claimed(k: Kortex, turn: TurnRecord, step: int, candidates: list[
         text, _, done = await _consume(streams[-1], publisher, _call_ids(history), hold)  # no tools offered
         return text, (), done, check(text, history, numbers=policy.check_numbers)
 
-    async def retried(text: str, done: DoneChunk) -> tuple[str, DoneChunk]:
-        """An empty or very short final answer is asked for again, once per step and at most
-        ``max_retries_per_turn`` times a turn, on the routing decision's fallback when there
-        is one: a new visible attempt, announced, whose text follows what was shown."""
-        found = [a for a in check_answer(text, had_results=False, cited=None, policy=checks) if a.action == "retry"]
-        if not found:
-            return text, done
-        notes.anomaly(found[0], publisher)
+    async def recover(text: str, calls: tuple[ToolCall, ...], done: DoneChunk
+                      ) -> tuple[str, tuple[ToolCall, ...], DoneChunk]:
+        """What the step's checks found in its answer or its tool calls, and the recovery for
+        the first that asks for more than noting: ``escalate`` ends the turn; ``retry`` and
+        ``fallback`` ask again (on the routing decision's fallback when there is one),
+        ``rollback`` reruns the step from its parent checkpoint on the same model with its tools;
+        each at most once per step and ``max_retries_per_turn`` times a turn, announced, so the
+        new answer follows what was shown instead of silently replacing it."""
+        findings = check_calls(history, calls, checks) if calls else [
+            f for f in check_answer(text, had_results=False, cited=None, policy=checks) if f.kind != "uncited_answer"]
+        acted = next((f for f in findings if f.action != "continue"), None)
+        for other in findings:
+            if other is not acted:
+                notes.noted(other, publisher)
+        if acted is None:
+            return text, calls, done
+        notes.anomaly(acted, publisher)
+        if acted.action == "escalate":
+            notes.recovery("escalate", acted.kind, "the turn ends here", publisher)
+            raise Escalated(acted)
         done_before = await hold.io(_retries_so_far, k, turn)
         if notes.retries >= checks.max_retries_per_step or done_before >= checks.max_retries_per_turn:
-            notes.recovery("continue", found[0].kind, "no retries left; the answer stands", publisher)
-            return text, done
+            notes.recovery("continue", acted.kind, "no retries left; the step's answer stands", publisher)
+            return text, calls, done
         notes.retries += 1
+        rollback = acted.action == "rollback"
+        fallback = not rollback and routed is not None and routed.fallback is not None
         again = [Candidate(k.providers.get(routed.fallback.provider), routed.fallback.model)] \
-            if routed is not None and routed.fallback is not None else candidates
-        notes.recovery("retry", found[0].kind, "the model is asked again; a new answer follows the one above",
-                       publisher, model=again[0].spec)
-        streams.append(RoutedStream(again, request.model_copy(update={"tools": ()}), settings.llm))
-        text, _, done = await _consume(streams[-1], publisher, _call_ids(history), hold, notes)
-        return text, done
+            if fallback and routed is not None and routed.fallback is not None else candidates
+        message = (f"rolled back to checkpoint {checkpoint_id(turn.id, step - 1 if step else None)}; the step runs "
+                   "again and its new answer follows the one above") if rollback else \
+            "the model is asked again; a new answer follows the one above"
+        notes.recovery(acted.action, acted.kind, message, publisher, model=again[0].spec)
+        rerun = request if (calls or rollback) else request.model_copy(update={"tools": ()})
+        streams.append(RoutedStream(again, rerun, settings.llm))
+        text, calls, done = await _consume(streams[-1], publisher, _call_ids(history), hold, notes)
+        looping = [f for f in check_calls(history, calls, checks) if f.action == "escalate"]
+        if looping:  # the rerun called the same again: no second chance
+            notes.anomaly(looping[0], publisher)
+            notes.recovery("escalate", looping[0].kind, "the turn ends here", publisher)
+            raise Escalated(looping[0])
+        return text, calls, done
 
     try:
         text, calls, done, grounding = await asyncio.wait_for(answer(), limit)
+    except Escalated as stop:
+        made = attempts()
+        await _settle_text(publisher)
+        return await hold.io(_fail, k, turn, step, stop.anomaly.kind, stop.anomaly.message,
+                             llm_entries=_llm_audit(turn, step, made) + notes.entries, usage=_usage(made))
     except (LeaseLost, StaleAttempt, Released) as exc:
         publisher.abandon()
         entries = _llm_audit(turn, step, attempts(), error=ProviderError(
@@ -335,20 +363,11 @@ async def _run_claimed(k: Kortex, turn: TurnRecord, step: int, candidates: list[
     answered = streams[-1].answered
     assert answered is not None
     usage = _usage(attempts())
-    escalate = None
-    if checking:
-        for found in [*check_calls(history, calls, checks), *check_depth(step, depth, calls),
+    if checking:  # what the step cost and how deep it went: recorded, the step goes on
+        for noted in [*check_depth(step, depth, calls, checks),
                       *check_cost(routed.estimated_cost_usd if routed else None, usage.cost_usd, checks)]:
-            if found.action == "escalate":
-                notes.anomaly(found, publisher)
-                notes.recovery("escalate", found.kind, "the turn ends here", publisher)
-                escalate = found
-                break
-            notes.noted(found, publisher)
+            notes.noted(noted, publisher)
     entries = _llm_audit(turn, step, attempts(), calls=calls, text_chars=len(text)) + notes.entries
-    if escalate is not None:
-        await _settle_text(publisher)
-        return await hold.io(_fail, k, turn, step, escalate.kind, escalate.message, llm_entries=entries, usage=usage)
     if not await _settle_text(publisher):
         await hold.io(_audit_alone, k, entries)
         return NOTHING
@@ -456,6 +475,14 @@ def _park(k: Kortex, turn: TurnRecord, step: int, text: str, calls: tuple[ToolCa
                                for inv in invocations))
 
 
+class Escalated(Exception):
+    """A recovery that ends the turn (an anomaly whose action is ``escalate``)."""
+
+    def __init__(self, anomaly: Anomaly) -> None:
+        super().__init__(anomaly.message)
+        self.anomaly = anomaly
+
+
 def _retries_so_far(k: Kortex, turn: TurnRecord) -> int:
     """Recovery retries earlier steps of the turn made (its audit rows)."""
     with k.db.connect() as conn:
@@ -502,7 +529,7 @@ async def _consume(
                 elif isinstance(chunk, WarningChunk) and chunk.code == "latency_spike" and notes is not None:
                     # The first model sent nothing in time; the decision's fallback answers (no
                     # text had been shown, so nothing is said twice).
-                    spike = Anomaly("latency_spike", chunk.message)
+                    spike = Anomaly("latency_spike", chunk.message, "fallback")
                     notes.anomaly(spike, publisher)
                     notes.recovery("fallback", spike.kind, chunk.message, publisher,
                                    model=routed.candidates[-1].spec)

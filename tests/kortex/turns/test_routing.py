@@ -245,3 +245,62 @@ def test_a_tenant_s_own_cost_ceiling_tightens_the_deployment_s(harness_factory: 
     turn = h.ask(tenant, COMPLEX, model="auto")
     route = next(d for t, d in _events(h, turn.id) if t == "route")
     assert route["model"] == f"anthropic:{FAST}" and "excluded by constraints" in route["reason"]
+
+
+class SecondThoughts:
+    """A model that answers nothing the first time it is asked a step and answers well the next:
+    what a rollback is for."""
+
+    name = "second"
+    local = True
+    synthetic = False
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def models(self) -> list[Any]:
+        from kortex.llm.base import ModelInfo
+
+        return [ModelInfo(id="thinker", tier="balanced")]
+
+    async def stream(self, request: Any) -> Any:
+        from kortex.llm.base import DoneChunk, TextChunk, TokenUsage
+
+        self.calls += 1
+        if self.calls > 1:
+            yield TextChunk(text="On second thought: checkout is up, every check passed.")
+        yield DoneChunk(stop_reason="end_turn", usage=TokenUsage(input_tokens=5, output_tokens=5), model="thinker")
+
+
+def test_a_deployment_can_map_an_anomaly_to_rollback_and_the_step_reruns_from_its_parent_checkpoint(
+        tmp_path: Any, sqlite_url: str) -> None:
+    from kortex.container import Kortex
+    from kortex.llm.base import Provider
+    from kortex.turns.checkpoints import checkpoint_id
+    from tests.conftest import make_settings
+
+    class Thinker(SecondThoughts, Provider):
+        pass
+
+    model = Thinker()
+    settings = make_settings(tmp_path, sqlite_url, llm={
+        "default_provider": "second", "anomalies": {"scope": "all", "actions": {"empty_answer": "rollback"}}})
+    h = Harness.__new__(Harness)
+    h.settings, h.k = settings, Kortex.create(settings, providers={"second": lambda *a: model})
+    try:
+        tenant = h.tenant("acme")
+        turn = h.ask(tenant, SIMPLE, model="second:thinker")
+        events = _events(h, turn.id)
+        recovery = next(d for t, d in events if t == "recovery")
+        assert recovery["action"] == "rollback" and recovery["model"] == "second:thinker"  # the same model
+        assert checkpoint_id(turn.id, None) in recovery["message"]  # step 0's parent: the turn's start
+        assert model.calls == 2 and h.messages(tenant, turn.session_id)[-1].content.startswith("On second thought")
+    finally:
+        h.close()
+
+
+def test_an_unknown_anomaly_kind_in_the_actions_is_refused() -> None:
+    from kortex.config import Settings
+
+    with pytest.raises(ValueError, match="unknown anomaly kind"):
+        Settings(llm={"anomalies": {"actions": {"slow_vibes": "retry"}}})
