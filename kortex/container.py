@@ -26,7 +26,7 @@ from kortex.llm.providers import BUILTIN_PROVIDERS
 from kortex.llm.registry import ProviderFactory, ProviderRegistry
 from kortex.proposals import ActionExecutor, ProposalService
 from kortex.storage.db import Database
-from kortex.storage.turns import TurnCalls
+from kortex.storage.invocations import TurnCalls
 from kortex.stream.store import EventStore
 from kortex.telemetry.factory import build_sources
 from kortex.telemetry.sources import TelemetrySources

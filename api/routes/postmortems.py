@@ -21,7 +21,7 @@ from kortex.access import Permission
 from kortex.errors import InvalidInput
 from kortex.postmortems import jobs
 from kortex.postmortems.document import PostMortem
-from kortex.storage.records import ItemRecord, PostmortemRecord
+from kortex.postmortems.jobs import ItemRecord, PostmortemRecord
 
 router = APIRouter(tags=["postmortems"], dependencies=[Depends(allowed(Permission.CHAT))], responses=ERRORS)
 log = logging.getLogger(__name__)

@@ -33,7 +33,7 @@ from kortex.errors import BudgetExceeded, Conflict, InvalidInput, KortexError, N
 from kortex.ids import uuid7
 from kortex.messages import AssistantMessage, Message, ToolMessage
 from kortex.postmortems.document import PostMortem
-from kortex.storage import chats, turns
+from kortex.storage import chats, invocations, turns
 from kortex.storage import postmortems as store
 from kortex.storage.records import ItemRecord, JobRecord, PostmortemRecord, TurnRecord
 from kortex.telemetry.sources import Incident
@@ -372,7 +372,7 @@ def _outcome(k: Kortex, conn: Connection, turn: TurnRecord, item: ItemRecord, en
     except ValidationError as exc:  # the tool validated it; a change of model since is a bug to see
         return "failed", {"code": "invalid_postmortem", "message": str(exc)[:2000]}
     cited = document.cited()
-    known = turns.succeeded_calls(conn, turn.tenant_id, turn.id)
+    known = invocations.succeeded_calls(conn, turn.tenant_id, turn.id)
     grounding: dict[str, Any] = {"cited": len(cited), "dangling": [c for c in cited if c not in known]}
     if document.incident_id != item.incident_ref:
         # The job knows which incident this is; a model that wrote another id is corrected, and
@@ -423,10 +423,8 @@ def progress(k: Kortex, tenant_id: str, job_id: str, after: int) -> Progress:
         job = store.get_job(conn, tenant_id, job_id)
         over = job.finished_at is not None and not store.any_open(conn, tenant_id, job_id)
         events = store.events_after(conn, tenant_id, job_id, after)
-        ids = {e.item_id for e in events if e.item_id}
-        items = {i.id: i for i in store.list_items(conn, tenant_id, job_id, after=-1, limit=MAX_ITEMS)
-                 if i.id in ids} if ids else {}
-        job_view = JobView(job=store.get_job(conn, tenant_id, job_id), counts=store.counts(conn, tenant_id, job_id),
+        items = store.items_by_id(conn, tenant_id, job_id, {e.item_id for e in events if e.item_id})
+        job_view = JobView(job=job, counts=store.counts(conn, tenant_id, job_id),
                            spend_usd=store.spend(conn, tenant_id, job_id))
     return Progress(events=events, items=items, view=job_view, over=over and len(events) < 500)
 
@@ -500,5 +498,5 @@ def sweep(k: Kortex, now: datetime, batch_idle: bool) -> Handoff:
     return handoff
 
 
-__all__ = ["CancelReport", "JobFilter", "JobRequest", "JobView", "Submitted", "advance", "before_call", "cancel", "progress",
+__all__ = ["CancelReport", "ItemRecord", "PostmortemRecord", "JobFilter", "JobRequest", "JobView", "Submitted", "advance", "before_call", "cancel", "progress",
            "list_items", "on_end", "postmortem_of", "postmortems_of", "start_item", "submit", "sweep", "view"]

@@ -188,9 +188,10 @@ def copy_conversation(conn: Connection, tenant_id: str, source_id: str, target_i
         order <= tuple_(*(bindparam(f"p_{i}", v) for i, v in enumerate(upto)))).order_by(
         chat_messages.c.turn_no, chat_messages.c.step, chat_messages.c.ord)).all()
     copied = {m.turn_no for m in messages}
-    whole = {t.turn_no for t in source_turns if t.turn_no < upto[0] or _ends_at(messages, t.turn_no, upto)}
+    whole = {t.turn_no for t in source_turns if t.turn_no < upto[0] or _ends_at(messages, t.turn_no)}
     ids: dict[str, str] = {}
     now = utcnow()
+    turn_rows, message_rows = [], []
     for t in source_turns:
         if t.turn_no not in copied:
             continue
@@ -200,18 +201,22 @@ def copy_conversation(conn: Connection, tenant_id: str, source_id: str, target_i
                    created_at=now, updated_at=now)
         if t.turn_no not in whole or row["status"] in ACTIVE:
             row.update(status="cancelled", error=cut_error, finished_at=now)
-        conn.execute(turns.insert().values(**row))
+        turn_rows.append(row)
     for m in messages:
         row = dict(m._mapping)
         row.update(id=uuid7(), session_id=target_id, turn_id=ids[row["turn_id"]])
-        conn.execute(chat_messages.insert().values(**row))
+        message_rows.append(row)
+    if turn_rows:  # a batch each, not a statement a row
+        conn.execute(turns.insert(), turn_rows)
+    if message_rows:
+        conn.execute(chat_messages.insert(), message_rows)
     conn.execute(chat_sessions.update().where(chat_sessions.c.id == target_id)
                  .values(turn_count=len(ids), updated_at=now))
     return len(ids)
 
 
-def _ends_at(messages: Sequence[Any], turn_no: int, upto: tuple[int, int, int]) -> bool:
+def _ends_at(messages: Sequence[Any], turn_no: int) -> bool:
     """Whether the copy of turn ``turn_no`` is the whole turn: it ends with a final answer (an
-    assistant message without tool calls) at or before ``upto``."""
+    assistant message without tool calls) among the messages copied."""
     own = [m for m in messages if m.turn_no == turn_no]
     return bool(own) and own[-1].role == "assistant" and not own[-1].tool_calls

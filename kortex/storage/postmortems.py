@@ -114,6 +114,14 @@ def events_after(conn: Connection, tenant_id: str, job_id: str, after: int, limi
                              .order_by(e.seq).limit(limit)).all())
 
 
+def items_by_id(conn: Connection, tenant_id: str, job_id: str, ids: set[str]) -> dict[str, ItemRecord]:
+    if not ids:
+        return {}
+    rows = conn.execute(select(postmortem_items).where(_it.job_id == job_id, _it.tenant_id == tenant_id,
+                                                       _it.id.in_(sorted(ids)))).all()
+    return {r.id: ItemRecord.from_row(r) for r in rows}
+
+
 def get_item(conn: Connection, tenant_id: str, item_id: str) -> ItemRecord | None:
     row = conn.execute(select(postmortem_items).where(_it.id == item_id, _it.tenant_id == tenant_id)).first()
     return ItemRecord.from_row(row) if row else None

@@ -24,7 +24,7 @@ from sqlalchemy.engine import Connection
 
 from kortex.errors import Conflict, NotFound, RateLimited
 from kortex.ids import uuid7
-from kortex.messages import AssistantMessage, ToolCall, ToolMessage, ToolResult, Usage, UserMessage
+from kortex.messages import AssistantMessage, ToolMessage, ToolResult, Usage, UserMessage
 from kortex.storage.chats import INSERT_MESSAGE, message_row
 from kortex.storage.records import ACTIVE, TERMINAL, InvocationRecord, TurnRecord
 from kortex.storage.schema import (
@@ -444,29 +444,6 @@ def record_done_event(conn: Connection, tenant_id: str, turn_id: str, entry_id: 
                  .values(done_event_id=entry_id))
 
 
-_CLAIM_INVOCATION = (
-    update(tool_invocations)
-    .where(_i.id == bindparam("p_id"), _i.tenant_id == bindparam("p_tenant"), _i.status == "pending")
-    .values(status="running", started_at=bindparam("p_now"), attempts=_i.attempts + 1,
-            deadline_at=bindparam("p_deadline"))
-    .returning(*tool_invocations.c)
-)
-
-
-def claim_invocation(conn: Connection, tenant_id: str, invocation_id: str, *, hard_limit: float) -> InvocationRecord | None:
-    """pending -> running for exactly one delivery; None if it already ran or is running."""
-    now = utcnow()
-    row = conn.execute(_CLAIM_INVOCATION, {"p_id": invocation_id, "p_tenant": tenant_id, "p_now": now,
-                                           "p_deadline": now + timedelta(seconds=hard_limit)}).first()
-    return InvocationRecord.from_row(row) if row else None
-
-
-def get_invocation(conn: Connection, tenant_id: str, invocation_id: str, status: str) -> InvocationRecord | None:
-    row = conn.execute(select(tool_invocations).where(_i.id == invocation_id, _i.tenant_id == tenant_id,
-                                                      _i.status == status)).first()
-    return InvocationRecord.from_row(row) if row else None
-
-
 @dataclass(frozen=True, slots=True)
 class Completion:
     """What completing one tool call did to its turn."""
@@ -607,12 +584,6 @@ def _end_turn(conn: Connection, turn: TurnRecord, status: str, error: dict[str, 
     return moved is not None
 
 
-def active_turns_for_tenant(conn: Connection, tenant_id: str) -> int:
-    return int(conn.scalar(
-        select(func.count()).select_from(turns).where(and_(_t.tenant_id == tenant_id, _t.status.in_(ACTIVE)))
-    ) or 0)
-
-
 def session_usage(conn: Connection, tenant_id: str, session_id: str) -> Usage:
     row = conn.execute(
         select(func.coalesce(func.sum(_t.input_tokens), 0), func.coalesce(func.sum(_t.output_tokens), 0),
@@ -625,26 +596,3 @@ def session_usage(conn: Connection, tenant_id: str, session_id: str) -> Usage:
 def cost_of(tenant_id: str, turn_id: str) -> Any:
     """What a turn has cost so far (a statement: its caller reads it in its own transaction)."""
     return select(_t.cost_usd).where(_t.id == turn_id, _t.tenant_id == tenant_id)
-
-
-def succeeded_calls(conn: Connection, tenant_id: str, turn_id: str) -> set[str]:
-    """Call ids of the turn whose tool ran and answered without an error: what may be cited."""
-    rows = conn.execute(select(_i.call_id).where(_i.turn_id == turn_id, _i.tenant_id == tenant_id,
-                                                 _i.status == "done", _i.is_error.is_(False))).scalars()
-    return set(rows)
-
-
-class TurnCalls:
-    """The ``calls`` service tools receive (ToolContext.services): which calls of a turn
-    succeeded, so a structured-output tool can refuse citations of anything else."""
-
-    def __init__(self, db: Any) -> None:
-        self.db = db
-
-    def succeeded(self, tenant_id: str, turn_id: str) -> set[str]:
-        with self.db.connect() as conn:
-            return succeeded_calls(conn, tenant_id, turn_id)
-
-
-def tool_call_from_record(inv: InvocationRecord) -> ToolCall:
-    return ToolCall(id=inv.call_id, name=inv.name, arguments=inv.arguments, arguments_error=inv.arguments_error)

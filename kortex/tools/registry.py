@@ -17,6 +17,7 @@ class ToolRegistry:
     def __init__(self, specs: Iterable[ToolSpec] = ()) -> None:
         self._specs: dict[str, ToolSpec] = {}
         self._schemas: dict[ToolPolicy, tuple[ToolSchema, ...]] = {}
+        self._offered: dict[tuple[str, frozenset[str] | None], frozenset[str]] = {}
         for spec in specs:
             self.register(spec)
 
@@ -29,17 +30,22 @@ class ToolRegistry:
         spec.allowlist  # noqa: B018
         self._specs[spec.name] = spec
         self._schemas.clear()
+        self._offered.clear()
 
     def get(self, name: str) -> ToolSpec | None:
         return self._specs.get(name)
 
-    def names(self) -> frozenset[str]:
-        return frozenset(self._specs)
-
-    def offered_to(self, name: str, profile: str) -> bool:
-        """Whether turns of ``profile`` may be offered the tool (most tools: every profile)."""
-        spec = self._specs.get(name)
-        return spec is not None and (spec.profiles is None or profile in spec.profiles)
+    def offered(self, profile: str, names: frozenset[str] | None = None) -> frozenset[str]:
+        """The tools (of ``names``, default all) that turns of ``profile`` may be offered: most
+        tools every profile, an output channel only the profiles it names. Asked on every step
+        and tool call, so kept once worked out."""
+        key = (profile, names)
+        found = self._offered.get(key)
+        if found is None:
+            found = frozenset(s.name for s in self._specs.values()
+                              if (names is None or s.name in names) and (s.profiles is None or profile in s.profiles))
+            self._offered[key] = found
+        return found
 
     def __iter__(self) -> Iterator[ToolSpec]:
         return iter(self._specs.values())

@@ -62,9 +62,8 @@ class TurnProfile:
     def policy(self, k: Kortex) -> ToolPolicy:
         """The deployment's policy, narrowed to this profile's tools: a profile can take tools
         away, never add one the deployment did not allow."""
-        names = self.tools if self.tools is not None else k.tools.names()
         # An output channel such as submit_postmortem is offered only to the profiles it names.
-        return k.policy.narrowed({n for n in names if k.tools.offered_to(n, self.name)})
+        return k.policy.narrowed(k.tools.offered(self.name, self.tools))
 
     def tool_schemas(self, k: Kortex) -> tuple[ToolSchema, ...]:
         return k.tools.schemas(self.policy(k))

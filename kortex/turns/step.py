@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -26,8 +25,7 @@ from kortex.events import (
     ToolResultEvent,
     TurnEvent,
 )
-from kortex.ids import new_call_id
-from kortex.llm.base import CompletionRequest, DoneChunk, TextChunk, ToolCallChunk, WarningChunk
+from kortex.llm.base import CompletionRequest, DoneChunk
 from kortex.llm.router import Attempt, Candidate, RoutedStream, plan
 from kortex.llm.routing import Latency, RoutingDecision
 from kortex.messages import AssistantMessage, Message, ToolCall, ToolResult, Usage, UserMessage
@@ -39,8 +37,10 @@ from kortex.storage.records import TurnRecord
 from kortex.stream.store import StepPublisher
 from kortex.timeparse import utcnow
 from kortex.turns.anomalies import Anomaly, check_answer, check_calls, check_cost, check_depth
+from kortex.turns.billing import llm_audit, turn_total, usage_of
 from kortex.turns.checkpoints import checkpoint_id
 from kortex.turns.closing import publish_done
+from kortex.turns.consume import call_ids, consume
 from kortex.turns.grounding import Grounding, check, successful_calls
 from kortex.turns.handoff import NOTHING, Handoff, StepDispatch, ToolDispatch, Trace
 from kortex.turns.notes import Notes, checked
@@ -60,22 +60,6 @@ def tool_dispatch(k: Kortex, tenant_id: str, invocation_id: str, tool: str, prof
     soft = timeout + k.settings.tools.soft_grace
     return ToolDispatch(tenant_id=tenant_id, invocation_id=invocation_id, tool=tool, soft_limit=soft,
                         hard_limit=soft + k.settings.tools.hard_grace, lane=lane_of(profile))
-
-
-def _unique_calls(calls: list[ToolCall], taken: set[str]) -> tuple[ToolCall, ...]:
-    """Give every call an id unique in the conversation: providers occasionally omit one or
-    repeat an id from an earlier step, and results are matched to calls by id. Names are cut
-    to what storage holds (no tool has a longer one, so the pipeline refuses such a call)."""
-    seen = set(taken)
-    out = []
-    for call in calls:
-        if not call.id or call.id in seen or len(call.id) > 200:
-            call = call.model_copy(update={"id": new_call_id()})
-        if len(call.name) > 200:
-            call = call.model_copy(update={"name": call.name[:200]})
-        seen.add(call.id)
-        out.append(call)
-    return tuple(out)
 
 
 def run_step(k: Kortex, tenant_id: str, turn_id: str, step: int, trace: Trace = ()) -> Handoff:
@@ -260,7 +244,7 @@ async def _run_claimed(k: Kortex, turn: TurnRecord, step: int, candidates: list[
         return [a for each in streams for a in each.attempts]
 
     async def answer() -> tuple[str, tuple[ToolCall, ...], DoneChunk, Grounding | None]:
-        text, calls, done = await _consume(streams[0], publisher, _call_ids(history), hold, notes)
+        text, calls, done = await consume(streams[0], publisher, call_ids(history), hold, notes)
         if checking:
             text, calls, done = await recover(text, calls, done)
         if calls:
@@ -283,7 +267,7 @@ async def _run_claimed(k: Kortex, turn: TurnRecord, step: int, candidates: list[
                 dangling=", ".join(grounding.dangling) or "none",
                 numbers=", ".join(grounding.uncited_numbers) or "none"))))
         streams.append(RoutedStream(candidates, again, settings.llm))
-        text, _, done = await _consume(streams[-1], publisher, _call_ids(history), hold)  # no tools offered
+        text, _, done = await consume(streams[-1], publisher, call_ids(history), hold)  # no tools offered
         return text, (), done, check(text, history, numbers=policy.check_numbers)
 
     async def recover(text: str, calls: tuple[ToolCall, ...], done: DoneChunk
@@ -321,7 +305,7 @@ async def _run_claimed(k: Kortex, turn: TurnRecord, step: int, candidates: list[
         notes.recovery(acted.action, acted.kind, message, publisher, model=again[0].spec)
         rerun = request if (calls or rollback) else request.model_copy(update={"tools": ()})
         streams.append(RoutedStream(again, rerun, settings.llm))
-        text, calls, done = await _consume(streams[-1], publisher, _call_ids(history), hold, notes)
+        text, calls, done = await consume(streams[-1], publisher, call_ids(history), hold, notes)
         looping = [f for f in check_calls(history, calls, checks) if f.action == "escalate"]
         if looping:  # the rerun called the same again: no second chance
             notes.anomaly(looping[0], publisher)
@@ -335,10 +319,10 @@ async def _run_claimed(k: Kortex, turn: TurnRecord, step: int, candidates: list[
         made = attempts()
         await _settle_text(publisher)
         return await hold.io(_fail, k, turn, step, stop.anomaly.kind, stop.anomaly.message,
-                             llm_entries=_llm_audit(turn, step, made) + notes.entries, usage=_usage(made))
+                             llm_entries=llm_audit(turn, step, made) + notes.entries, usage=usage_of(made))
     except (LeaseLost, StaleAttempt, Released) as exc:
         publisher.abandon()
-        entries = _llm_audit(turn, step, attempts(), error=ProviderError(
+        entries = llm_audit(turn, step, attempts(), error=ProviderError(
             "the step was handed to another attempt", code="cancelled")) + notes.entries
         if isinstance(exc, Released):
             await hold.io(_audit_alone, k, entries)
@@ -358,16 +342,16 @@ async def _run_claimed(k: Kortex, turn: TurnRecord, step: int, candidates: list[
             model=last.model.id if last else candidates[0].model.id, code="step_timeout")
         await _settle_text(publisher)
         return await hold.io(_fail, k, turn, step, error.code, str(error), retryable=error.retryable,
-                             llm_entries=_llm_audit(turn, step, made, error=error) + notes.entries,
-                             usage=_usage(made))
+                             llm_entries=llm_audit(turn, step, made, error=error) + notes.entries,
+                             usage=usage_of(made))
     answered = streams[-1].answered
     assert answered is not None
-    usage = _usage(attempts())
+    usage = usage_of(attempts())
     if checking:  # what the step cost and how deep it went: recorded, the step goes on
         for noted in [*check_depth(step, depth, calls, checks),
                       *check_cost(routed.estimated_cost_usd if routed else None, usage.cost_usd, checks)]:
             notes.noted(noted, publisher)
-    entries = _llm_audit(turn, step, attempts(), calls=calls, text_chars=len(text)) + notes.entries
+    entries = llm_audit(turn, step, attempts(), calls=calls, text_chars=len(text)) + notes.entries
     if not await _settle_text(publisher):
         await hold.io(_audit_alone, k, entries)
         return NOTHING
@@ -420,8 +404,8 @@ def _finish(k: Kortex, turn: TurnRecord, step: int, text: str, usage: Usage, mod
 
 def _done(turn: TurnRecord, usage: Usage, grounding: Grounding | None) -> DoneEvent:
     if grounding is None:
-        return DoneEvent(status="done", usage=_total(turn, usage))
-    return DoneEvent(status="done", usage=_total(turn, usage),
+        return DoneEvent(status="done", usage=turn_total(turn, usage))
+    return DoneEvent(status="done", usage=turn_total(turn, usage),
                      citations=[CitationOut(**c.as_dict()) for c in grounding.citations],
                      grounding=GroundingOut(**grounding.summary()))
 
@@ -498,114 +482,6 @@ def _audit_alone(k: Kortex, entries: list[AuditEntry]) -> None:
         log.exception("could not write %d audit rows", len(entries))
 
 
-def _usage(attempts: list[Attempt]) -> Usage:
-    """What the step cost: every call, including a frugal attempt that was escalated."""
-    total = Usage()
-    for a in attempts:
-        total += Usage(input_tokens=a.usage.input_tokens, output_tokens=a.usage.output_tokens, cost_usd=a.cost_usd)
-    return total
-
-
-def _call_ids(history: list[Message]) -> set[str]:
-    return {c.id for m in history if isinstance(m, AssistantMessage) for c in m.tool_calls}
-
-
-async def _consume(
-    routed: RoutedStream, publisher: StepPublisher, taken: set[str], hold: StepHold, notes: Notes | None = None,
-) -> tuple[str, tuple[ToolCall, ...], DoneChunk]:
-    text: list[str] = []
-    calls: list[ToolCall] = []
-    done: DoneChunk | None = None
-
-    async def read() -> None:
-        nonlocal done
-        async with aclosing(routed.stream()) as chunks:  # type: ignore[type-var]
-            async for chunk in chunks:
-                if isinstance(chunk, TextChunk):
-                    text.append(chunk.text)
-                    publisher.text(chunk.text)
-                elif isinstance(chunk, ToolCallChunk):
-                    calls.append(chunk.call)
-                elif isinstance(chunk, WarningChunk) and chunk.code == "latency_spike" and notes is not None:
-                    # The first model sent nothing in time; the decision's fallback answers (no
-                    # text had been shown, so nothing is said twice).
-                    spike = Anomaly("latency_spike", chunk.message, "fallback")
-                    notes.anomaly(spike, publisher)
-                    notes.recovery("fallback", spike.kind, chunk.message, publisher,
-                                   model=routed.candidates[-1].spec)
-                elif isinstance(chunk, WarningChunk):
-                    publisher.emit(ErrorEvent(code=chunk.code, message=chunk.message, fatal=False))
-                elif isinstance(chunk, DoneChunk):
-                    done = chunk
-
-    # The read races the hold: a lost lease, a fenced write or a stopping process ends the
-    # read at once (closing the vendor's HTTP stream), not when a stalled vendor next sends.
-    reader = asyncio.ensure_future(read())
-    try:
-        racers: set[asyncio.Future[Any]] = {reader, hold.ended}
-        await asyncio.wait(racers, return_when=asyncio.FIRST_COMPLETED)
-        if not reader.done():
-            raise hold.ended.result()
-        reader.result()  # the provider's failure, if any
-    finally:
-        if not reader.done():  # the hold ended, or this step itself was cancelled (its time limit)
-            reader.cancel()
-            # wait() never raises what the reader raised, and a cancel of this task still
-            # propagates (suppressing CancelledError here would swallow it).
-            await asyncio.wait({reader})
-            if not reader.cancelled():
-                reader.exception()  # retrieved: the reader's own failure is moot once stopped
-    if done is None:
-        raise ProviderError("stream ended without a final chunk", retryable=True, code="stream_truncated")
-    return "".join(text), _unique_calls(calls, taken), done
-
-
-def _total(turn: TurnRecord, usage: Usage) -> Usage:
-    return Usage(input_tokens=turn.input_tokens, output_tokens=turn.output_tokens, cost_usd=turn.cost_usd) + usage
-
-
-def _llm_audit(
-    turn: TurnRecord,
-    step: int,
-    attempts: list[Attempt],
-    *,
-    calls: tuple[ToolCall, ...] = (),
-    text_chars: int = 0,
-    error: ProviderError | None = None,
-) -> list[AuditEntry]:
-    """One row per LLM call. ``error`` is what ended the step: it is recorded on the call that
-    was still running (a timeout) when that call has no error of its own."""
-    entries = []
-    for index, attempt in enumerate(attempts):
-        last = index == len(attempts) - 1
-        failure = attempt.error if attempt.error is not None and attempt.error.code != "cancelled" else None
-        if failure is None and last and error is not None and attempt.stop_reason in (None, "error"):
-            failure = error  # includes "cancelled": a call cut short is not a success
-        # Prompts and answers stay out of the audit row: they may quote secrets from telemetry.
-        payload: dict[str, Any] = {
-            "step": step, "attempt": index, "provider": attempt.provider, "model": attempt.model.id,
-            "fast": attempt.fast, "stop_reason": "error" if failure else attempt.stop_reason,
-            "tool_calls": [c.name for c in calls] if last and failure is None else [],
-            "text_chars": text_chars if last and failure is None else 0,
-            "cache_read_tokens": attempt.usage.cache_read_tokens,
-            "cache_write_tokens": attempt.usage.cache_write_tokens,
-            "retries": attempt.retries,
-            "first_token_ms": attempt.first_token_ms,  # what routing measures latency from
-        }
-        if failure is not None:
-            payload.update(error_code=failure.code, status=failure.status, retryable=failure.retryable)
-        metrics.llm_call(attempt.provider, attempt.model.id, ok=failure is None,
-                         first_token_s=attempt.first_token_ms / 1000 if attempt.first_token_ms is not None else None,
-                         input_tokens=attempt.usage.input_tokens, output_tokens=attempt.usage.output_tokens,
-                         cost_usd=attempt.cost_usd)
-        entries.append(AuditEntry(
-            tenant_id=turn.tenant_id, kind="llm_call", subject=attempt.spec, ok=failure is None, payload=payload,
-            session_id=turn.session_id, turn_id=turn.id, input_tokens=attempt.usage.input_tokens,
-            output_tokens=attempt.usage.output_tokens, cost_usd=attempt.cost_usd, latency_ms=attempt.latency_ms,
-        ))
-    return entries
-
-
 def _depth_exceeded(
     k: Kortex, turn: TurnRecord, step: int, text: str, usage: Usage, model_used: str, entries: list[AuditEntry],
     depth: int,
@@ -622,7 +498,7 @@ def _depth_exceeded(
             handoff = publish_done(k, conn, turn, [
                 TextEvent(step=step, delta=("\n\n" if text else "") + note),
                 ErrorEvent(code="tool_depth_exceeded", message=note),
-                DoneEvent(status="done", usage=_total(turn, usage), error="tool_depth_exceeded"),
+                DoneEvent(status="done", usage=turn_total(turn, usage), error="tool_depth_exceeded"),
             ], answer=content)
     if not finished:
         _audit_alone(k, entries)
@@ -642,7 +518,7 @@ def _fail(
             if llm_entries:
                 audit.write_entries(conn, llm_entries)
             handoff = publish_done(k, conn, turn, [ErrorEvent(code=code, message=message, retryable=retryable),
-                                                   DoneEvent(status="failed", usage=_total(turn, usage), error=code)])
+                                                   DoneEvent(status="failed", usage=turn_total(turn, usage), error=code)])
     if not finished and llm_entries:
         _audit_alone(k, llm_entries)
     return handoff

@@ -15,7 +15,7 @@ from kortex.container import Kortex
 from kortex.errors import ConfigError, StorageError
 from kortex.events import Event, ToolProgressEvent, ToolResultEvent
 from kortex.messages import ToolCall, ToolResult
-from kortex.storage import audit, turns
+from kortex.storage import audit, invocations, turns
 from kortex.storage.audit import AuditEntry
 from kortex.storage.records import InvocationRecord
 from kortex.timeparse import utcnow
@@ -45,8 +45,8 @@ def run_tool(k: Kortex, tenant_id: str, invocation_id: str, tool: str, hard_limi
 
 def _run_tool(k: Kortex, tenant_id: str, invocation_id: str, tool: str, hard_limit: float, current: Any) -> Handoff:
     with k.db.connect() as conn:
-        inv = turns.claim_invocation(conn, tenant_id, invocation_id, hard_limit=hard_limit + 5)
-        running = None if inv is not None else turns.get_invocation(conn, tenant_id, invocation_id, "running")
+        inv = invocations.claim_invocation(conn, tenant_id, invocation_id, hard_limit=hard_limit + 5)
+        running = None if inv is not None else invocations.get_invocation(conn, tenant_id, invocation_id, "running")
     if inv is None:
         # A duplicate delivery, or the watchdog already settled it; or the retry of a run whose
         # result the database refused, which left it in the spool.
@@ -65,7 +65,7 @@ def _run_tool(k: Kortex, tenant_id: str, invocation_id: str, tool: str, hard_lim
 
     started = time.monotonic()
     with logcontext.bound(tenant_id=inv.tenant_id, session_id=inv.session_id, turn_id=inv.turn_id):
-        result = k.pipeline.run(turns.tool_call_from_record(inv), ctx, audit=entries, on_progress=progress,
+        result = k.pipeline.run(invocations.tool_call_from_record(inv), ctx, audit=entries, on_progress=progress,
                                 policy=_policy(k, inv))
     outcome = result.error_code or "error" if result.is_error else "ok"
     metrics.tool_done(inv.name, time.monotonic() - started, outcome)

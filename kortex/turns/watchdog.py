@@ -19,8 +19,8 @@ from kortex.events import DoneEvent, ErrorEvent
 from kortex.messages import ToolResult, Usage
 from kortex.storage import audit, sweeps, turns
 from kortex.storage.audit import AuditEntry
+from kortex.storage.invocations import tool_call_from_record
 from kortex.storage.records import InvocationRecord, TurnRecord
-from kortex.storage.turns import tool_call_from_record
 from kortex.timeparse import utcnow
 from kortex.tools.spec import ToolContext
 from kortex.turns import outbox, spool

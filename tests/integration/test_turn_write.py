@@ -12,6 +12,7 @@ from sqlalchemy import select
 
 from kortex.errors import Conflict
 from kortex.messages import Usage
+from kortex.storage import invocations
 from kortex.storage import turns as turn_store
 from kortex.storage.schema import chat_messages, chat_sessions, turns
 from kortex.turns import chat
@@ -121,7 +122,7 @@ def _fan_out(h: Harness, tenant: str, name: str) -> tuple[str, list[Any]]:
     said = []
     for n, tool in enumerate(tools):
         with h.k.db.begin() as conn:
-            inv = turn_store.claim_invocation(conn, tenant, tool.invocation_id, hard_limit=60)
+            inv = invocations.claim_invocation(conn, tenant, tool.invocation_id, hard_limit=60)
             assert inv is not None
             result = ToolResult(call_id=inv.call_id, name=inv.name, content={"n": n}, is_error=n == 1,
                                 error_code="boom" if n == 1 else None)

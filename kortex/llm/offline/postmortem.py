@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from kortex.llm.offline import service
+from kortex.llm.offline import report, service
 from kortex.llm.offline.evidence import clock, fmt_value, parse_ts
 from kortex.llm.offline.plan import View
 from kortex.llm.offline.question import Intent
@@ -135,7 +135,7 @@ def document(request: Request, view: View, calls: list[tuple[ToolCall, ToolResul
                          "citations": anything[:1]})
 
     open_questions: list[str] = []
-    summary = service.summary(intent, view, found).strip()
+    summary = report.summary(intent, view, found).strip()
     succeeded = {c.id for c, r in calls if not r.is_error}
     ranked = found.hypotheses
     if ranked:  # the ranked causes (kortex/llm/offline/ranking.py): the top one, the runner-up after

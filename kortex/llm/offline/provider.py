@@ -24,7 +24,7 @@ from kortex.llm.base import (
     TokenUsage,
     ToolCallChunk,
 )
-from kortex.llm.offline import platform, postmortem, service
+from kortex.llm.offline import platform, postmortem, report, service
 from kortex.llm.offline import subject as subjects
 from kortex.llm.offline.plan import PlanState, Probe, View, walk
 from kortex.llm.offline.question import Intent, read_question
@@ -243,9 +243,9 @@ def write_answer(intent: Intent, state: TurnState, available: set[str], view: Vi
                           "", "**Evidence**", *_failures(view, state)])
     else:
         found_s = service.analyse(intent, view)
-        summary = service.summary(intent, view, found_s)
-        evidence = service.evidence_lines(intent, view, found_s)
-        steps = service.next_steps(intent, found_s)
+        summary = report.summary(intent, view, found_s)
+        evidence = report.evidence_lines(intent, view, found_s)
+        steps = report.next_steps(intent, found_s)
     parts = [f"{head} — investigation of \"{state.question.strip()}\"", "", f"**Summary.** {summary}", "",
              "**Evidence**", *evidence, *_proposal_line(view), *_failures(view, state)]
     if steps:

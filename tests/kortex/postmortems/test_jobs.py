@@ -15,6 +15,7 @@ from sqlalchemy import update
 from kortex.errors import NotFound
 from kortex.postmortems import jobs
 from kortex.postmortems.document import PostMortem
+from kortex.storage import invocations
 from kortex.storage import turns as turn_store
 from kortex.storage.schema import turns as turns_table
 from kortex.testing.inline import drive
@@ -55,7 +56,7 @@ def test_a_job_writes_one_valid_cited_post_mortem_per_incident(h: Harness, tenan
         document = PostMortem.model_validate(stored.document)  # what was stored is a valid document
         assert document.incident_id == item.incident_ref and stored.item_id == item.id
         with h.k.db.connect() as conn:
-            succeeded = turn_store.succeeded_calls(conn, tenant, item.turn_id)
+            succeeded = invocations.succeeded_calls(conn, tenant, item.turn_id)
         assert document.cited() and set(document.cited()) <= succeeded, "every citation names a call that answered"
         assert stored.grounding == {"cited": len(document.cited()), "dangling": []}
         assert get_turn(h.k, tenant, item.turn_id).profile == "postmortem"

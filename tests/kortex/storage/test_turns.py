@@ -8,7 +8,7 @@ import pytest
 
 from kortex.errors import Conflict, NotFound, StorageError
 from kortex.messages import AssistantMessage, ToolCall, ToolResult, Usage
-from kortex.storage import chats, turns
+from kortex.storage import chats, invocations, turns
 from kortex.storage.audit import AuditEntry, write_entries
 from kortex.storage.schema import decisions
 from tests.conftest import Harness
@@ -71,8 +71,8 @@ def test_claims_and_completions_are_compare_and_set(harness: Harness) -> None:
         nexts = []
         for inv in invs:
             with k.db.begin() as conn:
-                assert turns.claim_invocation(conn, tenant, inv.id, hard_limit=5) is not None
-                assert turns.claim_invocation(conn, tenant, inv.id, hard_limit=5) is None
+                assert invocations.claim_invocation(conn, tenant, inv.id, hard_limit=5) is not None
+                assert invocations.claim_invocation(conn, tenant, inv.id, hard_limit=5) is None
                 done = turns.complete_invocation(conn, tenant, inv.id, ToolResult(call_id=inv.call_id, name=inv.name))
                 nexts.append(done.next_step)
                 assert turns.complete_invocation(conn, tenant, inv.id, ToolResult(call_id=inv.call_id, name=inv.name)) is None

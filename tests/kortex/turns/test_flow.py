@@ -6,7 +6,7 @@ import json
 
 from sqlalchemy import select, update
 
-from kortex.storage import audit
+from kortex.storage import audit, invocations
 from kortex.storage.schema import tool_invocations
 from kortex.testing.inline import drive
 from kortex.turns import chat, watchdog
@@ -309,7 +309,6 @@ def test_tool_calls_past_the_per_step_cap_get_an_error_result(harness_factory) -
 
 
 def test_a_proposal_whose_result_was_lost_is_the_answer_not_a_timeout(harness: Harness) -> None:
-    from kortex.storage import turns as turn_store
     from kortex.timeparse import utcnow
     from kortex.tools.spec import ToolContext
     from kortex.turns.step import run_step
@@ -320,7 +319,7 @@ def test_a_proposal_whose_result_was_lost_is_the_answer_not_a_timeout(harness: H
     posted = chat.post_message(k, tenant, session.id, "fix it")
     (dispatch,) = run_step(k, tenant, posted.turn.id, 0).tools
     with k.db.connect() as conn:  # a worker takes the call, stores the proposal, and dies
-        inv = turn_store.claim_invocation(conn, tenant, dispatch.invocation_id, hard_limit=-10)
+        inv = invocations.claim_invocation(conn, tenant, dispatch.invocation_id, hard_limit=-10)
     ctx = ToolContext(tenant_id=tenant, session_id=inv.session_id, turn_id=inv.turn_id, call_id=inv.call_id,
                       step=0, now=utcnow(), sources=k.sources, services=dict(k.services))
     k.tools.get("propose_action").run(k.tools.get("propose_action").input_model.model_validate(inv.arguments), ctx)

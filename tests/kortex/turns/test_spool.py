@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kortex.messages import ToolResult
-from kortex.storage import turns as turn_store
+from kortex.storage import invocations
 from kortex.turns import chat, spool
 from kortex.turns.step import run_step
 from kortex.turns.toolrun import run_tool
@@ -20,7 +20,7 @@ def test_a_spooled_result_is_stored_and_published_exactly_once(harness: Harness,
     posted = chat.post_message(h.k, tenant, session.id, "go")
     (tool,) = run_step(h.k, tenant, posted.turn.id, 0).tools
     with h.k.db.begin() as conn:  # the first run claimed it, computed it, and could not store it
-        inv = turn_store.claim_invocation(conn, tenant, tool.invocation_id, hard_limit=60)
+        inv = invocations.claim_invocation(conn, tenant, tool.invocation_id, hard_limit=60)
     assert inv is not None
     result = ToolResult(call_id=inv.call_id, name=inv.name, content={"slept_s": 0.0})
     # published: its events went out inside the transaction whose commit failed

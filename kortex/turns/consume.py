@@ -1,0 +1,96 @@
+"""Reading a routed stream into the step's answer: its text published as it comes, its tool
+calls with ids unique in the conversation, its final chunk; a warning becomes a notice event
+(a slow first token, an anomaly and its fallback). The read races the step's hold, so a lost
+lease or a stopping process ends it at once."""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import aclosing
+from typing import TYPE_CHECKING, Any
+
+from kortex.errors import ProviderError
+from kortex.events import ErrorEvent
+from kortex.ids import new_call_id
+from kortex.llm.base import DoneChunk, TextChunk, ToolCallChunk, WarningChunk
+from kortex.llm.router import RoutedStream
+from kortex.messages import AssistantMessage, Message, ToolCall
+from kortex.stream.store import StepPublisher
+from kortex.turns.anomalies import Anomaly
+from kortex.turns.notes import Notes
+
+if TYPE_CHECKING:
+    from kortex.turns.engine import StepHold
+
+
+def call_ids(history: list[Message]) -> set[str]:
+    return {c.id for m in history if isinstance(m, AssistantMessage) for c in m.tool_calls}
+
+
+def unique_calls(calls: list[ToolCall], taken: set[str]) -> tuple[ToolCall, ...]:
+    """Give every call an id unique in the conversation: providers occasionally omit one or
+    repeat an id from an earlier step, and results are matched to calls by id. Names are cut
+    to what storage holds (no tool has a longer one, so the pipeline refuses such a call)."""
+    seen = set(taken)
+    out = []
+    for call in calls:
+        if not call.id or call.id in seen or len(call.id) > 200:
+            call = call.model_copy(update={"id": new_call_id()})
+        if len(call.name) > 200:
+            call = call.model_copy(update={"name": call.name[:200]})
+        seen.add(call.id)
+        out.append(call)
+    return tuple(out)
+
+
+async def consume(
+    routed: RoutedStream, publisher: StepPublisher, taken: set[str], hold: StepHold, notes: Notes | None = None,
+) -> tuple[str, tuple[ToolCall, ...], DoneChunk]:
+    text: list[str] = []
+    calls: list[ToolCall] = []
+    done: DoneChunk | None = None
+
+    async def read() -> None:
+        nonlocal done
+        async with aclosing(routed.stream()) as chunks:  # type: ignore[type-var]
+            async for chunk in chunks:
+                if isinstance(chunk, TextChunk):
+                    text.append(chunk.text)
+                    publisher.text(chunk.text)
+                elif isinstance(chunk, ToolCallChunk):
+                    calls.append(chunk.call)
+                elif isinstance(chunk, WarningChunk) and chunk.code == "latency_spike" and notes is not None:
+                    # The first model sent nothing in time; the decision's fallback answers (no
+                    # text had been shown, so nothing is said twice).
+                    spike = Anomaly("latency_spike", chunk.message, "fallback")
+                    notes.anomaly(spike, publisher)
+                    notes.recovery("fallback", spike.kind, chunk.message, publisher,
+                                   model=routed.candidates[-1].spec)
+                elif isinstance(chunk, WarningChunk):
+                    publisher.emit(ErrorEvent(code=chunk.code, message=chunk.message, fatal=False))
+                elif isinstance(chunk, DoneChunk):
+                    done = chunk
+
+    # The read races the hold: a lost lease, a fenced write or a stopping process ends the
+    # read at once (closing the vendor's HTTP stream), not when a stalled vendor next sends.
+    reader = asyncio.ensure_future(read())
+    try:
+        racers: set[asyncio.Future[Any]] = {reader, hold.ended}
+        await asyncio.wait(racers, return_when=asyncio.FIRST_COMPLETED)
+        if not reader.done():
+            raise hold.ended.result()
+        reader.result()  # the provider's failure, if any
+    finally:
+        if not reader.done():  # the hold ended, or this step itself was cancelled (its time limit)
+            reader.cancel()
+            # wait() never raises what the reader raised, and a cancel of this task still
+            # propagates (suppressing CancelledError here would swallow it).
+            await asyncio.wait({reader})
+            if not reader.cancelled():
+                reader.exception()  # retrieved: the reader's own failure is moot once stopped
+    if done is None:
+        raise ProviderError("stream ended without a final chunk", retryable=True, code="stream_truncated")
+    return "".join(text), unique_calls(calls, taken), done
+
+
+__all__ = ["call_ids", "consume", "unique_calls"]
