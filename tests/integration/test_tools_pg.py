@@ -39,7 +39,9 @@ def platform(pg: Harness) -> str:
 
 
 def test_logql_and_traces(pg: Harness, service: str) -> None:
-    base = {"product": "checkout", "time_range": "last 3h"}
+    # One fixed window for every call: with "last 3h" a line could leave it between two calls.
+    now = utcnow()
+    base = {"product": "checkout", "time_range": f"{(now - timedelta(hours=3)).isoformat()}/{now.isoformat()}"}
     exact = pg.call(service, "get_logs", {**base, "query": '|= "POOL"'}).content
     pool = pg.call(service, "get_logs", {**base, "query": '|= "pool" != "waiting"'}).content
     assert exact["total_matches"] == 0 and pool["total_matches"] == 3
