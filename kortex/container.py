@@ -39,6 +39,7 @@ from kortex.tools.spec import ToolSpec
 from kortex.turns.routed import Router
 
 if TYPE_CHECKING:
+    from kortex.turns.admission import TurnSlots
     from kortex.turns.engine import StepEngine
     from kortex.turns.handoff import StepDispatch
 
@@ -162,6 +163,7 @@ class Kortex:
     io: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(16, thread_name_prefix="kortex-io"))
     _engine: StepEngine | None = field(default=None, repr=False)
     _router: Router | None = field(default=None, repr=False)
+    _slots: TurnSlots | None = field(default=None, repr=False)
     _engine_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -181,6 +183,16 @@ class Kortex:
         if self._router is None:
             self._router = Router(self.settings)
         return self._router
+
+    @property
+    def slots(self) -> TurnSlots:
+        """The per-tenant count of live chat turns (kortex/turns/admission.py)."""
+        if self._slots is None:
+            from kortex.turns.admission import TurnSlots
+
+            # A slot outlives no turn: a turn past its deadline is failed by the watchdog.
+            self._slots = TurnSlots(self.redis, self.settings.redis_prefix, self.settings.turn.deadline + 120)
+        return self._slots
 
     def close_engine(self, grace: float | None = None) -> list[StepDispatch]:
         """Stop the step engine; returns the steps it will not run (to hand back to a queue)."""

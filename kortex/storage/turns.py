@@ -22,7 +22,7 @@ from typing import Any
 from sqlalchemy import and_, bindparam, case, exists, func, insert, select, true, tuple_, update
 from sqlalchemy.engine import Connection
 
-from kortex.errors import Conflict, NotFound, RateLimited
+from kortex.errors import Conflict, NotFound
 from kortex.ids import uuid7
 from kortex.messages import AssistantMessage, ToolMessage, ToolResult, Usage, UserMessage
 from kortex.storage.chats import INSERT_MESSAGE, message_row
@@ -86,19 +86,11 @@ _ADMIT_READ = (
                                                        chat_sessions.c.tenant_id == tenants.c.id)))
     .where(tenants.c.id == bindparam("p_tenant"))
 )
-# NO KEY UPDATE: it serialises admissions, yet leaves alone the key-share locks that every
-# insert referencing the tenant takes (audit rows, tool calls), which a plain FOR UPDATE would
-# make wait on posts, and posts on them.
-_ADMIT_LOCK = select(tenants.c.id).where(tenants.c.id == bindparam("p_tenant")).with_for_update(key_share=True)
-# A separate statement from the lock: PostgreSQL evaluates a statement against the snapshot
-# taken when it began, so counts read by the locking statement itself would miss the turn
-# committed by the transaction it waited for.
+# The session's row lock (the turn-number update of _write_turn) serialises two posts to one
+# session; this count, a statement of its own, then sees the turn the other committed (a
+# statement reads the snapshot taken when it began). How many turns a tenant runs at once is
+# not counted here but in Redis (kortex/turns/admission.py): no lock spans a tenant's posts.
 _ADMIT_COUNT = select(
-    # Chat turns only: a batch job's turns are bounded by the job's own concurrency, and must
-    # not lock the tenant's operators out of chat (kortex/postmortems/).
-    select(func.count()).select_from(turns)
-    .where(_t.tenant_id == bindparam("p_tenant"), _t.status.in_(ACTIVE), _t.profile == "chat")
-    .scalar_subquery().label("active"),
     select(_t.id).where(_t.tenant_id == bindparam("p_tenant"), _t.session_id == bindparam("p_session"),
                         _t.status.in_(ACTIVE), _t.id != bindparam("p_id")).limit(1).scalar_subquery().label("busy"),
 )
@@ -106,8 +98,9 @@ _ADMIT_COUNT = select(
 
 @dataclass(frozen=True, slots=True)
 class Admission:
-    """What admission read, handed to ``create_turn``'s ``admit``."""
+    """What admission read, handed to ``create_turn``'s ``admit``, and the new turn's id."""
 
+    turn_id: str
     usd_today: float
     session_tokens: int
     tenant_settings: dict[str, Any] | None
@@ -122,12 +115,10 @@ _NEXT_TURN_NO = (
 )
 _INSERT_TURN = turns.insert()
 # PostgreSQL writes a new turn in one statement: the session's next turn number, the turn, its
-# user message and the tenant's row lock, which are four round trips one by one (SQLite, which
+# user message, which are three round trips one by one (SQLite, which
 # has no data-modifying WITH, still takes them). The inserts get their turn number from the
 # update; a session that vanished since the read leaves them nothing to insert (turn_no NULL).
 # Each column is bound with its own type, so values are stored exactly as by the plain inserts.
-# Nothing reads the lock inside the statement: the count that needs it is the next statement
-# (see _ADMIT_COUNT), taken once the lock is held.
 _TURN_COLUMNS = ("id", "tenant_id", "session_id", "status", "step", "attempt", "lease_until", "pending_tools",
                  "model", "model_used", "idempotency_key", "request_hash", "error", "input_tokens", "output_tokens",
                  "cost_usd", "deadline_at", "created_at", "updated_at", "finished_at", "profile")
@@ -148,19 +139,17 @@ _new_message = (
     .returning(chat_messages.c.id)
     .cte("new_message")
 )
-_tenant_lock = _ADMIT_LOCK.cte("tenant_lock")
 #: dialects that write a turn in one statement (a test turns it off to compare the two ways)
 ONE_STATEMENT_WRITE = frozenset({"postgresql"})
 _WRITE_TURN_PG = select(
     select(_new_turn.c.turn_no).scalar_subquery().label("turn_no"),
     select(func.count()).select_from(_new_message).scalar_subquery().label("messages"),
-    select(func.count()).select_from(_tenant_lock).scalar_subquery().label("locked"),
 )
 
 
 def _write_turn(conn: Connection, row: dict[str, Any], content: str) -> int | None:
-    """Store the turn ``row`` (all but its turn_no) and its user message, and take the tenant's
-    row lock; returns the turn's number, None when the session is gone."""
+    """Store the turn ``row`` (all but its turn_no) and its user message; returns the turn's
+    number, None when the session is gone."""
     message = message_row(tenant_id=row["tenant_id"], session_id=row["session_id"], turn_id=row["id"], turn_no=0,
                           step=-1, ord=0, message=UserMessage(content=content))
     if conn.dialect.name in ONE_STATEMENT_WRITE:
@@ -175,7 +164,6 @@ def _write_turn(conn: Connection, row: dict[str, Any], content: str) -> int | No
         return None
     conn.execute(_INSERT_TURN, {**row, "turn_no": turn_no})
     conn.execute(INSERT_MESSAGE, {**message, "turn_no": turn_no})
-    conn.execute(_ADMIT_LOCK, {"p_tenant": row["tenant_id"]})
     return int(turn_no)
 
 
@@ -193,7 +181,6 @@ def create_turn(
     model: str | None,
     deadline: timedelta,
     idempotency_key: str | None = None,
-    max_active_per_tenant: int | None = None,
     admit: Callable[[Connection, Admission], None] | None = None,
     profile: str = "chat",
 ) -> NewTurn:
@@ -214,11 +201,12 @@ def create_turn(
         return NewTurn(TurnRecord.from_row(earlier), created=False)  # a replay changes nothing
     if state.busy:
         raise _busy(state.busy)
+    turn_id = uuid7()
     if admit is not None:
-        admit(conn, Admission(usd_today=float(state.usd or 0.0), session_tokens=int(state.tokens or 0),
+        admit(conn, Admission(turn_id=turn_id, usd_today=float(state.usd or 0.0), session_tokens=int(state.tokens or 0),
                               tenant_settings=state.settings))
     row: dict[str, Any] = {
-        "id": uuid7(), "tenant_id": tenant_id, "session_id": session_id,
+        "id": turn_id, "tenant_id": tenant_id, "session_id": session_id,
         "status": "queued", "step": 0, "attempt": 0, "lease_until": None, "pending_tools": 0, "model": model,
         "model_used": None,
         "idempotency_key": idempotency_key, "request_hash": digest, "error": None,
@@ -232,9 +220,6 @@ def create_turn(
     counted = conn.execute(_ADMIT_COUNT, {"p_tenant": tenant_id, "p_session": session_id, "p_id": row["id"]}).one()
     if counted.busy:  # another post to this session committed first
         raise _busy(counted.busy)
-    if max_active_per_tenant is not None and int(counted.active or 0) > max_active_per_tenant:
-        raise RateLimited(f"at most {max_active_per_tenant} turns may run at once for this tenant",
-                          details={"limit": "max_concurrent_turns_per_tenant"})
     row.pop("idempotency_key")
     row.pop("request_hash")
     return NewTurn(TurnRecord(**row), created=True)

@@ -33,6 +33,11 @@ def rate_window(prefix: str, tenant_id: str, window: int) -> str:
     return f"{prefix}:rate:{tenant_id}:{window}"
 
 
+def active_turns(prefix: str, tenant_id: str) -> str:
+    """The sorted set of a tenant's live chat turns, by admission time (kortex/turns/admission.py)."""
+    return f"{prefix}:active:{tenant_id}"
+
+
 def quota_window(prefix: str, tenant_id: str, name: str, window: int) -> str:
     """The counter of one of a tenant's quotas (``sessions``, ``ingest_items``, ...) in one window."""
     return f"{prefix}:quota:{tenant_id}:{name}:{window}"

@@ -163,14 +163,24 @@ def post_message(
     cap = budget_settings.max_concurrent_turns_per_tenant
 
     counted: list[bool] = []
+    slotted: list[str] = []  # the new turn's id once it holds one of the tenant's slots
 
     def admit(conn: Connection, state: turns.Admission) -> None:
         spent = budget.Spend(usd_today=state.usd_today, session_tokens=state.session_tokens,
                              tenant_settings=state.tenant_settings)
         budget.check_spend(budget_settings, spent)
+        k.slots.take(tenant_id, state.turn_id, cap)  # atomic, and no lock: kortex/turns/admission.py
+        slotted.append(state.turn_id)
         # Counted last, once every other check has passed: a refused request costs no rate.
         budget.check_rate(k.redis, k.settings.redis_prefix, budget_settings, tenant_id, spent.tenant_settings)
         counted.append(True)
+
+    def give_back() -> None:
+        if counted:
+            counted.clear()
+            budget.refund_rate(k.redis, k.settings.redis_prefix, tenant_id)
+        while slotted:
+            k.slots.give_back(tenant_id, slotted.pop())
 
     try:
         for attempt in range(2):
@@ -179,19 +189,16 @@ def post_message(
                     new = turns.create_turn(
                         conn, tenant_id=tenant_id, session_id=session_id, content=content, model=model,
                         deadline=timedelta(seconds=k.settings.turn.deadline),
-                        idempotency_key=idempotency_key, max_active_per_tenant=cap, admit=admit,
+                        idempotency_key=idempotency_key, admit=admit,
                     )
                 break
             except Conflict as exc:
                 # Two identical requests raced on the Idempotency-Key: the loser reads the winner's turn.
                 if exc.code != "integrity" or idempotency_key is None or attempt:
                     raise
-                if counted:  # the loser created nothing: give its count back before it replays
-                    counted.clear()
-                    budget.refund_rate(k.redis, k.settings.redis_prefix, tenant_id)
+                give_back()  # the loser created nothing: give its count and slot back before it replays
     except BaseException:
-        if counted:  # counted, then the transaction failed: no turn was created
-            budget.refund_rate(k.redis, k.settings.redis_prefix, tenant_id)
+        give_back()  # counted, then the transaction failed: no turn was created
         raise
     turn = new.turn
     queued_step0 = turn.status == "queued" and turn.step == 0

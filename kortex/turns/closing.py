@@ -37,8 +37,11 @@ def publish_done(k: Kortex, conn: Connection, turn: TurnRecord, events: Sequence
         turns.record_done_event(conn, turn.tenant_id, turn.id, ids[-1])
     done = events[-1] if events else None
     status = done.status if isinstance(done, DoneEvent) else "done"
-    # Every way a turn ends comes through here once (its compare-and-set won), so it is counted here.
+    # Every way a turn ends comes through here once (its compare-and-set won), so it is counted
+    # here, and a chat turn's admission slot is given back (the watchdog frees one this misses).
     metrics.turn_finished(turn.profile, status)
+    if turn.profile == "chat":
+        k.slots.give_back(turn.tenant_id, turn.id)
     try:
         profile = profile_of(turn.profile)
     except ConfigError:  # a kind of turn this process does not know has no hook it could run

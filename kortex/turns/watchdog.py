@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
+from redis.exceptions import RedisError
+
 from kortex import metrics
 from kortex.container import Kortex
 from kortex.errors import KortexError
@@ -112,6 +114,13 @@ def sweep(k: Kortex, queue: QueuePort | None = None) -> SweepReport:
             handoff += job_sweep(k, now, batch_waiting == 0)
         except KortexError:
             log.exception("watchdog could not sweep batch jobs")
+    try:  # a chat turn's admission slot that was not given back (kortex/turns/admission.py)
+        with k.db.connect() as conn:
+            freed, recounted = k.slots.reconcile(conn)
+        if freed or recounted:
+            log.info("watchdog: %d admission slots freed, %d live turns counted again", freed, recounted)
+    except (KortexError, RedisError):
+        log.warning("watchdog could not reconcile admission slots", exc_info=True)
     expired_proposals = k.proposals.expire_due(now)  # each one an audit row, as a human decision is
     try:  # confirmed proposals whose execution a dying process cut off
         recovered = k.proposals.recover_executions(now)

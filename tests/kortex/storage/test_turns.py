@@ -111,21 +111,3 @@ def test_an_idempotent_replay_writes_nothing(harness: Harness) -> None:
 
     with harness.k.db.connect() as conn:
         assert chats.get_session(conn, tenant, session).turn_count == 1
-
-
-def test_the_concurrency_cap_applies_to_requests_with_an_idempotency_key(harness: Harness) -> None:
-    from kortex.errors import RateLimited
-
-    tenant = harness.tenant("acme")
-    sessions = [_session(harness, tenant) for _ in range(3)]
-
-    def new(session: str, key: str):
-        with harness.k.db.begin() as conn:
-            return turns.create_turn(conn, tenant_id=tenant, session_id=session, content="hi", model=None,
-                                     deadline=timedelta(minutes=5), idempotency_key=key, max_active_per_tenant=2)
-
-    new(sessions[0], "a")
-    new(sessions[1], "b")
-    with pytest.raises(RateLimited):
-        new(sessions[2], "c")
-    assert new(sessions[0], "a").created is False  # a replay is not a new turn: no cap

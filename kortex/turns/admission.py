@@ -1,0 +1,124 @@
+"""At most ``max_concurrent_turns_per_tenant`` chat turns of a tenant at once, admitted
+atomically in Redis.
+
+Each tenant has a sorted set of its live chat turns (member: the turn's id; score: when it
+was admitted). Admitting is one Lua script: forget members older than any turn can live,
+count, add the new turn if there is room. Nothing waits on anything else: before this, the
+count was read under the tenant's row lock, held across the POST's round trips to
+PostgreSQL, so one tenant's posts queued on each other (1,000 posts at once took 33 s to
+answer, and the API's database connections were held by posts waiting for the lock, so
+streams could not open either).
+
+A turn's slot is given back by ``publish_done``, the one place every ending passes, in the
+transaction that ends the turn (a slot is never held past the turn's end; should that
+transaction then fail, the turn is briefly not counted). The watchdog makes each set match
+the database (``reconcile``), for the members older than ``GRACE``: a slot whose release
+was lost (Redis down at that moment, a killed process) is freed, a running turn Redis lost
+(a restart without AOF) is counted again. Until then, and at worst, a lost slot stays taken
+until the turn's deadline has passed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from datetime import UTC
+
+from redis import Redis
+from redis.exceptions import RedisError
+from sqlalchemy import select
+from sqlalchemy.engine import Connection
+
+from kortex.errors import RateLimited, StorageError
+from kortex.storage.records import ACTIVE
+from kortex.storage.schema import turns
+from kortex.stream.keys import active_turns
+
+log = logging.getLogger(__name__)
+
+#: how long after its admission a slot is left alone by ``reconcile``: its turn's row may not
+#: be committed yet (the POST admits, then inserts)
+GRACE = 30.0
+
+# KEYS[1] the tenant's set; ARGV: now, turn id, forget-before, cap, key ttl.
+# Returns {1, count} when admitted (or already in), {0, count} when full.
+_TAKE = """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[3])
+if redis.call('ZSCORE', KEYS[1], ARGV[2]) then
+  return {1, redis.call('ZCARD', KEYS[1])}
+end
+local n = redis.call('ZCARD', KEYS[1])
+if n >= tonumber(ARGV[4]) then
+  return {0, n}
+end
+redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2])
+redis.call('EXPIRE', KEYS[1], ARGV[5])
+return {1, n + 1}
+"""
+
+
+class TurnSlots:
+    """The per-tenant count of live chat turns. ``lifetime`` bounds how long a slot can stay
+    taken whatever happens (a turn's deadline plus the watchdog's lag)."""
+
+    def __init__(self, redis: Redis, prefix: str, lifetime: float) -> None:
+        self.redis, self.prefix, self.lifetime = redis, prefix, lifetime
+        self._take = redis.register_script(_TAKE)
+
+    def take(self, tenant_id: str, turn_id: str, cap: int) -> None:
+        """Count ``turn_id`` among the tenant's live turns, or raise ``RateLimited`` when
+        ``cap`` are live. Redis down is ``StorageError``: a cap is a gate, not a guard."""
+        now = time.time()
+        try:
+            admitted, live = self._take(keys=[active_turns(self.prefix, tenant_id)],
+                                        args=[now, turn_id, now - self.lifetime, cap, int(self.lifetime) + 60])
+        except RedisError as exc:
+            raise StorageError("the turn admission store is unavailable") from exc
+        if not int(admitted):
+            raise RateLimited(f"at most {cap} turns may run at once for this tenant",
+                              details={"limit": "max_concurrent_turns_per_tenant", "live": int(live)})
+
+    def give_back(self, tenant_id: str, turn_id: str) -> None:
+        """The turn is over (or was never created). Redis trouble is logged: ``reconcile`` frees
+        the slot later."""
+        try:
+            self.redis.zrem(active_turns(self.prefix, tenant_id), turn_id)
+        except RedisError:
+            log.warning("could not free the admission slot of turn %s; the watchdog will", turn_id)
+
+    def live(self, tenant_id: str) -> set[str]:
+        return set(self.redis.zrange(active_turns(self.prefix, tenant_id), 0, -1))
+
+    def reconcile(self, conn: Connection, tenant_ids: Iterable[str] | None = None) -> tuple[int, int]:
+        """Make each tenant's set match its live chat turns in the database, for members and
+        turns older than ``GRACE``; returns (slots freed, turns counted again)."""
+        now = time.time()
+        settled_before = now - GRACE
+        rows = conn.execute(select(turns.c.tenant_id, turns.c.id, turns.c.created_at)
+                            .where(turns.c.status.in_(ACTIVE), turns.c.profile == "chat")).all()
+        live_db: dict[str, dict[str, float]] = {}
+        for row in rows:
+            created = row.created_at if row.created_at.tzinfo else row.created_at.replace(tzinfo=UTC)
+            live_db.setdefault(row.tenant_id, {})[row.id] = created.timestamp()
+        tenants = set(live_db) | set(tenant_ids or ()) | self._tenants_with_sets()
+        freed = recounted = 0
+        for tenant in tenants:
+            key = active_turns(self.prefix, tenant)
+            held = dict(self.redis.zrange(key, 0, -1, withscores=True))
+            in_db = live_db.get(tenant, {})
+            stale = [m for m, admitted in held.items() if m not in in_db and admitted < settled_before]
+            missing = {t: at for t, at in in_db.items() if t not in held and at < settled_before}
+            if stale:
+                freed += int(self.redis.zrem(key, *stale))
+            if missing:
+                recounted += int(self.redis.zadd(key, missing, nx=True))
+                self.redis.expire(key, int(self.lifetime) + 60)
+        return freed, recounted
+
+    def _tenants_with_sets(self) -> set[str]:
+        head = active_turns(self.prefix, "")
+        return {key[len(head):] for key in self.redis.scan_iter(match=f"{head}*", count=500)}
+
+
+__all__ = ["GRACE", "TurnSlots"]
