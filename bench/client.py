@@ -21,6 +21,7 @@ class TurnTiming:
     """When things happened for one turn, in seconds after its clock started; None: never."""
 
     posted: float | None = None
+    opened: float | None = None  # the event stream's response headers arrived
     first_event: float | None = None
     first_text: float | None = None
     done: float | None = None
@@ -104,6 +105,7 @@ class KortexClient:
             if resp.status != 200:
                 timing.error = f"GET events {resp.status}"
                 return
+            timing.opened = time.perf_counter() - t0
             kind: str | None = None
             data: list[str] = []
             async for raw in resp.content:

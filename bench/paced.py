@@ -32,6 +32,7 @@ def summary(batch: Batch, cpu: dict[str, float], n: int, procs: tuple[str, ...])
     texts = [t.first_text for t in batch.timings if t.first_text is not None]
     posted = [t.posted for t in batch.timings if t.posted is not None]
     firsts = [t.first_event for t in batch.timings if t.first_event is not None]
+    opened = [t.opened for t in batch.timings if t.opened is not None]
     # CPU is charged to the turns that finished (with none, there is no figure)
     per_turn = len(finished)
     own = sum(v for k, v in cpu.items() if k in procs)
@@ -42,6 +43,7 @@ def summary(batch: Batch, cpu: dict[str, float], n: int, procs: tuple[str, ...])
         "first_text_p50_s": pct(texts, 0.5), "first_text_p99_s": pct(texts, 0.99),
         # Where the wait before the first text is: the POST's answer, then the first event.
         "posted_p50_s": pct(posted, 0.5), "posted_p99_s": pct(posted, 0.99),
+        "opened_p50_s": pct(opened, 0.5), "opened_p99_s": pct(opened, 0.99),
         "first_event_p50_s": pct(firsts, 0.5), "first_event_p99_s": pct(firsts, 0.99),
         "cpu_ms_per_turn": own * 1000 / per_turn if per_turn else None,
         "cpu_ms_by_process": {k: v * 1000 / per_turn for k, v in sorted(cpu.items(), key=lambda kv: -kv[1])}
@@ -88,7 +90,25 @@ def run_kortex(env: BenchEnv, n: int, timeout: float) -> dict[str, Any]:
         stack = env.kortex(local, {"paced": True})
         key = stack.keys["paced"]
         batch, cpu = asyncio.run(_kortex_batch(env, stack.url, key, stack.meter(), n, timeout))
-        return summary(batch, cpu, n, tuple(stack.procs))
+        return {**summary(batch, cpu, n, tuple(stack.procs)), **server_waits(stack.env["KORTEX_DATABASE_URL"])}
+
+
+def server_waits(database_url: str) -> dict[str, Any]:
+    """Where a turn waited on the server before its first LLM call: from the turn's commit to
+    the first call's start (its audit row's time less its latency), p50/p99."""
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(database_url.replace("postgresql://", "postgresql+psycopg://", 1))
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(sa.text(
+                "SELECT extract(epoch FROM min(d.created_at - make_interval(secs => d.latency_ms / 1000.0))"
+                " - t.created_at) AS wait FROM turns t JOIN decisions d ON d.turn_id = t.id"
+                " WHERE d.kind = 'llm_call' AND t.profile = 'chat' GROUP BY t.id, t.created_at")).all()
+    finally:
+        engine.dispose()
+    waits = [float(r.wait) for r in rows if r.wait is not None]
+    return {"first_call_wait_p50_s": pct(waits, 0.5), "first_call_wait_p99_s": pct(waits, 0.99)}
 
 
 def run(env: BenchEnv, report: Report, sizes: list[int], timeout: float | None, min_limit: float = 60.0) -> None:
@@ -118,8 +138,11 @@ def _rows(report: Report, n: int, base: dict[str, Any], ours: dict[str, Any], li
     )
     if ours.get("posted_p50_s") is not None:
         report.note("paced", f"N={n} kortex: POST answered p50 {ours['posted_p50_s']:.2f} s / p99 "
-                             f"{ours['posted_p99_s']:.2f} s; first event p50 {ours['first_event_p50_s'] or 0:.2f} s / "
-                             f"p99 {ours['first_event_p99_s'] or 0:.2f} s")
+                             f"{ours['posted_p99_s']:.2f} s; stream open p50 {ours['opened_p50_s'] or 0:.2f} s / "
+                             f"p99 {ours['opened_p99_s'] or 0:.2f} s; first event p50 {ours['first_event_p50_s'] or 0:.2f} s / "
+                             f"p99 {ours['first_event_p99_s'] or 0:.2f} s; on the server, turn stored -> first LLM "
+                             f"call p50 {ours.get('first_call_wait_p50_s') or 0:.2f} s / "
+                             f"p99 {ours.get('first_call_wait_p99_s') or 0:.2f} s")
     by = ", ".join(f"{k} {v:.1f}" for k, v in ours["cpu_ms_by_process"].items())
     if by:
         report.note("paced", f"N={n} kortex CPU ms/turn: {by}")

@@ -24,6 +24,7 @@ import logging
 import time
 from collections.abc import Iterable
 from datetime import UTC
+from typing import cast
 
 from redis import Redis
 from redis.exceptions import RedisError
@@ -88,7 +89,7 @@ class TurnSlots:
             log.warning("could not free the admission slot of turn %s; the watchdog will", turn_id)
 
     def live(self, tenant_id: str) -> set[str]:
-        return set(self.redis.zrange(active_turns(self.prefix, tenant_id), 0, -1))
+        return set(cast(list[str], self.redis.zrange(active_turns(self.prefix, tenant_id), 0, -1)))
 
     def reconcile(self, conn: Connection, tenant_ids: Iterable[str] | None = None) -> tuple[int, int]:
         """Make each tenant's set match its live chat turns in the database, for members and
@@ -105,14 +106,14 @@ class TurnSlots:
         freed = recounted = 0
         for tenant in tenants:
             key = active_turns(self.prefix, tenant)
-            held = dict(self.redis.zrange(key, 0, -1, withscores=True))
+            held = dict(cast(list[tuple[str, float]], self.redis.zrange(key, 0, -1, withscores=True)))
             in_db = live_db.get(tenant, {})
             stale = [m for m, admitted in held.items() if m not in in_db and admitted < settled_before]
             missing = {t: at for t, at in in_db.items() if t not in held and at < settled_before}
             if stale:
-                freed += int(self.redis.zrem(key, *stale))
+                freed += cast(int, self.redis.zrem(key, *stale))
             if missing:
-                recounted += int(self.redis.zadd(key, missing, nx=True))
+                recounted += cast(int, self.redis.zadd(key, missing, nx=True))
                 self.redis.expire(key, int(self.lifetime) + 60)
         return freed, recounted
 

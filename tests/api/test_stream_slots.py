@@ -18,10 +18,9 @@ from api.main import create_app
 from tests.conftest import Harness
 
 
-@pytest.fixture
-def server(harness_factory: Any) -> Iterator[tuple[str, Any, Harness]]:
-    h = harness_factory(turn={"heartbeat": 0.1, "max_streams_per_tenant": 2})
-    app = create_app(h.settings, dispatch=lambda handoff: None, embedded_worker=False)
+@contextlib.contextmanager
+def serve(app: Any) -> Iterator[str]:
+    """``app`` under uvicorn on a free port, in a thread; yields its URL."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -32,9 +31,19 @@ def server(harness_factory: Any) -> Iterator[tuple[str, Any, Harness]]:
     while not srv.started:
         assert time.monotonic() < deadline, "uvicorn did not start"
         time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}", app, h
-    srv.should_exit = True
-    thread.join(10)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        srv.should_exit = True
+        thread.join(10)
+
+
+@pytest.fixture
+def server(harness_factory: Any) -> Iterator[tuple[str, Any, Harness]]:
+    h = harness_factory(turn={"heartbeat": 0.1, "max_streams_per_tenant": 2})
+    app = create_app(h.settings, dispatch=lambda handoff: None, embedded_worker=False)
+    with serve(app) as url:
+        yield url, app, h
 
 
 def _turn(url: str, key: str) -> str:
