@@ -26,8 +26,7 @@ from kortex import logcontext
 from kortex.access import Permission, require
 from kortex.container import Kortex
 from kortex.errors import AuthError, NotFound
-from kortex.keys import Caller, authenticate
-from kortex.storage.records import TenantRecord
+from kortex.keys import Caller, TenantRecord, authenticate
 from kortex.stream.hub import StreamHub
 
 

@@ -23,6 +23,7 @@ from api.sse import StreamSlots
 from kortex import logcontext, logsafe, tracing
 from kortex.config import Settings, load_settings
 from kortex.container import Kortex, redis_factory
+from kortex.health import prepare_embedded
 from kortex.keys import revocation_epoch
 from kortex.stream.hub import StreamHub
 from kortex.turns.handoff import Handoff
@@ -142,11 +143,9 @@ def create_app(settings: Settings | None = None, *, dispatch: Callable[[Handoff]
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        from kortex.storage.migrate import upgrade
-
         worker = None
         if settings.embedded:
-            upgrade(settings.effective_database_url)  # one process owns its SQLite file
+            prepare_embedded(settings.effective_database_url)
         if dispatch is None:
             from workers.app import app as celery_app
             from workers.dispatch import dispatch as celery_dispatch

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from kortex.keys import KeyInfo
 from kortex.messages import Usage
 from kortex.redaction import scrub
-from kortex.storage.records import MessageRecord, SessionRecord, TurnRecord
+from kortex.turns.chat import MessageRecord, SessionRecord, TurnRecord
 
 
 class _In(BaseModel):

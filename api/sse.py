@@ -12,10 +12,9 @@ from starlette.types import Receive, Scope, Send
 from kortex import metrics
 from kortex.container import Kortex
 from kortex.errors import RateLimited
-from kortex.storage.records import TurnRecord
 from kortex.stream.entries import Entry, entry_age, resume_id
 from kortex.stream.hub import StreamHub, SubscriptionOverflow
-from kortex.turns.follow import follow
+from kortex.turns.follow import TurnRecord, follow
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ request). What failed is named, never with a URL or a secret."""
 from __future__ import annotations
 
 from kortex.container import Kortex
-from kortex.storage.migrate import schema_state
+from kortex.storage.migrate import schema_state, upgrade
 
 
 def readiness(k: Kortex) -> dict[str, str]:
@@ -28,4 +28,10 @@ def readiness(k: Kortex) -> dict[str, str]:
     return checks
 
 
-__all__ = ["readiness"]
+def prepare_embedded(database_url: str) -> None:
+    """Bring the embedded database to this code's schema at start-up: one process owns its
+    SQLite file, so there is no separate migration step to run first."""
+    upgrade(database_url)
+
+
+__all__ = ["prepare_embedded", "readiness"]

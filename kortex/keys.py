@@ -173,5 +173,5 @@ def tenant_by_name(k: Kortex, name: str) -> TenantRecord:
     return tenant
 
 
-__all__ = ["MANAGERS", "Caller", "KeyInfo", "authenticate", "create_key", "epoch_key", "list_keys", "revocation_epoch", "revoke_key", "rotate_key",
+__all__ = ["MANAGERS", "Caller", "KeyInfo", "TenantRecord", "authenticate", "create_key", "epoch_key", "list_keys", "revocation_epoch", "revoke_key", "rotate_key",
            "set_tenant_disabled", "tenant_by_name"]

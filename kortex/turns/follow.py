@@ -93,4 +93,4 @@ async def follow(k: Kortex, hub: StreamHub, turn: TurnRecord, after: str, heartb
             yield None
 
 
-__all__ = ["DONE_GRACE", "closing_done", "follow", "nothing_left"]
+__all__ = ["DONE_GRACE", "TurnRecord", "closing_done", "follow", "nothing_left"]
