@@ -66,3 +66,14 @@ def overdue_invocations(conn: Connection, now: datetime, limit: int = 500) -> li
         select(tool_invocations).where(_i.status == "running", _i.deadline_at < now).limit(limit)
     ).all()
     return [InvocationRecord.from_row(r) for r in rows]
+
+
+def live_chat_turns(conn: Connection) -> dict[str, dict[str, datetime]]:
+    """Every chat turn not yet ended, by tenant: turn id -> when it was created (what the
+    admission slots are reconciled with, kortex/turns/admission.py)."""
+    rows = conn.execute(select(_t.tenant_id, _t.id, _t.created_at)
+                        .where(_t.status.in_(ACTIVE), _t.profile == "chat")).all()
+    live: dict[str, dict[str, datetime]] = {}
+    for row in rows:
+        live.setdefault(row.tenant_id, {})[row.id] = row.created_at
+    return live

@@ -22,18 +22,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
-from datetime import UTC
 from typing import cast
 
 from redis import Redis
 from redis.exceptions import RedisError
-from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
 from kortex.errors import RateLimited, StorageError
-from kortex.storage.records import ACTIVE
-from kortex.storage.schema import turns
+from kortex.storage import sweeps
 from kortex.stream.keys import active_turns
 
 log = logging.getLogger(__name__)
@@ -91,18 +87,14 @@ class TurnSlots:
     def live(self, tenant_id: str) -> set[str]:
         return set(cast(list[str], self.redis.zrange(active_turns(self.prefix, tenant_id), 0, -1)))
 
-    def reconcile(self, conn: Connection, tenant_ids: Iterable[str] | None = None) -> tuple[int, int]:
+    def reconcile(self, conn: Connection) -> tuple[int, int]:
         """Make each tenant's set match its live chat turns in the database, for members and
         turns older than ``GRACE``; returns (slots freed, turns counted again)."""
         now = time.time()
         settled_before = now - GRACE
-        rows = conn.execute(select(turns.c.tenant_id, turns.c.id, turns.c.created_at)
-                            .where(turns.c.status.in_(ACTIVE), turns.c.profile == "chat")).all()
-        live_db: dict[str, dict[str, float]] = {}
-        for row in rows:
-            created = row.created_at if row.created_at.tzinfo else row.created_at.replace(tzinfo=UTC)
-            live_db.setdefault(row.tenant_id, {})[row.id] = created.timestamp()
-        tenants = set(live_db) | set(tenant_ids or ()) | self._tenants_with_sets()
+        live_db = {tenant: {t: at.timestamp() for t, at in turns_of.items()}
+                   for tenant, turns_of in sweeps.live_chat_turns(conn).items()}
+        tenants = set(live_db) | self._tenants_with_sets()
         freed = recounted = 0
         for tenant in tenants:
             key = active_turns(self.prefix, tenant)
