@@ -20,6 +20,8 @@ import os
 import subprocess
 from typing import Any
 
+import psycopg
+
 from bench import floor
 from bench.client import Batch, KortexClient, send_at_once, session
 from bench.report import Report, Row
@@ -96,18 +98,12 @@ def run_kortex(env: BenchEnv, n: int, timeout: float) -> dict[str, Any]:
 def server_waits(database_url: str) -> dict[str, Any]:
     """Where a turn waited on the server before its first LLM call: from the turn's commit to
     the first call's start (its audit row's time less its latency), p50/p99."""
-    import sqlalchemy as sa
-
-    engine = sa.create_engine(database_url.replace("postgresql://", "postgresql+psycopg://", 1))
-    try:
-        with engine.connect() as conn:
-            rows = conn.execute(sa.text(
-                "SELECT extract(epoch FROM min(d.created_at - make_interval(secs => d.latency_ms / 1000.0))"
-                " - t.created_at) AS wait FROM turns t JOIN decisions d ON d.turn_id = t.id"
-                " WHERE d.kind = 'llm_call' AND t.profile = 'chat' GROUP BY t.id, t.created_at")).all()
-    finally:
-        engine.dispose()
-    waits = [float(r.wait) for r in rows if r.wait is not None]
+    with psycopg.connect(database_url) as conn:
+        rows = conn.execute(
+            "SELECT extract(epoch FROM min(d.created_at - make_interval(secs => d.latency_ms / 1000.0))"
+            " - t.created_at) FROM turns t JOIN decisions d ON d.turn_id = t.id"
+            " WHERE d.kind = 'llm_call' AND t.profile = 'chat' GROUP BY t.id, t.created_at").fetchall()
+    waits = [float(wait) for (wait,) in rows if wait is not None]
     return {"first_call_wait_p50_s": pct(waits, 0.5), "first_call_wait_p99_s": pct(waits, 0.99)}
 
 
