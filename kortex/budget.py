@@ -16,14 +16,10 @@ from typing import Any
 
 from redis import Redis
 from redis.exceptions import RedisError
-from sqlalchemy import bindparam, func, select
-from sqlalchemy.engine import Connection
 
 from kortex.config import BudgetSettings
 from kortex.errors import BudgetExceeded, RateLimited
-from kortex.storage.schema import tenant_spend, tenants, turns
 from kortex.stream.keys import quota_window, rate_window
-from kortex.timeparse import utcnow
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,25 +48,6 @@ class Spend:
     usd_today: float
     session_tokens: int
     tenant_settings: dict[str, Any] | None
-
-
-# One round trip: today's LLM spend of the tenant (one row, kept with the audit rows), the
-# session's tokens and the tenant's own limits.
-_SPEND = select(
-    select(tenant_spend.c.cost_usd)
-    .where(tenant_spend.c.tenant_id == bindparam("p_tenant"), tenant_spend.c.day == bindparam("p_day"))
-    .scalar_subquery().label("usd"),
-    select(func.coalesce(func.sum(turns.c.input_tokens + turns.c.output_tokens), 0))
-    .where(turns.c.tenant_id == bindparam("p_tenant"), turns.c.session_id == bindparam("p_session"))
-    .scalar_subquery().label("tokens"),
-    select(tenants.c.settings).where(tenants.c.id == bindparam("p_tenant")).scalar_subquery().label("settings"),
-)
-
-
-def spend(conn: Connection, tenant_id: str, session_id: str) -> Spend:
-    row = conn.execute(_SPEND, {"p_tenant": tenant_id, "p_session": session_id, "p_day": utcnow().date()}).one()
-    return Spend(usd_today=float(row.usd or 0.0), session_tokens=int(row.tokens or 0),
-                 tenant_settings=row.settings)
 
 
 def check_spend(budget: BudgetSettings, current: Spend) -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import and_, bindparam, case, exists, func, insert, select, true, tuple_, update
+from sqlalchemy import and_, bindparam, case, exists, func, insert, literal_column, select, true, tuple_, update
 from sqlalchemy.engine import Connection
 
 from kortex.errors import Conflict, NotFound
@@ -39,6 +39,7 @@ from kortex.storage.schema import (
 from kortex.timeparse import utcnow
 
 _t, _i = turns.c, tool_invocations.c
+_s = turns.alias("session_turn").c  # the session's other turns, inside a statement on one turn
 
 
 def request_hash(content: str, model: str | None) -> str:
@@ -225,23 +226,59 @@ def create_turn(
     return NewTurn(TurnRecord(**row), created=True)
 
 
+# The claimed row's own columns, for the subqueries of its RETURNING: written out whole, as
+# SQLAlchemy leaves them unqualified on SQLite, where ``tenant_id = tenant_id`` then compares
+# the subquery's table with itself.
+_claimed_turn = {name: literal_column(f"turns.{name}") for name in ("id", "tenant_id", "session_id")}
 _CLAIM_STEP = (
     update(turns)
     .where(_t.id == bindparam("p_id"), _t.tenant_id == bindparam("p_tenant"), _t.step == bindparam("p_step"),
            _t.status == "queued")
     .values(status="running", attempt=_t.attempt + 1, lease_until=bindparam("p_lease"), updated_at=bindparam("p_now"))
-    # Kept events of the turn (an outage) go out before the step's own, in the same round trip.
-    .returning(*turns.c, exists().where(stream_outbox.c.turn_id == _t.id).label("kept_events"))
+    .returning(
+        *turns.c,
+        # Kept events of the turn (an outage) go out before the step's own, in the same round trip.
+        exists().where(stream_outbox.c.turn_id == _claimed_turn["id"]).label("kept_events"),
+        # And what the budget checks before the call need (kortex/budget.py): the same round trip.
+        select(tenant_spend.c.cost_usd)
+        .where(tenant_spend.c.tenant_id == _claimed_turn["tenant_id"], tenant_spend.c.day == bindparam("p_day"))
+        .scalar_subquery().label("spend_usd"),
+        select(func.coalesce(func.sum(_s.input_tokens + _s.output_tokens), 0))
+        .where(_s.tenant_id == _claimed_turn["tenant_id"], _s.session_id == _claimed_turn["session_id"])
+        .scalar_subquery().label("spend_tokens"),
+        select(tenants.c.settings).where(tenants.c.id == _claimed_turn["tenant_id"])
+        .scalar_subquery().label("spend_settings"),
+    )
 )
 
 
-def claim_step(conn: Connection, tenant_id: str, turn_id: str, step: int, *, lease: float) -> TurnRecord | None:
+@dataclass(frozen=True, slots=True)
+class ClaimedStep:
+    """A claimed step's turn, and what its tenant and session have spent (read with the claim)."""
+
+    turn: TurnRecord
+    usd_today: float
+    session_tokens: int
+    tenant_settings: dict[str, Any] | None
+
+
+def claim(conn: Connection, tenant_id: str, turn_id: str, step: int, *, lease: float) -> ClaimedStep | None:
     """queued -> running for exactly one delivery of this step, holding a lease of ``lease``
-    seconds that the running attempt renews. None means someone else has it."""
+    seconds that the running attempt renews, in one statement that also reads the spend the
+    budget checks. None means someone else has it."""
     now = utcnow()
     row = conn.execute(_CLAIM_STEP, {"p_id": turn_id, "p_tenant": tenant_id, "p_step": step, "p_now": now,
-                                     "p_lease": now + timedelta(seconds=lease)}).first()
-    return TurnRecord.from_row(row) if row else None
+                                     "p_lease": now + timedelta(seconds=lease), "p_day": now.date()}).first()
+    if row is None:
+        return None
+    return ClaimedStep(TurnRecord.from_row(row), usd_today=float(row.spend_usd or 0.0),
+                       session_tokens=int(row.spend_tokens or 0), tenant_settings=row.spend_settings)
+
+
+def claim_step(conn: Connection, tenant_id: str, turn_id: str, step: int, *, lease: float) -> TurnRecord | None:
+    """``claim``, for a caller that needs only the turn."""
+    claimed = claim(conn, tenant_id, turn_id, step, lease=lease)
+    return claimed.turn if claimed is not None else None
 
 
 def renew_leases(conn: Connection, held: list[tuple[str, str, int]], *, lease: float) -> set[str]:

@@ -13,7 +13,16 @@ from sqlalchemy.engine import Connection
 
 from kortex import budget, logcontext, metrics, tracing
 from kortex.container import Kortex
-from kortex.errors import BudgetExceeded, ConfigError, Conflict, KortexError, ProviderError, StaleAttempt, StreamError
+from kortex.errors import (
+    BudgetExceeded,
+    ConfigError,
+    Conflict,
+    KortexError,
+    ProviderError,
+    StaleAttempt,
+    StorageError,
+    StreamError,
+)
 from kortex.events import (
     CitationOut,
     DoneEvent,
@@ -162,20 +171,37 @@ class Claimed:
 
 
 def _claim(k: Kortex, tenant_id: str, turn_id: str, step: int) -> Claimed | None:
-    """Claim the step and read what its model call needs, in one trip to an I/O thread and
-    one transaction."""
-    with k.db.begin() as conn:
-        turn = turns.claim_step(conn, tenant_id, turn_id, step, lease=k.settings.turn.step_lease)
-        if turn is None:
+    """Claim the step and read what its model call needs, in one trip to an I/O thread.
+
+    Two statements in autocommit (the claim, which reads the spend too, then the history), not
+    a transaction: BEGIN and COMMIT were two more round trips, and under load each round trip
+    waits for the GIL again (py-spy and the fairness bench: a claim of five took another
+    tenant's step ~20 ms longer). The claim alone is the state change; the reads after it
+    change nothing, and if they fail the step is given back, as a rolled-back claim was."""
+    with k.db.connect() as conn:
+        claimed = turns.claim(conn, tenant_id, turn_id, step, lease=k.settings.turn.step_lease)
+        if claimed is None:
             return None
-        history, tenant_settings = _load(k, conn, turn)
-        latency = None
-        if is_auto(k.settings, turn.model) and not isinstance(history, KortexError):
-            latency = k.router.latency.get(conn, turn.tenant_id, k.settings.llm.routing.min_latency_samples)
-        total = len(history) if isinstance(history, list) else 0
-        if total >= k.settings.llm.max_history_messages:  # cut to fit: how much was left out
-            total = chats.count_messages(conn, turn.tenant_id, turn.session_id)
-        return Claimed(turn, history, latency, total, tenant_settings.get("routing") or {})
+        turn = claimed.turn
+        try:
+            spent = budget.Spend(usd_today=claimed.usd_today, session_tokens=claimed.session_tokens,
+                                 tenant_settings=claimed.tenant_settings)
+            history = _load(k, conn, turn, spent)
+            latency = None
+            if is_auto(k.settings, turn.model) and not isinstance(history, KortexError):
+                latency = k.router.latency.get(conn, turn.tenant_id, k.settings.llm.routing.min_latency_samples)
+            total = len(history) if isinstance(history, list) else 0
+            if total >= k.settings.llm.max_history_messages:  # cut to fit: how much was left out
+                total = chats.count_messages(conn, turn.tenant_id, turn.session_id)
+        except StorageError:
+            # The engine tries a step again only when nothing was claimed: so un-claim it
+            # (if the database is gone for that too, the lease lapses and the watchdog runs it).
+            try:
+                turns.release_step(conn, turn, step)
+            except StorageError:
+                log.warning("could not give back step %s of turn %s after a failed read", step, turn.id)
+            raise
+        return Claimed(turn, history, latency, total, (claimed.tenant_settings or {}).get("routing") or {})
 
 
 def _release(k: Kortex, turn: TurnRecord, step: int) -> Handoff:
@@ -187,22 +213,20 @@ def _release(k: Kortex, turn: TurnRecord, step: int) -> Handoff:
                                        lane=lane_of(turn.profile)),))
 
 
-def _load(k: Kortex, conn: Connection, turn: TurnRecord) -> tuple[list[Message] | KortexError, dict[str, Any]]:
+def _load(k: Kortex, conn: Connection, turn: TurnRecord, spent: budget.Spend) -> list[Message] | KortexError:
     """The conversation so far, once the budget allows another LLM call (it is checked before
-    every call, not only when the turn began), and the tenant's own settings."""
-    spent = budget.spend(conn, turn.tenant_id, turn.session_id)
-    tenant_settings = spent.tenant_settings or {}
+    every call, not only when the turn began)."""
     try:
         budget.check_spend(k.settings.llm.budget, spent)
     except BudgetExceeded as exc:
-        return exc, tenant_settings
+        return exc
     history = chats.load_history(conn, turn.tenant_id, turn.session_id, limit=k.settings.llm.max_history_messages)
     try:
         gate = profile_of(turn.profile).before_call
     except ConfigError:
         gate = None  # the step fails the turn as unknown_profile before any call
     refusal = gate(conn, turn, history) if gate is not None else None
-    return (refusal if refusal is not None else history), tenant_settings  # refused: the kind of turn's own limit
+    return refusal if refusal is not None else history  # refused: the kind of turn's own limit
 
 
 def _time_limit(k: Kortex, turn: TurnRecord) -> float:

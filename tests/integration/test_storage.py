@@ -25,6 +25,7 @@ from kortex.turns.handoff import Handoff, ToolDispatch
 from kortex.turns.step import run_step
 from kortex.turns.toolrun import run_tool
 from tests.conftest import Harness
+from tests.kortex.storage.test_turns import claim_reads_its_own_spend_and_kept_events
 
 pytestmark = pytest.mark.integration
 
@@ -146,3 +147,7 @@ def test_a_busy_process_keeps_its_connections_instead_of_reconnecting(pg_url: st
         assert len(opened) == 4  # the same four, reused
     finally:
         db.dispose()
+
+
+def test_a_claim_reads_its_own_spend_and_kept_events_on_postgresql(pg: Harness) -> None:
+    claim_reads_its_own_spend_and_kept_events(pg)

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from kortex.errors import Conflict, NotFound, StorageError
 from kortex.messages import AssistantMessage, ToolCall, ToolResult, Usage
 from kortex.storage import chats, invocations, turns
-from kortex.storage.audit import AuditEntry, write_entries
-from kortex.storage.schema import decisions
+from kortex.storage.audit import AuditEntry, add_spend, write_entries
+from kortex.storage.schema import decisions, stream_outbox, tenants
+from kortex.storage.schema import turns as turn_table
+from kortex.timeparse import utcnow
 from tests.conftest import Harness
 
 
@@ -111,3 +113,36 @@ def test_an_idempotent_replay_writes_nothing(harness: Harness) -> None:
 
     with harness.k.db.connect() as conn:
         assert chats.get_session(conn, tenant, session).turn_count == 1
+
+
+def claim_reads_its_own_spend_and_kept_events(h: Harness) -> None:
+    """The claim's one statement reads the spend of its own tenant and session (and whether
+    its own turn has kept events), not a neighbour's: shared with the PostgreSQL test."""
+    acme, other = h.tenant("acme"), h.tenant("other")
+    spent_session, quiet_session, other_session = _session(h, acme), _session(h, acme), _session(h, other)
+    earlier = _new(h, acme, spent_session).turn
+    with h.k.db.begin() as conn:
+        conn.execute(turn_table.update().where(turn_table.c.id == earlier.id)
+                     .values(status="done", input_tokens=300, output_tokens=45))
+        add_spend(conn, acme, utcnow().date(), 2.5, 3)
+        conn.execute(tenants.update().where(tenants.c.id == acme).values(settings={"daily_usd_limit": 9}))
+    mine, quiet, theirs = (_new(h, acme, spent_session).turn, _new(h, acme, quiet_session).turn,
+                           _new(h, other, other_session).turn)
+    with h.k.db.begin() as conn:
+        conn.execute(stream_outbox.insert().values(tenant_id=acme, turn_id=quiet.id, attempt=0, final=False,
+                                                   events=[], created_at=datetime.now(UTC)))
+    with h.k.db.connect() as conn:
+        got = turns.claim(conn, acme, mine.id, 0, lease=60)
+        assert got is not None and got.turn.status == "running" and got.turn.attempt == 1
+        assert (got.usd_today, got.session_tokens, got.tenant_settings) == (2.5, 345, {"daily_usd_limit": 9})
+        assert got.turn.kept_events is False
+        fresh = turns.claim(conn, acme, quiet.id, 0, lease=60)
+        assert fresh is not None and (fresh.usd_today, fresh.session_tokens) == (2.5, 0) and fresh.turn.kept_events
+        stranger = turns.claim(conn, other, theirs.id, 0, lease=60)
+        assert stranger is not None and (stranger.usd_today, stranger.session_tokens) == (0.0, 0)
+        assert stranger.tenant_settings == {} and not stranger.turn.kept_events
+        assert turns.claim(conn, acme, mine.id, 0, lease=60) is None  # claimed once
+
+
+def test_a_claim_reads_its_own_spend_and_kept_events(harness: Harness) -> None:
+    claim_reads_its_own_spend_and_kept_events(harness)

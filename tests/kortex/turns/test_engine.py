@@ -185,3 +185,30 @@ def test_stopping_gives_unfinished_steps_back_at_once(harness_factory) -> None:
     assert all(isinstance(o, KortexError) and o.code == "shutting_down" for o in rec.outcomes)
     with pytest.raises(KortexError, match="stopping"):
         engine.submit(waiting, rec)
+
+
+def test_a_claim_whose_reads_fail_gives_the_step_back_and_it_runs_again(harness_factory, monkeypatch) -> None:
+    """The claim commits on its own; the history read after it fails once. The step is given
+    back (queued again), so the engine's retry claims it as a new attempt and the turn ends
+    normally, instead of waiting out a lease that nobody holds."""
+    h = harness_factory(turn={"text_flush_ms": 0})
+    a = h.tenant("a")
+    (s,) = _post(h, a, "scripted:text_only", 1)
+    real = step_module.chats.load_history
+    failures: list[str] = []
+
+    def flaky(*args: Any, **kwargs: Any) -> Any:
+        if not failures:
+            failures.append(chat.get_turn(h.k, a, s.turn_id).status)  # claimed by then
+            raise StorageError("the database went away")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(step_module.chats, "load_history", flaky)
+    engine = StepEngine(h.k)
+    try:
+        engine.run(s, timeout=30)
+    finally:
+        engine.close(0)
+    turn = chat.get_turn(h.k, a, s.turn_id)
+    assert failures == ["running"]
+    assert turn.status == "done" and turn.attempt == 2
