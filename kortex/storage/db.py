@@ -53,30 +53,23 @@ def _remaining_ms(default_s: float) -> int:
 
 def _pg_statement_timeout(engine: Engine, seconds: float) -> None:
     """The connection's statement timeout is the default; a statement run for a tool call with a
-    nearer deadline lowers it first (one SET, only when the value changes), and the connection
-    gets its default back when it returns to the pool."""
+    nearer deadline lowers it first (one SET, only when the value changes), and the next
+    statement on the connection that has no such deadline raises it back the same way.
+
+    Not reset when the connection returns to the pool: every statement on this engine passes
+    here first, and the reset at check-in cost three round trips per tool call (BEGIN, SET,
+    COMMIT) where the next statement needs at most one."""
     default_ms = int(seconds * 1000)
 
     def before(conn: Connection, cursor: Any, statement: str, params: Any, context: Any, many: bool) -> None:
-        info = conn.connection.info  # the pool entry's, which checkin below reads as record.info
+        info = conn.connection.info  # the pool entry's: it outlives one checkout
         wanted = _remaining_ms(seconds)
         # Within 50 ms of the current value is close enough: no round trip for every statement.
         if abs(wanted - info.get("statement_ms", default_ms)) > 50 or wanted < 50:
             cursor.execute(f"SET statement_timeout = {wanted}")
             info["statement_ms"] = wanted
 
-    def checkin(dbapi_connection: Any, record: Any) -> None:
-        if record.info.pop("statement_ms", default_ms) != default_ms:
-            try:
-                with dbapi_connection.cursor() as cur:
-                    cur.execute(f"SET statement_timeout = {default_ms}")
-                if not dbapi_connection.autocommit:
-                    dbapi_connection.commit()
-            except Exception:  # a broken connection: the pool discards it anyway
-                record.invalidate()
-
     event.listen(engine, "before_cursor_execute", before)
-    event.listen(engine, "checkin", checkin)
 
 
 def _normalise(url: str | URL) -> URL:
