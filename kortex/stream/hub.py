@@ -16,6 +16,11 @@ Why it is shaped this way (2,000 open streams, measured with ``bench/sse.py``):
   streams; a shard of ``PACE_FROM`` streams or more starts at most one round per ``round_ms``
   and so reads many entries per round under load (adding at most ``round_ms`` of latency)
   instead of one round per entry. A join cuts the pause short; fewer streams are not paced.
+- **A turn's first event is not paced.** A reader whose stream had nothing yet when it
+  joined (the turn is still queued) is read by the *fresh* shard, which never pauses; its first
+  entries hand it on to its own shard. Under a flood of other turns a newcomer's first event
+  no longer waits out the busy shards' pause (fairness bench: ~10 ms of the ~20 ms another
+  tenant's turn lost), while text, the bulk of the entries, is still read in paced rounds.
 - **Per entry, little work**: ids are parsed once per round and shared by every reader of the
   stream, and readers take everything buffered at once (one socket write per batch).
 
@@ -169,9 +174,12 @@ class Subscription:
 class _Shard:
     """One reader connection and the streams hashed to it."""
 
-    def __init__(self, hub: StreamHub, index: int) -> None:
+    def __init__(self, hub: StreamHub, index: int, fresh: bool = False) -> None:
         self.hub = hub
         self.index = index
+        #: reads only streams that had no entry when their reader joined, never paced; a reader
+        #: moves to its own shard with its first entries (see the module's docstring)
+        self.fresh = fresh
         self.subs: dict[str, set[Subscription]] = {}
         self._packed: dict[str, bytes] = {}  # each stream's key, encoded for XREAD (see _xread)
         self.reader: Redis | None = None
@@ -187,12 +195,16 @@ class _Shard:
     def count(self) -> int:
         return sum(len(s) for s in self.subs.values())
 
-    def add(self, subs: list[Subscription]) -> None:
+    def add(self, subs: list[Subscription], cut_pause: bool = True) -> None:
+        """Read ``subs`` from the next round on. ``cut_pause``: start that round now rather
+        than after this shard's pause (a reader moved here from the fresh shard has had its
+        first entries, so its next ones may wait for the round like everyone else's)."""
         for sub in subs:
             if not sub._closed:
                 self.subs.setdefault(sub.key, set()).add(sub)
         self.gen += 1
-        self.wake.set()
+        if cut_pause or not self.subs.keys() - {sub.key for sub in subs}:
+            self.wake.set()  # (a shard with no other stream is idle, not pausing: always woken)
         if self.reading and not self.unblocking:
             self.unblocking = True
             self.hub._spawn(self._interrupt(self.gen))
@@ -260,6 +272,18 @@ class _Shard:
             raise reply
         return reply
 
+    def _hand_on(self, fed: list[Subscription]) -> None:
+        """Readers of the fresh shard that got their first entries go to their own shards, at
+        the position they reached (nothing skipped or repeated: the next read of their stream
+        starts there)."""
+        moving: dict[int, list[Subscription]] = {}
+        for sub in fed:
+            self.remove(sub)
+            if not sub._closed:
+                moving.setdefault(self.hub._shard(sub.key).index, []).append(sub)
+        for index, subs in moving.items():
+            self.hub._shards[index].add(subs, cut_pause=False)
+
     async def _drop_reader(self) -> None:
         reader, self.reader, self.client_id = self.reader, None, None
         if reader is not None:
@@ -301,6 +325,7 @@ class _Shard:
                     self.reading = False
                 backoff = 0.05
                 batches = reply.items() if isinstance(reply, dict) else (reply or [])
+                fed: list[Subscription] = []
                 for raw_key, raw in batches:
                     key = raw_key.decode() if isinstance(raw_key, bytes) else raw_key
                     readers = self.subs.get(key)
@@ -315,6 +340,10 @@ class _Shard:
                         # for the next round, which starts from its own position.
                         if start is None or sub.cursor >= start:
                             sub._feed(entries, positions)
+                            fed.append(sub)
+                if self.fresh and fed:
+                    self._hand_on(fed)
+                    continue
                 rest = round_s - (time.monotonic() - began)
                 if rest > 0 and reply and len(streams) >= PACE_FROM:
                     # Let entries gather: fewer, fuller rounds. Only where a round is costly
@@ -362,6 +391,7 @@ class StreamHub:
         self._round_ms = round_ms
         self._join_batch = join_batch
         self._shards = [_Shard(self, n) for n in range(max(1, shards))]
+        self._fresh = _Shard(self, len(self._shards), fresh=True)
         self._joining: deque[Subscription] = deque()
         self._catching_up = 0
         self._join_wake = asyncio.Event()
@@ -373,7 +403,10 @@ class StreamHub:
 
     @property
     def subscriber_count(self) -> int:
-        return sum(s.count for s in self._shards) + len(self._joining) + self._catching_up
+        return sum(s.count for s in self._readers()) + len(self._joining) + self._catching_up
+
+    def _readers(self) -> list[_Shard]:
+        return [*self._shards, self._fresh]
 
     def _shard(self, key: str) -> _Shard:
         return self._shards[zlib.crc32(key.encode()) % len(self._shards)]
@@ -389,14 +422,14 @@ class StreamHub:
         self._running = True
         self._control = _raw(self._factory())
         self._joiner = asyncio.create_task(self._join_loop(), name="kortex-stream-hub-joiner")
-        for shard in self._shards:
+        for shard in self._readers():
             shard.task = asyncio.create_task(shard.run(), name=f"kortex-stream-hub-{shard.index}")
 
     async def stop(self) -> None:
         self._running = False
         self._join_wake.set()
-        tasks = [t for t in [self._joiner, *(s.task for s in self._shards)] if t is not None]
-        for shard in self._shards:
+        tasks = [t for t in [self._joiner, *(s.task for s in self._readers())] if t is not None]
+        for shard in self._readers():
             shard.wake.set()  # wakes a reader idling for subscribers: it sees _running and ends
         for task in tasks:
             # A client library can swallow the cancellation of a command in flight (fakeredis
@@ -415,7 +448,7 @@ class StreamHub:
         for sub in self._joining:
             sub._fail(stopped)
         self._joining.clear()
-        for shard in self._shards:
+        for shard in self._readers():
             for subs in shard.subs.values():
                 for sub in subs:
                     sub._fail(stopped)
@@ -437,6 +470,7 @@ class StreamHub:
         finally:
             sub._closed = True
             self._shard(key).remove(sub)  # a reader still catching up is dropped by the joiner
+            self._fresh.remove(sub)
 
     async def _join_loop(self) -> None:
         """Catch new readers up with their own reads, then hand them to their shards."""
@@ -477,6 +511,7 @@ class StreamHub:
                 continue
             self._catching_up = 0
             ready: dict[int, list[Subscription]] = {}
+            fresh: list[Subscription] = []
             for sub, raw in zip(batch, replies, strict=True):
                 if isinstance(raw, ResponseError):
                     sub._fail(ConnectionError(f"stream read refused ({raw}); reconnect"))
@@ -489,10 +524,14 @@ class StreamHub:
                     continue
                 if len(raw) >= self._count:
                     self._joining.append(sub)  # more history than one page: another round
+                elif not raw and sub.cursor == (0, 0):
+                    fresh.append(sub)  # nothing written yet: its first event is read unpaced
                 else:
                     ready.setdefault(self._shard(sub.key).index, []).append(sub)
             for index, subs in ready.items():
                 self._shards[index].add(subs)
+            if fresh:
+                self._fresh.add(fresh)
 
     async def _catch_up(self, batch: list[Subscription]) -> list[Any]:
         pipe = self._control.pipeline(transaction=False)  # type: ignore[union-attr]

@@ -176,3 +176,56 @@ def test_a_reader_that_falls_too_far_behind_is_told_to_reconnect(redis_prefix: s
     # last id, losing nothing) instead of buffering without bound.
     assert told and seen == written[:len(seen)]
 
+
+
+def test_a_new_turns_first_event_is_not_held_by_a_busy_shards_pause(redis_prefix: str) -> None:
+    """Twenty busy streams keep the only shard in paced rounds of 5 s. A reader joins a stream
+    with nothing in it yet (a queued turn): its first entry arrives at once, not at the next
+    paced round, and its later entries, read by its own shard from then on, arrive once each
+    and in order."""
+    busy = [f"{redis_prefix}:busy:{n}" for n in range(20)]
+    key = f"{redis_prefix}:newcomer"
+    sync = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+
+    async def go() -> tuple[float, list[str], list[str]]:
+        hub = _hub(shards=1, round_ms=5000, block_ms=30_000)
+        await hub.start()
+        stop = asyncio.Event()
+
+        async def keep_busy() -> None:
+            while not stop.is_set():
+                for k in busy:
+                    sync.xadd(k, {"t": "text", "d": "x"})
+                await asyncio.sleep(0.01)
+
+        async def drain(k: str) -> None:
+            async with hub.subscribe(k) as sub:
+                while not stop.is_set():
+                    await sub.get_many(timeout=0.5)
+
+        writer = asyncio.create_task(keep_busy())
+        readers = [asyncio.create_task(drain(k)) for k in busy]
+        try:
+            await asyncio.sleep(0.5)  # the busy shard is in its 5 s pause from now on
+            async with hub.subscribe(key) as sub:
+                await asyncio.sleep(0.3)  # joined; the round it cut short has been read
+                written = [sync.xadd(key, {"t": "turn", "d": "0"})]
+                began = time.monotonic()
+                first = await sub.get(timeout=10)
+                waited = time.monotonic() - began
+                written += [sync.xadd(key, {"t": "text", "d": str(i)}) for i in range(1, 4)]
+                got = [first.id] if first is not None else []
+                while len(got) < len(written):
+                    entries = await sub.get_many(timeout=12)
+                    assert entries, "the reader's later entries never came"
+                    got.extend(e.id for e in entries)
+                return waited, written, got
+        finally:
+            stop.set()
+            await asyncio.gather(writer, *readers, return_exceptions=True)
+            await hub.stop()
+            sync.delete(key, *busy)
+
+    waited, written, got = asyncio.run(go())
+    assert got == written  # each once, in order, across the move between shards
+    assert waited < 2.0, f"the first event waited {waited:.2f} s for the busy shard's 5 s round"
