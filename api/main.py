@@ -20,7 +20,7 @@ from api import errors, openapi
 from api.deps import AuthCache, Lanes
 from api.routes import health, ingest, keys, llm, metrics, postmortems, proposals, sessions, tools, turns
 from api.sse import StreamSlots
-from kortex import logcontext, logsafe, tracing
+from kortex import events, logcontext, logsafe, tracing
 from kortex.config import Settings, load_settings
 from kortex.container import Kortex, redis_factory
 from kortex.health import prepare_embedded
@@ -162,7 +162,7 @@ def create_app(settings: Settings | None = None, *, dispatch: Callable[[Handoff]
             app.state.dispatch = dispatch
         k = Kortex.create(settings)
         hub = StreamHub(redis_factory(settings), shards=settings.turn.stream_readers,
-                        round_ms=settings.turn.stream_round_ms)
+                        round_ms=settings.turn.stream_round_ms, preamble=events.PREAMBLE)
         await hub.start()
         app.state.kortex = k
         app.state.hub = hub

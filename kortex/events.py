@@ -159,6 +159,12 @@ class GroundingOut(BaseModel):
                                        description="numbers the answer quotes that no tool result holds")
 
 
+#: the event types a step writes before its model's first output: the SSE hub reads a stream
+#: unpaced until something else arrives (kortex/stream/hub.py), so the first answer is not
+#: held by a busy process's paced reads
+PREAMBLE: frozenset[str] = frozenset({"turn", "route", "anomaly"})
+
+
 class DoneEvent(_Event):
     type: Literal["done"] = "done"
     status: DoneStatus
