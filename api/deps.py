@@ -8,12 +8,13 @@ pool.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 import threading
 import time
 import uuid
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Coroutine
 from typing import Annotated, Any
 
@@ -63,23 +64,79 @@ class AuthCache:
                 self._items.popitem(last=False)
 
 
+class FairLane:
+    """At most ``size`` pieces of blocking work at once, on threads of their own; past that,
+    callers wait in a queue per key (the tenant) and a freed place goes to the next key in the
+    ring, not to the oldest caller. A tenant that posts 500 turns at once queued them all in
+    front of everyone else's: another tenant's one post waited 1.5 s in the fairness bench's
+    flood; now it waits for at most one post of each tenant ahead of it in the ring."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._busy = 0
+        self._waiting: dict[str, deque[asyncio.Future[None]]] = {}
+        self._ring: deque[str] = deque()  # keys with callers waiting, in serving order
+        # What anyio runs the work on: as many threads as places, so never a wait of its own.
+        self._threads = anyio.CapacityLimiter(size)
+
+    @property
+    def waiting(self) -> int:
+        return sum(1 for q in self._waiting.values() for f in q if not f.done())
+
+    async def run(self, key: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on a thread, once this caller has a place (the request's log context
+        goes with it, as with ``run_in_threadpool``)."""
+        await self._enter(key)
+        try:
+            return await anyio.to_thread.run_sync(functools.partial(fn, *args), limiter=self._threads)
+        finally:
+            self._leave()
+
+    async def _enter(self, key: str) -> None:
+        if self._busy < self.size and not self._ring:
+            self._busy += 1
+            return
+        place: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        queue = self._waiting.get(key)
+        if queue is None:
+            queue = self._waiting[key] = deque()
+            self._ring.append(key)
+        queue.append(place)
+        try:
+            await place  # resolved by _leave, which hands over its place (still counted busy)
+        except asyncio.CancelledError:
+            if place.done() and not place.cancelled():
+                self._leave()  # given a place as the caller went away: pass it on
+            raise
+
+    def _leave(self) -> None:
+        while self._ring:
+            key = self._ring[0]
+            queue = self._waiting[key]
+            place = queue.popleft()
+            if queue:
+                self._ring.rotate(-1)
+            else:
+                del self._waiting[key]
+                self._ring.popleft()
+            if not place.done():  # a caller that went away left a cancelled place behind
+                place.set_result(None)
+                return
+        self._busy -= 1
+
+
 class Lanes:
     """The API's blocking work, in lanes of the thread pool: turn posts (``write``) and the
-    opening of event streams (``stream``) each have their own limiter, below the database
-    pool's size. Before, both queued on one limiter of 40 threads: a burst of 1,000 posts held
-    every thread, mostly waiting for one of the pool's 10 connections, and the event streams of
-    the turns already accepted opened only after the last post (6-8 s later)."""
+    opening of event streams (``stream``) each have their own lane, below the database pool's
+    size, fair across tenants (``FairLane``). Before, both queued on one limiter of 40 threads:
+    a burst of 1,000 posts held every thread, mostly waiting for one of the pool's 10
+    connections, and the event streams of the turns already accepted opened only after the
+    last post (6-8 s later)."""
 
     def __init__(self, connections: int) -> None:
         size = max(2, connections - 2)
-        self.write = anyio.CapacityLimiter(size)
-        self.stream = anyio.CapacityLimiter(size)
-
-
-async def in_lane(limiter: anyio.CapacityLimiter, fn: Callable[..., Any], *args: Any) -> Any:
-    """``fn(*args)`` on the thread pool, at most as many at once as ``limiter`` allows (the
-    request's log context goes with it, as with ``run_in_threadpool``)."""
-    return await anyio.to_thread.run_sync(functools.partial(fn, *args), limiter=limiter)
+        self.write = FairLane(size)
+        self.stream = FairLane(size)
 
 
 async def kortex(request: Request) -> Kortex:

@@ -9,7 +9,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 
-from api.deps import CallerDep, KortexDep, TenantDep, allowed, in_lane, object_id
+from api.deps import CallerDep, KortexDep, TenantDep, allowed, object_id
 from api.openapi import ERRORS
 from api.schemas import (
     CreateSession,
@@ -142,9 +142,9 @@ async def post_message(
     # An async route that answers with its own Response: a plain def would cost FastAPI two
     # thread-pool trips (the route, then validating the returned model against
     # ``response_model``), and the body below is TurnAccepted's JSON as pydantic would write it.
-    posted, deferred = await in_lane(request.app.state.lanes.write, _post, k, tenant.id,
-                                     object_id(session_id, "session"), body, idempotency_key,
-                                     request.app.state.dispatch)
+    posted, deferred = await request.app.state.lanes.write.run(tenant.id, _post, k, tenant.id,
+                                                               object_id(session_id, "session"), body,
+                                                               idempotency_key, request.app.state.dispatch)
     turn = posted.turn
     headers = {"Location": f"/v1/turns/{turn.id}"}
     if deferred:

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import Response, StreamingResponse
 
-from api.deps import CallerDep, HubDep, KortexDep, TenantDep, allowed, in_lane, object_id
+from api.deps import CallerDep, HubDep, KortexDep, TenantDep, allowed, object_id
 from api.openapi import ERRORS
 from api.schemas import CheckpointOut, RetryTurn, TurnAccepted, TurnOut
 from api.sse import HeldStream, resume_point, turn_events
@@ -79,11 +79,11 @@ async def stream_events(
     """Follow a turn as Server-Sent Events: everything so far, then live until `done`. Reconnect with
     `Last-Event-ID` to get exactly the rest; 204 when a finished turn has nothing left."""
     lane = request.app.state.lanes.stream  # not behind a burst of posts (api/deps.py, Lanes)
-    turn = await in_lane(lane, get_turn, k, tenant.id, object_id(turn_id, "turn"))
+    turn = await lane.run(tenant.id, get_turn, k, tenant.id, object_id(turn_id, "turn"))
     after = resume_point(last_event_id)
     # A turn still running, or a first connection, has something left to send: only a finished
     # turn resumed part-way needs the lookups of nothing_left (and its trip to the pool).
-    if turn.finished and after != START and await in_lane(lane, nothing_left, k, turn, after):
+    if turn.finished and after != START and await lane.run(tenant.id, nothing_left, k, turn, after):
         return Response(status_code=204)  # the client has every event: EventSource stops here
     heartbeat = request.app.state.heartbeat
     return HeldStream(turn_events(k, hub, turn, last_event_id, heartbeat), slots=request.app.state.stream_slots,

@@ -74,3 +74,52 @@ def test_streams_open_while_a_burst_of_posts_holds_the_thread_pool(server, held:
             held.set()
             assert all(p.result().status_code == 202 for p in posts)
     assert opened_in < 5
+
+
+def test_a_lane_serves_waiting_tenants_round_robin_not_first_come() -> None:
+    """One place, held; tenant a queues five calls, then c and b one each: a freed place goes
+    to the next tenant in the ring, so b and c each wait for one call of a, not for all five."""
+    import asyncio
+
+    from api.deps import FairLane
+
+    async def go() -> list[str]:
+        lane = FairLane(1)
+        gate = threading.Event()
+        order: list[str] = []
+        holder = asyncio.ensure_future(lane.run("a", gate.wait, 10))
+        await asyncio.sleep(0.05)  # the holder has the place
+        calls = [asyncio.ensure_future(lane.run("a", order.append, f"a{i}")) for i in range(5)]
+        calls += [asyncio.ensure_future(lane.run(t, order.append, f"{t}0")) for t in ("c", "b")]
+        await asyncio.sleep(0.05)
+        assert lane.waiting == 7 and not order
+        gate.set()
+        await asyncio.gather(holder, *calls)
+        return order
+
+    assert asyncio.run(go()) == ["a0", "c0", "b0", "a1", "a2", "a3", "a4"]
+
+
+def test_a_caller_that_goes_away_while_waiting_does_not_lose_the_lane_a_place() -> None:
+    import asyncio
+
+    from api.deps import FairLane
+
+    async def go() -> tuple[list[str], int]:
+        lane = FairLane(1)
+        gate = threading.Event()
+        order: list[str] = []
+        holder = asyncio.ensure_future(lane.run("a", gate.wait, 10))
+        await asyncio.sleep(0.05)
+        gone = asyncio.ensure_future(lane.run("b", order.append, "gone"))
+        stays = asyncio.ensure_future(lane.run("c", order.append, "stays"))
+        await asyncio.sleep(0.05)
+        gone.cancel()  # the client hung up while its post waited
+        gate.set()
+        await asyncio.gather(holder, stays)
+        # the lane is whole again: one call goes straight through
+        await asyncio.wait_for(lane.run("d", order.append, "after"), 5)
+        return order, lane._busy
+
+    order, busy = asyncio.run(go())
+    assert order == ["stays", "after"] and busy == 0
