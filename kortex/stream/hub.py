@@ -185,8 +185,8 @@ class _Shard:
     def __init__(self, hub: StreamHub, index: int, fresh: bool = False) -> None:
         self.hub = hub
         self.index = index
-        #: reads only streams that had no entry when their reader joined, never paced; a reader
-        #: moves to its own shard with its first entries (see the module's docstring)
+        #: reads only streams whose readers have seen nothing but the preamble, never paced; a
+        #: reader moves to its own shard with its first answer (see the module's docstring)
         self.fresh = fresh
         self.subs: dict[str, set[Subscription]] = {}
         self._packed: dict[str, bytes] = {}  # each stream's key, encoded for XREAD (see _xread)

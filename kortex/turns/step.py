@@ -173,11 +173,11 @@ class Claimed:
 def _claim(k: Kortex, tenant_id: str, turn_id: str, step: int) -> Claimed | None:
     """Claim the step and read what its model call needs, in one trip to an I/O thread.
 
-    Two statements in autocommit (the claim, which reads the spend too, then the history), not
-    a transaction: BEGIN and COMMIT were two more round trips, and under load each round trip
-    waits for the GIL again (py-spy and the fairness bench: a claim of five took another
-    tenant's step ~20 ms longer). The claim alone is the state change; the reads after it
-    change nothing, and if they fail the step is given back, as a rolled-back claim was."""
+    Two statements in autocommit (the claim, which reads the spend too, then the history)
+    where there were five round trips (BEGIN, claim, spend, history, COMMIT): under load the
+    I/O thread waits for the GIL again after each one, up to the 5 ms switch interval while
+    the event loop is busy. The claim alone is the state change; the reads after it change
+    nothing, and if they fail the step is given back, as a rolled-back claim was."""
     with k.db.connect() as conn:
         claimed = turns.claim(conn, tenant_id, turn_id, step, lease=k.settings.turn.step_lease)
         if claimed is None:
