@@ -21,6 +21,7 @@ from typing import Any
 
 from sqlalchemy import and_, bindparam, case, exists, func, insert, literal_column, select, true, tuple_, update
 from sqlalchemy.engine import Connection
+from sqlalchemy.sql.elements import ColumnElement
 
 from kortex.errors import Conflict, NotFound
 from kortex.ids import uuid7
@@ -229,7 +230,8 @@ def create_turn(
 # The claimed row's own columns, for the subqueries of its RETURNING: written out whole, as
 # SQLAlchemy leaves them unqualified on SQLite, where ``tenant_id = tenant_id`` then compares
 # the subquery's table with itself.
-_claimed_turn = {name: literal_column(f"turns.{name}") for name in ("id", "tenant_id", "session_id")}
+_claimed_turn: dict[str, ColumnElement[Any]] = {name: literal_column(f"turns.{name}")
+                                                for name in ("id", "tenant_id", "session_id")}
 _CLAIM_STEP = (
     update(turns)
     .where(_t.id == bindparam("p_id"), _t.tenant_id == bindparam("p_tenant"), _t.step == bindparam("p_step"),
