@@ -19,6 +19,7 @@ from redis.exceptions import RedisError
 
 from kortex.config import BudgetSettings
 from kortex.errors import BudgetExceeded, RateLimited
+from kortex.storage.records import Spent
 from kortex.stream.keys import quota_window, rate_window
 
 
@@ -43,14 +44,7 @@ class Limits:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class Spend:
-    usd_today: float
-    session_tokens: int
-    tenant_settings: dict[str, Any] | None
-
-
-def check_spend(budget: BudgetSettings, current: Spend) -> None:
+def check_spend(budget: BudgetSettings, current: Spent) -> None:
     """Raise BudgetExceeded when the tenant's day or the session is spent."""
     limits = Limits.of(budget, current.tenant_settings)
     if current.usd_today >= limits.daily_usd:

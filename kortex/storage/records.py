@@ -9,6 +9,17 @@ from typing import Any, ClassVar, Self
 from sqlalchemy.engine import Row
 
 
+@dataclass(frozen=True, slots=True)
+class Spent:
+    """What the tenant has spent on LLM calls today and the session in tokens, with the tenant's
+    own settings (its narrower limits): what the budget checks before a turn is admitted and
+    before every LLM call (kortex/budget.py), read with the statement that admits or claims."""
+
+    usd_today: float
+    session_tokens: int
+    tenant_settings: dict[str, Any] | None
+
+
 class _Record:
     # Every record is a dataclass; this tells the type checker so (dataclasses.fields takes it).
     __dataclass_fields__: ClassVar[dict[str, Field[Any]]]

@@ -27,7 +27,7 @@ from kortex.errors import Conflict, NotFound
 from kortex.ids import uuid7
 from kortex.messages import AssistantMessage, ToolMessage, ToolResult, Usage, UserMessage
 from kortex.storage.chats import INSERT_MESSAGE, message_row
-from kortex.storage.records import ACTIVE, TERMINAL, InvocationRecord, TurnRecord
+from kortex.storage.records import ACTIVE, TERMINAL, InvocationRecord, Spent, TurnRecord
 from kortex.storage.schema import (
     chat_messages,
     chat_sessions,
@@ -103,9 +103,7 @@ class Admission:
     """What admission read, handed to ``create_turn``'s ``admit``, and the new turn's id."""
 
     turn_id: str
-    usd_today: float
-    session_tokens: int
-    tenant_settings: dict[str, Any] | None
+    spent: Spent
 
 
 _EARLIER = select(turns).where(_t.id == bindparam("p_id"))
@@ -205,8 +203,9 @@ def create_turn(
         raise _busy(state.busy)
     turn_id = uuid7()
     if admit is not None:
-        admit(conn, Admission(turn_id=turn_id, usd_today=float(state.usd or 0.0), session_tokens=int(state.tokens or 0),
-                              tenant_settings=state.settings))
+        spent = Spent(usd_today=float(state.usd or 0.0), session_tokens=int(state.tokens or 0),
+                      tenant_settings=state.settings)
+        admit(conn, Admission(turn_id=turn_id, spent=spent))
     row: dict[str, Any] = {
         "id": turn_id, "tenant_id": tenant_id, "session_id": session_id,
         "status": "queued", "step": 0, "attempt": 0, "lease_until": None, "pending_tools": 0, "model": model,
@@ -259,9 +258,7 @@ class ClaimedStep:
     """A claimed step's turn, and what its tenant and session have spent (read with the claim)."""
 
     turn: TurnRecord
-    usd_today: float
-    session_tokens: int
-    tenant_settings: dict[str, Any] | None
+    spent: Spent
 
 
 def claim(conn: Connection, tenant_id: str, turn_id: str, step: int, *, lease: float) -> ClaimedStep | None:
@@ -273,8 +270,9 @@ def claim(conn: Connection, tenant_id: str, turn_id: str, step: int, *, lease: f
                                      "p_lease": now + timedelta(seconds=lease), "p_day": now.date()}).first()
     if row is None:
         return None
-    return ClaimedStep(TurnRecord.from_row(row), usd_today=float(row.spend_usd or 0.0),
-                       session_tokens=int(row.spend_tokens or 0), tenant_settings=row.spend_settings)
+    return ClaimedStep(TurnRecord.from_row(row), Spent(usd_today=float(row.spend_usd or 0.0),
+                                                       session_tokens=int(row.spend_tokens or 0),
+                                                       tenant_settings=row.spend_settings))
 
 
 def claim_step(conn: Connection, tenant_id: str, turn_id: str, step: int, *, lease: float) -> TurnRecord | None:

@@ -166,8 +166,7 @@ def post_message(
     slotted: list[str] = []  # the new turn's id once it holds one of the tenant's slots
 
     def admit(conn: Connection, state: turns.Admission) -> None:
-        spent = budget.Spend(usd_today=state.usd_today, session_tokens=state.session_tokens,
-                             tenant_settings=state.tenant_settings)
+        spent = state.spent
         budget.check_spend(budget_settings, spent)
         k.slots.take(tenant_id, state.turn_id, cap)  # atomic, and no lock: kortex/turns/admission.py
         slotted.append(state.turn_id)

@@ -42,7 +42,7 @@ from kortex.prompts import DEPTH_EXCEEDED, REGROUND
 from kortex.redaction import scrub
 from kortex.storage import audit, chats, turns
 from kortex.storage.audit import AuditEntry
-from kortex.storage.records import TurnRecord
+from kortex.storage.records import Spent, TurnRecord
 from kortex.stream.store import StepPublisher
 from kortex.timeparse import utcnow
 from kortex.turns.anomalies import Anomaly, check_answer, check_calls, check_cost, check_depth
@@ -184,9 +184,7 @@ def _claim(k: Kortex, tenant_id: str, turn_id: str, step: int) -> Claimed | None
             return None
         turn = claimed.turn
         try:
-            spent = budget.Spend(usd_today=claimed.usd_today, session_tokens=claimed.session_tokens,
-                                 tenant_settings=claimed.tenant_settings)
-            history = _load(k, conn, turn, spent)
+            history = _load(k, conn, turn, claimed.spent)
             latency = None
             if is_auto(k.settings, turn.model) and not isinstance(history, KortexError):
                 latency = k.router.latency.get(conn, turn.tenant_id, k.settings.llm.routing.min_latency_samples)
@@ -201,7 +199,7 @@ def _claim(k: Kortex, tenant_id: str, turn_id: str, step: int) -> Claimed | None
             except StorageError:
                 log.warning("could not give back step %s of turn %s after a failed read", step, turn.id)
             raise
-        return Claimed(turn, history, latency, total, (claimed.tenant_settings or {}).get("routing") or {})
+        return Claimed(turn, history, latency, total, (claimed.spent.tenant_settings or {}).get("routing") or {})
 
 
 def _release(k: Kortex, turn: TurnRecord, step: int) -> Handoff:
@@ -213,7 +211,7 @@ def _release(k: Kortex, turn: TurnRecord, step: int) -> Handoff:
                                        lane=lane_of(turn.profile)),))
 
 
-def _load(k: Kortex, conn: Connection, turn: TurnRecord, spent: budget.Spend) -> list[Message] | KortexError:
+def _load(k: Kortex, conn: Connection, turn: TurnRecord, spent: Spent) -> list[Message] | KortexError:
     """The conversation so far, once the budget allows another LLM call (it is checked before
     every call, not only when the turn began)."""
     try:

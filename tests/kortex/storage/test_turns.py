@@ -134,13 +134,13 @@ def claim_reads_its_own_spend_and_kept_events(h: Harness) -> None:
     with h.k.db.connect() as conn:
         got = turns.claim(conn, acme, mine.id, 0, lease=60)
         assert got is not None and got.turn.status == "running" and got.turn.attempt == 1
-        assert (got.usd_today, got.session_tokens, got.tenant_settings) == (2.5, 345, {"daily_usd_limit": 9})
+        assert (got.spent.usd_today, got.spent.session_tokens, got.spent.tenant_settings) == (2.5, 345, {"daily_usd_limit": 9})
         assert got.turn.kept_events is False
         fresh = turns.claim(conn, acme, quiet.id, 0, lease=60)
-        assert fresh is not None and (fresh.usd_today, fresh.session_tokens) == (2.5, 0) and fresh.turn.kept_events
+        assert fresh is not None and (fresh.spent.usd_today, fresh.spent.session_tokens) == (2.5, 0) and fresh.turn.kept_events
         stranger = turns.claim(conn, other, theirs.id, 0, lease=60)
-        assert stranger is not None and (stranger.usd_today, stranger.session_tokens) == (0.0, 0)
-        assert stranger.tenant_settings == {} and not stranger.turn.kept_events
+        assert stranger is not None and (stranger.spent.usd_today, stranger.spent.session_tokens) == (0.0, 0)
+        assert stranger.spent.tenant_settings == {} and not stranger.turn.kept_events
         assert turns.claim(conn, acme, mine.id, 0, lease=60) is None  # claimed once
 
 
