@@ -20,7 +20,7 @@ from api import errors, openapi
 from api.deps import AuthCache, Lanes
 from api.routes import health, ingest, keys, llm, metrics, postmortems, proposals, sessions, tools, turns
 from api.sse import StreamSlots
-from kortex import events, logcontext, logsafe, tracing
+from kortex import events, heap, logcontext, logsafe, tracing
 from kortex.config import Settings, load_settings
 from kortex.container import Kortex, redis_factory
 from kortex.health import prepare_embedded
@@ -171,6 +171,8 @@ def create_app(settings: Settings | None = None, *, dispatch: Callable[[Handoff]
         app.state.heartbeat = settings.turn.heartbeat
         app.state.stream_slots = StreamSlots(settings.turn.max_streams_per_tenant)
         app.state.lanes = Lanes(k.db.max_connections)
+        if settings.settle_heap:
+            heap.settle()  # started: what exists now lives as long as the process (kortex/heap.py)
         try:
             yield
         finally:

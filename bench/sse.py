@@ -141,9 +141,12 @@ async def _disconnected(receive: Any) -> None:
 def serve(port: int, prefix: str, rate: float) -> None:
     import uvicorn
 
+    from kortex import heap
+
     _raise_fd_limit()
-    uvicorn.run(make_app(prefix, rate), host="127.0.0.1", port=port, log_level="warning", backlog=4096,
-                lifespan="on")
+    app = make_app(prefix, rate)
+    heap.settle()  # as the API does once started (kortex/heap.py); hub and floor share the process
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", backlog=4096, lifespan="on")
 
 
 # --- the writer ------------------------------------------------------------------------------

@@ -471,6 +471,9 @@ class Settings(BaseSettings):
     home: Path = Field(default_factory=default_home)
     log_level: str = "INFO"
     task_events: bool = False  # Celery task events from the start; Flower enables them itself
+    # Servers (API, workers, beat) freeze their start-up heap and collect garbage less often
+    # once started (kortex/heap.py): collections stalled the stream hub for 100+ ms.
+    settle_heap: bool = True
     llm: LLMSettings = Field(default_factory=LLMSettings)
     tools: ToolPolicySettings = Field(default_factory=ToolPolicySettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)

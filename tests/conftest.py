@@ -48,6 +48,8 @@ def make_settings(tmp_path: Path, database_url: str, **overrides: Any) -> Settin
         "home": tmp_path,
         "testing": {"enable_test_providers": True, "enable_test_tools": True, "scripts_dir": SCRIPTS},
         "turn": {"text_flush_ms": 0},
+        # Tests build many apps in one process: freezing the heap each time would keep their garbage.
+        "settle_heap": False,
     }
     for key, value in overrides.items():
         if isinstance(value, dict) and isinstance(base.get(key), dict):

@@ -11,9 +11,10 @@ import os
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_init, worker_process_shutdown
+from celery.signals import worker_init, worker_process_init, worker_process_shutdown, worker_ready
 from kombu import Queue as KombuQueue
 
+from kortex import heap
 from kortex.config import Settings, load_settings
 from workers.broker import TRANSPORT
 from workers.queues import Queue, TaskName
@@ -119,6 +120,20 @@ def _serve_metrics(sender: Any = None, **_: Any) -> None:
         from kortex import metrics
 
         metrics.serve(int(port))
+
+
+@worker_ready.connect
+def _settle_heap(sender: Any = None, **_: Any) -> None:
+    """The worker has started (a threads or gevent pool runs its tasks in this process)."""
+    if app.conf.kortex_settings.settle_heap:
+        heap.settle()  # kortex/heap.py
+
+
+@worker_process_init.connect
+def _settle_child_heap(**_: Any) -> None:
+    """A prefork child, just forked from a settled parent: it settles what it adds."""
+    if app.conf.kortex_settings.settle_heap:
+        heap.settle()
 
 
 @worker_process_shutdown.connect

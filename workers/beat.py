@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from kortex import heap
 from kortex.config import Settings
 from kortex.storage.leader import AdvisoryLeader
 from kortex.turns.watchdog import run_watchdog
@@ -42,6 +43,8 @@ def run(settings: Settings, stop: threading.Event | None = None, alive_file: Pat
         queues = {"turns": "steps", "tools": "tools"}
         metrics.serve(metrics_port, extra=[metrics.QueueDepth(
             lambda name: queue.backlog(queues[name]), queues)])  # type: ignore[arg-type]
+    if settings.settle_heap:
+        heap.settle()  # started (kortex/heap.py)
     log.info("watchdog process started: sweeps every %.1fs while it leads", settings.turn.watchdog_every)
     try:
         alive = alive_file.touch if alive_file is not None else None
