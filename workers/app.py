@@ -122,16 +122,25 @@ def _serve_metrics(sender: Any = None, **_: Any) -> None:
         metrics.serve(int(port))
 
 
-@worker_ready.connect
-def _settle_heap(sender: Any = None, **_: Any) -> None:
-    """The worker has started (a threads or gevent pool runs its tasks in this process)."""
+@worker_init.connect
+def _settle_heap_before_fork(sender: Any = None, **_: Any) -> None:
+    """Before the pool starts: prefork children inherit a frozen heap, which their own
+    collections then never walk (nor copy, page by page, out of the parent's memory)."""
     if app.conf.kortex_settings.settle_heap:
         heap.settle()  # kortex/heap.py
 
 
+@worker_ready.connect
+def _settle_heap(sender: Any = None, **_: Any) -> None:
+    """The worker has started (a threads or gevent pool runs its tasks in this process, and
+    built its pool and consumer since worker_init)."""
+    if app.conf.kortex_settings.settle_heap:
+        heap.settle()
+
+
 @worker_process_init.connect
 def _settle_child_heap(**_: Any) -> None:
-    """A prefork child, just forked from a settled parent: it settles what it adds."""
+    """A prefork child, forked from a settled parent: it settles what it has added since."""
     if app.conf.kortex_settings.settle_heap:
         heap.settle()
 

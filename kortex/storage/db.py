@@ -58,12 +58,18 @@ def _pg_statement_timeout(engine: Engine, seconds: float) -> None:
 
     Not reset when the connection returns to the pool: every statement on this engine passes
     here first, and the reset at check-in cost three round trips per tool call (BEGIN, SET,
-    COMMIT) where the next statement needs at most one."""
+    COMMIT) where the next statement needs at most one. Tool queries run in autocommit; a
+    statement inside a transaction sets its timeout with SET LOCAL, each time."""
     default_ms = int(seconds * 1000)
 
     def before(conn: Connection, cursor: Any, statement: str, params: Any, context: Any, many: bool) -> None:
         info = conn.connection.info  # the pool entry's: it outlives one checkout
         wanted = _remaining_ms(seconds)
+        if not getattr(conn.connection.dbapi_connection, "autocommit", True):
+            # In a transaction a SET is undone by a rollback, and the record below would then
+            # be wrong: set it for this transaction only, and record nothing.
+            cursor.execute(f"SET LOCAL statement_timeout = {wanted}")
+            return
         # Within 50 ms of the current value is close enough: no round trip for every statement.
         if abs(wanted - info.get("statement_ms", default_ms)) > 50 or wanted < 50:
             cursor.execute(f"SET statement_timeout = {wanted}")

@@ -302,6 +302,19 @@ def touch_queued(conn: Connection, turn_ids: list[str]) -> None:
         conn.execute(update(turns).where(_t.id.in_(turn_ids), _t.status == "queued").values(updated_at=utcnow()))
 
 
+def unclaim_step(conn: Connection, turn: TurnRecord, step: int) -> bool:
+    """Undo a claim that nothing followed (the reads after it failed): running -> queued with
+    the attempt it had before, as if the claim had rolled back."""
+    moved = conn.execute(
+        update(turns)
+        .where(_t.id == turn.id, _t.tenant_id == turn.tenant_id, _t.step == step, _t.attempt == turn.attempt,
+               _t.status == "running")
+        .values(status="queued", attempt=_t.attempt - 1, lease_until=None, updated_at=utcnow())
+        .returning(_t.id)
+    ).first()
+    return moved is not None
+
+
 def release_step(conn: Connection, turn: TurnRecord, step: int) -> bool:
     """running -> queued for an attempt that gives its step back (its process is stopping),
     so another worker can run it at once instead of after the lease lapses."""

@@ -85,6 +85,10 @@ def _validation_message(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
+#: seconds after a call's deadline at which the database stops its queries (see _run_with_timeout)
+DB_GRACE = 0.25
+
+
 class ToolPipeline:
     def __init__(
         self,
@@ -226,7 +230,10 @@ class ToolPipeline:
 
         def target() -> None:
             try:
-                with statements_until(deadline):  # the telemetry database stops its queries there
+                # The telemetry database stops the call's queries just after its deadline: at the
+                # same instant, the cancelled query raced the pipeline's own timeout, and a call
+                # that merely ran out of time was now and then reported as an upstream error.
+                with statements_until(deadline + DB_GRACE):
                     future.set_result(spec.run(args, ctx))
             except BaseException as exc:  # handed to the caller, which sorts errors out
                 future.set_exception(exc)

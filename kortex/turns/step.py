@@ -20,7 +20,6 @@ from kortex.errors import (
     KortexError,
     ProviderError,
     StaleAttempt,
-    StorageError,
     StreamError,
 )
 from kortex.events import (
@@ -191,13 +190,15 @@ def _claim(k: Kortex, tenant_id: str, turn_id: str, step: int) -> Claimed | None
             total = len(history) if isinstance(history, list) else 0
             if total >= k.settings.llm.max_history_messages:  # cut to fit: how much was left out
                 total = chats.count_messages(conn, turn.tenant_id, turn.session_id)
-        except StorageError:
-            # The engine tries a step again only when nothing was claimed: so un-claim it
-            # (if the database is gone for that too, the lease lapses and the watchdog runs it).
+        except Exception:
+            # Whatever failed (a driver error is translated only when the connection block
+            # exits), nothing was said yet: undo the claim, attempt and all, so the engine's
+            # retry of a database error claims the step as if this claim had rolled back. If
+            # the database is gone for that too, the lease lapses and the watchdog runs it.
             try:
-                turns.release_step(conn, turn, step)
-            except StorageError:
-                log.warning("could not give back step %s of turn %s after a failed read", step, turn.id)
+                turns.unclaim_step(conn, turn, step)
+            except Exception:
+                log.warning("could not undo the claim of step %s of turn %s after a failed read", step, turn.id)
             raise
         return Claimed(turn, history, latency, total, (claimed.spent.tenant_settings or {}).get("routing") or {})
 

@@ -151,3 +151,23 @@ def test_a_busy_process_keeps_its_connections_instead_of_reconnecting(pg_url: st
 
 def test_a_claim_reads_its_own_spend_and_kept_events_on_postgresql(pg: Harness) -> None:
     claim_reads_its_own_spend_and_kept_events(pg)
+
+
+def test_a_timeout_set_inside_a_rolled_back_transaction_is_not_taken_for_the_connections(pg_url: str) -> None:
+    """A connection left at a call's short timeout, then used in a transaction that rolls back:
+    PostgreSQL undoes a SET made in it, so the next statement must not trust a record of it
+    (it would skip its SET and be cancelled at the old call's deadline)."""
+    from kortex.storage.db import statements_until
+
+    db = Database(pg_url, pool_size=1, statement_timeout=20)
+    try:
+        with statements_until(time.monotonic() + 0.5), db.connect() as conn:
+            conn.execute(text("SELECT 1"))  # the connection's timeout is now the call's ~500 ms
+        with pytest.raises(RuntimeError), db.begin() as conn:
+            conn.execute(text("SELECT 1"))  # no deadline here: the default, for this transaction
+            raise RuntimeError("rolled back")
+        with db.connect() as conn:
+            conn.execute(text("SELECT pg_sleep(1)"))  # past the old call's 500 ms, within the default
+            assert conn.execute(text("SHOW statement_timeout")).scalar() == "20s"
+    finally:
+        db.dispose()

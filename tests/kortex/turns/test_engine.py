@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 import pytest
+from sqlalchemy.exc import OperationalError
 
 import kortex.turns.step as step_module
 from kortex.errors import KortexError, StorageError
@@ -187,10 +188,12 @@ def test_stopping_gives_unfinished_steps_back_at_once(harness_factory) -> None:
         engine.submit(waiting, rec)
 
 
-def test_a_claim_whose_reads_fail_gives_the_step_back_and_it_runs_again(harness_factory, monkeypatch) -> None:
-    """The claim commits on its own; the history read after it fails once. The step is given
-    back (queued again), so the engine's retry claims it as a new attempt and the turn ends
-    normally, instead of waiting out a lease that nobody holds."""
+def test_a_claim_whose_reads_fail_is_undone_and_the_step_runs_again(harness_factory, monkeypatch) -> None:
+    """The claim commits on its own; the history read after it fails once, with the driver's
+    own error (translated to StorageError only when the connection block exits). The claim is
+    undone (queued again, its attempt too), so the engine's retry claims the step as if the
+    claim had rolled back, and the turn ends normally instead of waiting out a lease that
+    nobody holds."""
     h = harness_factory(turn={"text_flush_ms": 0})
     a = h.tenant("a")
     (s,) = _post(h, a, "scripted:text_only", 1)
@@ -200,7 +203,7 @@ def test_a_claim_whose_reads_fail_gives_the_step_back_and_it_runs_again(harness_
     def flaky(*args: Any, **kwargs: Any) -> Any:
         if not failures:
             failures.append(chat.get_turn(h.k, a, s.turn_id).status)  # claimed by then
-            raise StorageError("the database went away")
+            raise OperationalError("SELECT", {}, Exception("the database went away"))
         return real(*args, **kwargs)
 
     monkeypatch.setattr(step_module.chats, "load_history", flaky)
@@ -211,4 +214,4 @@ def test_a_claim_whose_reads_fail_gives_the_step_back_and_it_runs_again(harness_
         engine.close(0)
     turn = chat.get_turn(h.k, a, s.turn_id)
     assert failures == ["running"]
-    assert turn.status == "done" and turn.attempt == 2
+    assert turn.status == "done" and turn.attempt == 1  # the undone claim left no attempt behind
