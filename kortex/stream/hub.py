@@ -228,16 +228,19 @@ class _Shard:
     async def _interrupt(self, target: int) -> None:
         """Make sure a read built before generation ``target`` is not left blocking."""
         hub = self.hub
-        unblocked = False
+        # True when this interrupt ended because the read it was for is over (unblocked, or
+        # rebuilt with ``target`` in it): a read built since may still miss later readers.
+        done = False
         try:
             for _ in range(200):
                 if self.read_gen >= target or not self.reading or not hub._running:
+                    done = True
                     return
                 if self.client_id is None or hub._control is None or not hub._can_unblock:
                     return
                 try:
                     if await hub._control.client_unblock(self.client_id):
-                        unblocked = True
+                        done = True
                         return
                 except ResponseError:
                     hub._can_unblock = False  # no CLIENT UNBLOCK: rely on a short block instead
@@ -247,10 +250,12 @@ class _Shard:
                 await asyncio.sleep(0.002)  # the reader is between building and sending its read
         finally:
             self.unblocking = False
-            # Readers added while this interrupt was in flight, after the reader had built its
-            # next read, are not in that read: interrupt that one too rather than wait out its
-            # block.
-            if unblocked and self.reading and self.read_gen < self.gen and hub._running:
+            # Readers added while this interrupt was in flight (their add did not start one of
+            # its own) may not be in the read now in flight: interrupt that one too rather
+            # than let them wait out its block. Before, this was done only after an unblock,
+            # and a read rebuilt meanwhile could leave a reader handed on from the fresh shard
+            # waiting up to block_ms for its second entry.
+            if done and self.reading and self.read_gen < self.gen and hub._running:
                 self.unblocking = True
                 hub._spawn(self._interrupt(self.gen))
 
