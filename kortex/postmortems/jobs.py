@@ -33,7 +33,7 @@ from kortex.errors import BudgetExceeded, Conflict, InvalidInput, KortexError, N
 from kortex.ids import uuid7
 from kortex.messages import AssistantMessage, Message, ToolMessage
 from kortex.postmortems.document import PostMortem
-from kortex.storage import chats, invocations, turns
+from kortex.storage import chats, invocations, posting, turns
 from kortex.storage import postmortems as store
 from kortex.storage.records import ItemRecord, JobRecord, PostmortemRecord, TurnRecord
 from kortex.telemetry.sources import Incident
@@ -290,7 +290,7 @@ def start_item(k: Kortex, tenant_id: str, item_id: str) -> Handoff:
         session = chats.create_session(conn, tenant_id, f"post-mortem {item.incident_ref}", job.model)
         # Its own session: a session runs one turn at a time, and items of a job run side by side.
         # Not counted against the tenant's chat concurrency: the job's own concurrency bounds it.
-        new = turns.create_turn(conn, tenant_id=tenant_id, session_id=session.id,
+        new = posting.create_turn(conn, tenant_id=tenant_id, session_id=session.id,
                                 content=_request_text(item, job.template), model=job.model,
                                 deadline=timedelta(seconds=k.settings.turn.deadline), profile=PROFILE)
         if not store.start_item(conn, tenant_id, item_id, new.turn.id, now):

@@ -15,7 +15,7 @@ from kortex import budget
 from kortex.container import Kortex
 from kortex.errors import Conflict, InvalidInput, StreamError
 from kortex.messages import Usage
-from kortex.storage import audit, chats, turns
+from kortex.storage import audit, chats, posting, turns
 from kortex.storage.audit import AuditEntry
 from kortex.storage.records import MessageRecord, SessionRecord, TurnRecord
 from kortex.turns.handoff import NOTHING, Handoff, StepDispatch
@@ -165,7 +165,7 @@ def post_message(
     counted: list[bool] = []
     slotted: list[str] = []  # the new turn's id once it holds one of the tenant's slots
 
-    def admit(conn: Connection, state: turns.Admission) -> None:
+    def admit(conn: Connection, state: posting.Admission) -> None:
         spent = state.spent
         budget.check_spend(budget_settings, spent)
         k.slots.take(tenant_id, state.turn_id, cap)  # atomic, and no lock: kortex/turns/admission.py
@@ -185,7 +185,7 @@ def post_message(
         for attempt in range(2):
             try:
                 with k.db.begin() as conn:
-                    new = turns.create_turn(
+                    new = posting.create_turn(
                         conn, tenant_id=tenant_id, session_id=session_id, content=content, model=model,
                         deadline=timedelta(seconds=k.settings.turn.deadline),
                         idempotency_key=idempotency_key, admit=admit,

@@ -8,7 +8,7 @@ import pytest
 
 from kortex.errors import Conflict, NotFound, StorageError
 from kortex.messages import AssistantMessage, ToolCall, ToolResult, Usage
-from kortex.storage import chats, invocations, turns
+from kortex.storage import chats, invocations, posting, turns
 from kortex.storage.audit import AuditEntry, add_spend, write_entries
 from kortex.storage.schema import decisions, stream_outbox, tenants
 from kortex.storage.schema import turns as turn_table
@@ -19,7 +19,7 @@ from tests.conftest import Harness
 def _new(h: Harness, tenant: str, session: str, content: str = "hi", key: str | None = None):
     def work():
         with h.k.db.begin() as conn:
-            return turns.create_turn(conn, tenant_id=tenant, session_id=session, content=content, model=None,
+            return posting.create_turn(conn, tenant_id=tenant, session_id=session, content=content, model=None,
                                            deadline=timedelta(minutes=5), idempotency_key=key)
     return work()
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from kortex.errors import KortexError
-from kortex.storage import turns
+from kortex.storage import posting
 from kortex.testing.fakellm import FakeLLM
 from kortex.testing.inline import drive
 from kortex.turns import chat
@@ -30,7 +30,7 @@ def scratch_profiles(monkeypatch: pytest.MonkeyPatch) -> None:
 def _turn(h: Harness, tenant: str, profile: str) -> str:
     session = chat.create_session(h.k, tenant, "t")
     with h.k.db.begin() as conn:
-        new = turns.create_turn(conn, tenant_id=tenant, session_id=session.id, content="Summarise INC-1",
+        new = posting.create_turn(conn, tenant_id=tenant, session_id=session.id, content="Summarise INC-1",
                                 model=None, deadline=timedelta(minutes=5), profile=profile)
     return new.turn.id
 
