@@ -10,7 +10,8 @@ Parts:
   latency   a zero-latency model and one tool call: client POST -> first event p50/p99
             (sequential turns, clock started before the POST) and turns/s (all at once),
             beside a bare FastAPI endpoint + bare Celery task + bare SSE endpoint.
-  fairness  tenant B's trivial turns, one at a time, idle and while tenant A floods paced turns.
+  fairness  tenant B's trivial turns idle (one at a time) and while tenant A floods paced turns
+            (one every 0.25 s through the flood, and one at a time as earlier stops measured).
   sse       bench/sse.py's fan-out figures (2,000 streams x 5 events/s vs a raw ASGI floor), if present.
   routing   what choosing each step's model (model "auto") costs beside a pinned model (issue 13);
             in this process, no services.
@@ -89,6 +90,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--flood", type=int, help="fairness: tenant A's paced turns at once (default 500; quick 40)")
     parser.add_argument("--b-samples", type=int, help="fairness: tenant B's turns idle and again during the flood "
                                                        "(default 20; quick 5)")
+    parser.add_argument("--b-steady", type=int, help="fairness: at most this many B turns sent at a steady rate "
+                                                      "(one every 0.25 s) through the flood (default 120; quick 20)")
     parser.add_argument("--sse-streams", type=int, help="sse: open streams (default 2000; quick 200)")
     parser.add_argument("--sse-rate", type=float, default=5.0, help="sse: events per second per stream (default 5)")
     parser.add_argument("--sse-seconds", type=float, help="sse: measured window in seconds (default 10; quick 5)")
@@ -107,6 +110,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     args.throughput_turns = args.throughput_turns or (20 if quick else 300)
     args.flood = args.flood or (40 if quick else 500)
     args.b_samples = args.b_samples or (5 if quick else 20)
+    args.b_steady = args.b_steady or (20 if quick else 120)
     args.sse_streams = args.sse_streams or (200 if quick else 2000)
     args.sse_seconds = args.sse_seconds or (5.0 if quick else 10.0)
     args.batch_items = args.batch_items or (20 if quick else 200)
@@ -144,7 +148,8 @@ def main(argv: list[str] | None = None) -> Report:
     parts: dict[str, Callable[[BenchEnv], None]] = {
         "paced": lambda env: paced.run(env, report, args.turns, args.timeout, 30.0 if args.quick else 60.0),
         "latency": lambda env: latency.run(env, report, args.samples, args.throughput_turns),
-        "fairness": lambda env: fairness.run(env, report, args.flood, args.b_samples, 30.0 if args.quick else 60.0),
+        "fairness": lambda env: fairness.run(env, report, args.flood, args.b_samples, 30.0 if args.quick else 60.0,
+                                             args.b_steady),
         "sse": lambda env: run_sse(env, report, args),
         "batch": lambda env: batch.run(env, report, args.batch_items, args.b_samples),
         "routing": lambda env: routing.run(report, 300 if args.quick else 3000),

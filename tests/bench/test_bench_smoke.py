@@ -59,3 +59,31 @@ def test_goals_compare_ratios_or_absolute_figures() -> None:
     assert Row("p", "m", 0.4, 1.0, goal=">= 0.5x").met is False
     assert Row("p", "m", None, 1.0, goal="<= 2x").met is None
     assert Row("p", "m", 6.0, None, goal="<= 5").met is False
+
+
+def test_the_steady_fairness_sampler_spreads_turns_over_the_flood_without_waiting_for_each() -> None:
+    import asyncio
+    import time
+
+    from bench import fairness
+
+    started: list[float] = []
+
+    class SlowClient:
+        async def turn(self, session_id: str, content: str, timing: object = None) -> None:
+            started.append(time.perf_counter())
+            await asyncio.sleep(1.0)  # a turn slower than the cadence: the next must not wait for it
+
+    async def main() -> list[object]:
+        stop = asyncio.Event()
+        asyncio.get_running_loop().call_later(1.1, stop.set)  # the flood ends
+        t0 = time.perf_counter()
+        timings = await fairness._b_steady(SlowClient(), [f"s{i}" for i in range(100)], stop, 5.0)  # type: ignore[arg-type]
+        assert time.perf_counter() - t0 < 3.0  # waited for the turns in flight, then stopped
+        return timings
+
+    timings = asyncio.run(main())
+    # one turn every 0.25 s for 1.1 s: five, each started before the one before it ended
+    assert len(timings) == len(started) == 5
+    gaps = [b - a for a, b in zip(started, started[1:])]
+    assert all(0.15 < g < 0.6 for g in gaps), gaps
