@@ -97,26 +97,31 @@ def list_messages(
     return [MessageRecord.from_row(r) for r in rows]
 
 
+#: what the model sees of a message; turns.py's claim reads them too, as ``h_<name>``
+HISTORY_COLUMNS = ("role", "content", "tool_calls", "tool_call_id", "tool_name", "result", "is_error", "error_code",
+                   "truncated")
+#: newest first: the latest messages are the ones a limit keeps
+HISTORY_ORDER = (chat_messages.c.turn_no.desc(), chat_messages.c.step.desc(), chat_messages.c.ord.desc())
+
 _HISTORY = (
-    select(
-        chat_messages.c.role, chat_messages.c.content, chat_messages.c.tool_calls, chat_messages.c.tool_call_id,
-        chat_messages.c.tool_name, chat_messages.c.result, chat_messages.c.is_error, chat_messages.c.error_code,
-        chat_messages.c.truncated,
-    )
+    select(*(chat_messages.c[name] for name in HISTORY_COLUMNS))
     .where(chat_messages.c.tenant_id == bindparam("p_tenant"), chat_messages.c.session_id == bindparam("p_session"))
-    .order_by(chat_messages.c.turn_no.desc(), chat_messages.c.step.desc(), chat_messages.c.ord.desc())
+    .order_by(*HISTORY_ORDER)
     .limit(bindparam("p_limit"))
 )
 
 
 def load_history(conn: Connection, tenant_id: str, session_id: str, *, limit: int) -> list[Message]:
-    """The conversation as the model sees it: the latest ``limit`` messages, oldest first.
+    """The conversation as the model sees it: the latest ``limit`` messages, oldest first."""
+    return history_of(conn.execute(_HISTORY, {"p_tenant": tenant_id, "p_session": session_id,
+                                              "p_limit": limit}).all())
 
-    The window never starts with a tool result whose call fell outside it (providers reject
-    orphaned results), so it is widened back to the preceding user message.
-    """
-    rows = list(reversed(conn.execute(_HISTORY, {"p_tenant": tenant_id, "p_session": session_id,
-                                                  "p_limit": limit}).all()))
+
+def history_of(newest_first: Sequence[Any]) -> list[Message]:
+    """Messages from rows with the ``HISTORY_COLUMNS``, newest first, as the model sees them:
+    oldest first. The window never starts with a tool result whose call fell outside it
+    (providers reject orphaned results), so it is widened back to the preceding user message."""
+    rows = list(reversed(newest_first))
     while rows and rows[0].role != "user":
         rows.pop(0)
     return [_to_message(r) for r in rows]

@@ -23,8 +23,8 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from kortex.errors import Conflict, NotFound
 from kortex.ids import uuid7
-from kortex.messages import AssistantMessage, ToolMessage, ToolResult, Usage
-from kortex.storage.chats import INSERT_MESSAGE, message_row
+from kortex.messages import AssistantMessage, Message, ToolMessage, ToolResult, Usage
+from kortex.storage.chats import HISTORY_COLUMNS, HISTORY_ORDER, INSERT_MESSAGE, history_of, message_row
 from kortex.storage.records import ACTIVE, TERMINAL, InvocationRecord, Spent, TurnRecord
 from kortex.storage.schema import (
     chat_messages,
@@ -81,26 +81,76 @@ _CLAIM_STEP = (
 )
 
 
+# The claim and the session's latest messages in one statement (PostgreSQL: a data-modifying
+# CTE and a lateral read of the claimed turn's session). Every step read them in two round
+# trips; under load each round trip of an I/O thread waits for the GIL again behind the event
+# loop, so the trips, not the statements, are what a claim costs. A lost claim returns no row
+# and reads nothing.
+_claimed = _CLAIM_STEP.cte("claimed")
+_h = chat_messages.c
+_latest = (
+    select(*(_h[name].label(f"h_{name}") for name in HISTORY_COLUMNS),
+           _h.turn_no.label("h_turn_no"), _h.step.label("h_step"), _h.ord.label("h_ord"))
+    .where(_h.tenant_id == _claimed.c.tenant_id, _h.session_id == _claimed.c.session_id)
+    .order_by(*HISTORY_ORDER)
+    .limit(bindparam("p_limit"))
+    .lateral("latest")
+)
+_CLAIM_WITH_HISTORY = (
+    select(_claimed, _latest)
+    .select_from(_claimed.outerjoin(_latest, true()))
+    .order_by(_latest.c.h_turn_no.desc(), _latest.c.h_step.desc(), _latest.c.h_ord.desc())
+)
+
+
 @dataclass(frozen=True, slots=True)
 class ClaimedStep:
     """A claimed step's turn, and what its tenant and session have spent (read with the claim)."""
 
     turn: TurnRecord
     spent: Spent
+    #: the session's latest messages, when the claim read them too (``history``); else None
+    history: list[Message] | None = None
 
 
-def claim(conn: Connection, tenant_id: str, turn_id: str, step: int, *, lease: float) -> ClaimedStep | None:
+def claim(conn: Connection, tenant_id: str, turn_id: str, step: int, *, lease: float,
+          history: int | None = None) -> ClaimedStep | None:
     """queued -> running for exactly one delivery of this step, holding a lease of ``lease``
     seconds that the running attempt renews, in one statement that also reads the spend the
-    budget checks. None means someone else has it."""
+    budget checks. None means someone else has it.
+
+    ``history``: also read the session's latest ``history`` messages as ``load_history`` does,
+    in the same statement where the database allows (PostgreSQL); elsewhere the caller reads
+    them itself (``ClaimedStep.history`` is None)."""
     now = utcnow()
-    row = conn.execute(_CLAIM_STEP, {"p_id": turn_id, "p_tenant": tenant_id, "p_step": step, "p_now": now,
-                                     "p_lease": now + timedelta(seconds=lease), "p_day": now.date()}).first()
-    if row is None:
-        return None
+    params = {"p_id": turn_id, "p_tenant": tenant_id, "p_step": step, "p_now": now,
+              "p_lease": now + timedelta(seconds=lease), "p_day": now.date()}
+    messages: list[Message] | None = None
+    if history is not None and conn.dialect.name in ONE_STATEMENT_WRITE:
+        rows = conn.execute(_CLAIM_WITH_HISTORY, {**params, "p_limit": history}).all()
+        if not rows:
+            return None
+        row = rows[0]
+        messages = history_of([_HistoryRow(r) for r in rows if r.h_role is not None])
+    else:
+        found = conn.execute(_CLAIM_STEP, params).first()
+        if found is None:
+            return None
+        row = found
     return ClaimedStep(TurnRecord.from_row(row), Spent(usd_today=float(row.spend_usd or 0.0),
                                                        session_tokens=int(row.spend_tokens or 0),
-                                                       tenant_settings=row.spend_settings))
+                                                       tenant_settings=row.spend_settings), messages)
+
+
+class _HistoryRow:
+    """A claim row's message columns (``h_<name>``) under the names ``history_of`` reads."""
+
+    __slots__ = HISTORY_COLUMNS
+
+    def __init__(self, row: Any) -> None:
+        mapping = row._mapping
+        for name in HISTORY_COLUMNS:
+            setattr(self, name, mapping[f"h_{name}"])
 
 
 def claim_step(conn: Connection, tenant_id: str, turn_id: str, step: int, *, lease: float) -> TurnRecord | None:

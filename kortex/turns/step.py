@@ -172,18 +172,20 @@ class Claimed:
 def _claim(k: Kortex, tenant_id: str, turn_id: str, step: int) -> Claimed | None:
     """Claim the step and read what its model call needs, in one trip to an I/O thread.
 
-    Two statements in autocommit (the claim, which reads the spend too, then the history)
-    where there were five round trips (BEGIN, claim, spend, history, COMMIT): under load the
-    I/O thread waits for the GIL again after each one, up to the 5 ms switch interval while
-    the event loop is busy. The claim alone is the state change; the reads after it change
-    nothing, and if they fail the step is given back, as a rolled-back claim was."""
+    One statement in autocommit on PostgreSQL (the claim, which reads the spend and the
+    session's latest messages too; elsewhere the history is a second) where there were five
+    round trips (BEGIN, claim, spend, history, COMMIT): under load the I/O thread waits for the
+    GIL again after each one, up to the 5 ms switch interval while the event loop is busy.
+    The claim alone is the state change; the reads after it change nothing, and if they fail
+    the step is given back, as a rolled-back claim was."""
     with k.db.connect() as conn:
-        claimed = turns.claim(conn, tenant_id, turn_id, step, lease=k.settings.turn.step_lease)
+        claimed = turns.claim(conn, tenant_id, turn_id, step, lease=k.settings.turn.step_lease,
+                              history=k.settings.llm.max_history_messages)
         if claimed is None:
             return None
         turn = claimed.turn
         try:
-            history = _load(k, conn, turn, claimed.spent)
+            history = _load(k, conn, turn, claimed.spent, claimed.history)
             latency = None
             if is_auto(k.settings, turn.model) and not isinstance(history, KortexError):
                 latency = k.router.latency.get(conn, turn.tenant_id, k.settings.llm.routing.min_latency_samples)
@@ -212,14 +214,16 @@ def _release(k: Kortex, turn: TurnRecord, step: int) -> Handoff:
                                        lane=lane_of(turn.profile)),))
 
 
-def _load(k: Kortex, conn: Connection, turn: TurnRecord, spent: Spent) -> list[Message] | KortexError:
-    """The conversation so far, once the budget allows another LLM call (it is checked before
-    every call, not only when the turn began)."""
+def _load(k: Kortex, conn: Connection, turn: TurnRecord, spent: Spent,
+          read: list[Message] | None = None) -> list[Message] | KortexError:
+    """The conversation so far (``read`` when the claim read it already), once the budget
+    allows another LLM call (it is checked before every call, not only when the turn began)."""
     try:
         budget.check_spend(k.settings.llm.budget, spent)
     except BudgetExceeded as exc:
         return exc
-    history = chats.load_history(conn, turn.tenant_id, turn.session_id, limit=k.settings.llm.max_history_messages)
+    history = read if read is not None else chats.load_history(
+        conn, turn.tenant_id, turn.session_id, limit=k.settings.llm.max_history_messages)
     try:
         gate = profile_of(turn.profile).before_call
     except ConfigError:

@@ -25,7 +25,10 @@ from kortex.turns.handoff import Handoff, ToolDispatch
 from kortex.turns.step import run_step
 from kortex.turns.toolrun import run_tool
 from tests.conftest import Harness
-from tests.kortex.storage.test_turns import claim_reads_its_own_spend_and_kept_events
+from tests.kortex.storage.test_turns import (
+    claim_reads_its_own_spend_and_kept_events,
+    claim_reads_the_sessions_history_as_load_history_does,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -151,6 +154,10 @@ def test_a_busy_process_keeps_its_connections_instead_of_reconnecting(pg_url: st
 
 def test_a_claim_reads_its_own_spend_and_kept_events_on_postgresql(pg: Harness) -> None:
     claim_reads_its_own_spend_and_kept_events(pg)
+
+
+def test_a_claim_reads_the_sessions_history_in_its_own_statement_on_postgresql(pg: Harness) -> None:
+    claim_reads_the_sessions_history_as_load_history_does(pg, one_statement=True)
 
 
 def test_a_timeout_set_inside_a_rolled_back_transaction_is_not_taken_for_the_connections(pg_url: str) -> None:

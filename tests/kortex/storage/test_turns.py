@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from kortex.errors import Conflict, NotFound, StorageError
-from kortex.messages import AssistantMessage, ToolCall, ToolResult, Usage
+from kortex.messages import AssistantMessage, ToolCall, ToolMessage, ToolResult, Usage
 from kortex.storage import chats, invocations, posting, turns
 from kortex.storage.audit import AuditEntry, add_spend, write_entries
 from kortex.storage.schema import decisions, stream_outbox, tenants
@@ -146,3 +146,46 @@ def claim_reads_its_own_spend_and_kept_events(h: Harness) -> None:
 
 def test_a_claim_reads_its_own_spend_and_kept_events(harness: Harness) -> None:
     claim_reads_its_own_spend_and_kept_events(harness)
+
+
+def claim_reads_the_sessions_history_as_load_history_does(h: Harness, *, one_statement: bool) -> None:
+    """With ``history``, the claim hands back what ``load_history`` reads (the same window,
+    widened back to a user message), of its own session only; on PostgreSQL in its own
+    statement (``one_statement``), elsewhere it leaves the read to the caller. Shared with
+    the PostgreSQL test."""
+    acme = h.tenant("acme")
+    session, neighbour = _session(h, acme), _session(h, acme)
+    first = _new(h, acme, session, content="q1").turn
+    calls = (ToolCall(id="c1", name="get_deploys", arguments={"product": "checkout", "n": 12345678901234567890}),)
+    with h.k.db.connect() as conn:
+        assert turns.claim(conn, acme, first.id, 0, lease=60) is not None
+    with h.k.db.begin() as conn:
+        turns.park_for_tools(conn, turns.get_turn(conn, acme, first.id), step=0,
+                             message=AssistantMessage(content="looking", tool_calls=calls), usage=Usage(),
+                             model_used="scripted:x", refused={})
+        conn.execute(turn_table.update().where(turn_table.c.id == first.id).values(status="done"))
+        conn.execute(chats.INSERT_MESSAGE, chats.message_row(
+            tenant_id=acme, session_id=session, turn_id=first.id, turn_no=first.turn_no, step=0, ord=1,
+            message=ToolMessage(result=ToolResult(call_id="c1", name="get_deploys", content={"deploys": ["v2"]},
+                                                  is_error=True, error_code="upstream", truncated=True))))
+    _new(h, acme, neighbour, content="not mine")
+    second = _new(h, acme, session, content="q2").turn
+    with h.k.db.connect() as conn:
+        expected = {limit: chats.load_history(conn, acme, session, limit=limit) for limit in (2, 4, 50)}
+    assert [m.role for m in expected[50]] == ["user", "assistant", "tool", "user"]
+    assert [m.role for m in expected[2]] == ["user"]  # the window's leading tool result is dropped
+    for limit in (2, 4, 50):
+        with h.k.db.connect() as conn:
+            conn.execute(turn_table.update().where(turn_table.c.id == second.id).values(status="queued"))
+            got = turns.claim(conn, acme, second.id, 0, lease=60, history=limit)
+        assert got is not None and got.turn.id == second.id and got.turn.status == "running"
+        if one_statement:
+            assert got.history == expected[limit]
+        else:
+            assert got.history is None
+    with h.k.db.connect() as conn:
+        assert turns.claim(conn, acme, second.id, 0, lease=60, history=50) is None  # claimed: nothing read
+
+
+def test_a_claim_leaves_the_history_to_its_caller_where_one_statement_cannot_read_it(harness: Harness) -> None:
+    claim_reads_the_sessions_history_as_load_history_does(harness, one_statement=False)
