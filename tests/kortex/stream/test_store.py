@@ -202,3 +202,53 @@ def test_pre_encoded_text_is_the_json_of_a_text_event(delta: str) -> None:
     store.append("u10", [encoded], attempt=1)
     (entry,) = store.read("u10")
     assert TextEvent.model_validate_json(entry.data) == TextEvent(step=3, delta=delta, attempt=1, seq=1)
+
+
+def test_a_quick_append_does_not_wait_behind_the_bulk_pipeline_in_flight() -> None:
+    async def go():
+        store = _async_store()
+        await store.aappend("warm", [TextEvent(step=0, delta="x")])  # makes both lanes
+        bulk = store._batch
+        held = asyncio.Event()
+        release = asyncio.Event()
+        real = bulk._pipeline
+
+        async def slow(items):  # the bulk lane's round trip takes as long as the test says
+            held.set()
+            await release.wait()
+            return await real(items)
+
+        bulk._pipeline = slow
+        streamed = [asyncio.ensure_future(store.aappend(f"busy{i}", [TextEvent(step=0, delta="...")], attempt=1))
+                    for i in range(20)]
+        await asyncio.wait_for(held.wait(), 2)
+        first = await asyncio.wait_for(store.aappend(
+            "newcomer", [TurnEvent(turn_id="newcomer", status="running", step=0)], attempt=1, quick=True), 2)
+        assert len(first) == 1 and [e.type for e in store.read("newcomer")] == ["turn"]
+        assert not any(w.done() for w in streamed)  # the bulk was still in flight meanwhile
+        release.set()
+        await asyncio.gather(*streamed)
+
+    asyncio.run(go())
+
+
+def test_a_publisher_sends_its_step_quick_until_its_first_text_is_out() -> None:
+    lanes: list[tuple[list[str], bool]] = []
+
+    class Recording:
+        async def aappend(self, turn_id, events, *, attempt=0, final=False, quick=False):
+            lanes.append(([e.type for e in events], quick))
+            return ["1-0"] * len(events)
+
+    async def go():
+        pub = StepPublisher(Recording(), "t", 0, attempt=1, flush_ms=0)  # type: ignore[arg-type]
+        pub.emit(TurnEvent(turn_id="t", status="running", step=0))
+        await pub.flush()
+        pub.text("first")
+        await pub.flush()
+        pub.text("more")
+        pub.emit(DoneEvent(status="done"))
+        await pub.flush()
+
+    asyncio.run(go())
+    assert lanes == [(["turn"], True), (["text"], True), (["text", "done"], False)]
