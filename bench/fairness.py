@@ -145,6 +145,9 @@ def run(env: BenchEnv, report: Report, flood: int, samples: int, min_budget: flo
     errors = a_batch.errors()
     if errors:
         report.note("fairness", f"A errors: {'; '.join(errors[:3])}")
+    b_errors = sorted({str(t.error) for t in [*during, *spread] if t.error})
+    if b_errors:
+        report.note("fairness", f"B errors: {'; '.join(b_errors[:3])}")
 
 
 def _ms(seconds: float | None) -> float | None:
