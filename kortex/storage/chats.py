@@ -97,7 +97,7 @@ def list_messages(
     return [MessageRecord.from_row(r) for r in rows]
 
 
-#: what the model sees of a message; turns.py's claim reads them too, as ``h_<name>``
+#: what the model sees of a message; turns.py's claim reads them too
 HISTORY_COLUMNS = ("role", "content", "tool_calls", "tool_call_id", "tool_name", "result", "is_error", "error_code",
                    "truncated")
 #: newest first: the latest messages are the ones a limit keeps

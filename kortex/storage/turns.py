@@ -88,8 +88,10 @@ _CLAIM_STEP = (
 # and reads nothing.
 _claimed = _CLAIM_STEP.cte("claimed")
 _h = chat_messages.c
+# The message columns keep their names (no column of the claim's RETURNING has one of them),
+# so ``history_of`` reads the joined rows as they are; the order columns are renamed.
 _latest = (
-    select(*(_h[name].label(f"h_{name}") for name in HISTORY_COLUMNS),
+    select(*(_h[name] for name in HISTORY_COLUMNS),
            _h.turn_no.label("h_turn_no"), _h.step.label("h_step"), _h.ord.label("h_ord"))
     .where(_h.tenant_id == _claimed.c.tenant_id, _h.session_id == _claimed.c.session_id)
     .order_by(*HISTORY_ORDER)
@@ -131,7 +133,7 @@ def claim(conn: Connection, tenant_id: str, turn_id: str, step: int, *, lease: f
         if not rows:
             return None
         row = rows[0]
-        messages = history_of([_HistoryRow(r) for r in rows if r.h_role is not None])
+        messages = history_of([r for r in rows if r.role is not None])  # no message: one row, no role
     else:
         found = conn.execute(_CLAIM_STEP, params).first()
         if found is None:
@@ -141,16 +143,6 @@ def claim(conn: Connection, tenant_id: str, turn_id: str, step: int, *, lease: f
                                                        session_tokens=int(row.spend_tokens or 0),
                                                        tenant_settings=row.spend_settings), messages)
 
-
-class _HistoryRow:
-    """A claim row's message columns (``h_<name>``) under the names ``history_of`` reads."""
-
-    __slots__ = HISTORY_COLUMNS
-
-    def __init__(self, row: Any) -> None:
-        mapping = row._mapping
-        for name in HISTORY_COLUMNS:
-            setattr(self, name, mapping[f"h_{name}"])
 
 
 def claim_step(conn: Connection, tenant_id: str, turn_id: str, step: int, *, lease: float) -> TurnRecord | None:
