@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from kortex.errors import KortexError, StorageError
 from kortex.storage import turns
 from kortex.storage.records import TurnRecord
+from kortex.turns.governor import LagGovernor
 from kortex.turns.handoff import Handoff, StepDispatch
 
 if TYPE_CHECKING:
@@ -43,6 +44,9 @@ T = TypeVar("T")
 #: what a submitted step reports: what to hand on, or the exception that stopped it
 StepOutcome = Handoff | BaseException
 RETRIES = (0.5, 1.0, 2.0, 4.0, 8.0)  # a step whose claim hit a database error is tried again
+LAG_TICK = 0.025  # seconds between two samples of the loop's lag
+#: a tenant that submitted a step this recently still counts as one the governor serves fairly
+TENANT_HORIZON = 60.0
 
 
 class EngineBusy(KortexError):
@@ -113,6 +117,12 @@ class StepEngine:
         # always finds a place to wait for its fair pick.
         self.max_waiting_per_tenant = max(1, self.max_waiting * 3 // 4)
         self.weights = dict(cfg.tenant_weights)
+        # Below the hard bound, the loop's measured lag sets how many steps stream at once while
+        # more than one tenant is served (kortex/turns/governor.py).
+        self.governor = (LagGovernor(self.max_inflight, cfg.loop_lag_target_ms / 1000, floor=cfg.min_inflight_steps)
+                         if cfg.loop_lag_target_ms else None)
+        self._seen: dict[str, float] = {}    # tenant -> when it last submitted a step (monotonic)
+        self._contended = False              # more than one tenant seen within TENANT_HORIZON
         self._cv = threading.Condition()
         self._waiting: dict[str, deque[_Job]] = {}
         self._ring: deque[str] = deque()     # tenants with waiting steps, in turn order
@@ -129,6 +139,7 @@ class StepEngine:
         # Handing on (publishing to the broker) must not wait behind step SQL either.
         self._handoff_threads = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="kortex-handoff")
         self._renewer: asyncio.Task[None] | None = None
+        self._lag_watch: asyncio.Task[None] | None = None
         self._released: list[StepDispatch] = []  # given back by steps stopped at close()
         self._closing = False
         self._started = False
@@ -142,6 +153,14 @@ class StepEngine:
     @property
     def inflight(self) -> int:
         return len(self._inflight)
+
+    @property
+    def limit(self) -> int:
+        """How many steps may stream at once now: the governor's limit while tenants contend,
+        otherwise the hard bound."""
+        if self.governor is not None and self._contended:
+            return self.governor.limit
+        return self.max_inflight
 
     def submit(self, step: StepDispatch, done: Callable[[StepOutcome], None], *, block: bool = True) -> None:
         """Take ``step``; ``done`` gets what it hands on, on a hand-off thread, exactly once.
@@ -213,7 +232,10 @@ class StepEngine:
     # ---- the loop ---------------------------------------------------------------------------
 
     def _start(self) -> None:
-        self._renewer = asyncio.get_running_loop().create_task(self._renew_forever(), name="kortex-leases")
+        loop = asyncio.get_running_loop()
+        self._renewer = loop.create_task(self._renew_forever(), name="kortex-leases")
+        if self.governor is not None:
+            self._lag_watch = loop.create_task(self._watch_lag(self.governor), name="kortex-loop-lag")
 
     def _enqueue_locked(self, job: _Job) -> None:
         tenant = job.step.tenant_id
@@ -223,13 +245,24 @@ class StepEngine:
             self._ring.append(tenant)
         queue.append(job)
         self._n_waiting += 1
+        if tenant not in self._seen and self._seen:
+            self._contended = True  # at once: the newcomer's first step is the one to protect
+        self._seen[tenant] = time.monotonic()
 
-    def _next_locked(self) -> _Job | None:
+    def _next_locked(self, at_limit: bool = False) -> _Job | None:
         """Round robin over tenants with waiting steps, skipping those at their share; a tenant
-        of weight w is taken up to w times in a row."""
+        of weight w is taken up to w times in a row. ``at_limit``: the loop holds all the steps
+        the governor allows, and only a tenant below its fair share of that limit (the limit
+        over the tenants holding or waiting for steps) is taken: a newcomer does not wait for
+        a flood's steps to end."""
+        fair = 0
+        if at_limit:
+            active = len(self._busy.keys() | self._waiting.keys())
+            fair = max(1, self.limit // max(1, active))
         for _ in range(len(self._ring)):
             tenant = self._ring[0]
-            if self._busy.get(tenant, 0) >= self.max_per_tenant:
+            busy = self._busy.get(tenant, 0)
+            if busy >= self.max_per_tenant or (at_limit and busy >= fair):
                 self._ring.rotate(-1)
                 continue
             queue = self._waiting[tenant]
@@ -254,7 +287,7 @@ class StepEngine:
             with self._cv:
                 if self._closing:
                     return
-                job = self._next_locked()
+                job = self._next_locked(at_limit=len(self._inflight) >= self.limit)
                 if job is None:
                     return
                 self._busy[job.step.tenant_id] = self._busy.get(job.step.tenant_id, 0) + 1
@@ -327,6 +360,23 @@ class StepEngine:
         except Exception:  # the step's state is committed; the watchdog re-enqueues what was lost
             log.exception("could not hand on what step %s of turn %s produced", job.step.step, job.step.turn_id)
 
+    async def _watch_lag(self, governor: LagGovernor) -> None:
+        """Sample how late the loop wakes; let waiting steps in when the governor allows more."""
+        loop = asyncio.get_running_loop()
+        ticks = 0
+        while True:
+            asked = loop.time()
+            await asyncio.sleep(LAG_TICK)
+            ticks += 1
+            if ticks % governor.window == 0:
+                with self._cv:
+                    horizon = time.monotonic() - TENANT_HORIZON
+                    self._seen = {t: at for t, at in self._seen.items() if at >= horizon or t in self._busy or t in self._waiting}
+                    self._contended = len(self._seen) > 1
+            if governor.observe(loop.time() - asked - LAG_TICK, len(self._inflight), self._n_waiting,
+                                contended=self._contended):
+                self._pump()
+
     async def _renew_forever(self) -> None:
         """Every third of a lease: renew the leases of every step in flight in one statement,
         stop those whose lease was taken, and mark the waiting ones as held."""
@@ -380,7 +430,8 @@ class StepEngine:
             await asyncio.wait(stuck, timeout=5)
         if self._reporting:  # what finished steps hand on reaches the broker before we stop
             await asyncio.wait(set(self._reporting), timeout=10)
-        if self._renewer is not None:
-            self._renewer.cancel()
+        for background in (self._renewer, self._lag_watch):
+            if background is not None:
+                background.cancel()
         released, self._released = self._released, []
         return released

@@ -86,6 +86,66 @@ def test_a_tenant_never_holds_more_than_its_share_of_slots(harness_factory) -> N
     assert peak == 2 and all(isinstance(o, Handoff) for o in rec.outcomes)
 
 
+def test_at_the_governors_limit_the_flood_waits_and_a_newcomer_is_taken(harness_factory) -> None:
+    """Two tenants served and the loop lagging: the governor's limit (here held at 2) keeps
+    tenant A's further steps waiting, but tenant B, holding nothing, is below its fair share
+    and starts at once."""
+    h = harness_factory(turn={"max_inflight_steps": 10, "min_inflight_steps": 2, "loop_lag_target_ms": 10_000,
+                              "text_flush_ms": 0},
+                        llm={"budget": {"max_concurrent_turns_per_tenant": 50}})
+    a, b = h.tenant("a"), h.tenant("b")
+    flood = _post(h, a, "scripted:slow_text", 4)
+    earlier, newcomer = _post(h, b, "scripted:slow_text", 2)
+    engine = StepEngine(h.k)
+    assert engine.governor is not None
+    engine.governor.window = 10**9  # no adjustment during the test: the limit stays where it starts
+    rec = _Recorder()
+    rec.expected = 5
+    try:
+        engine.run(earlier, 30)  # B was here: the engine now serves two tenants
+        assert engine.limit == 10  # alone, B had the whole bound
+        for s in flood:
+            engine.submit(s, rec)
+        assert engine.limit == 2
+        deadline = time.monotonic() + 5
+        while engine.inflight < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        time.sleep(0.2)
+        assert (engine.inflight, engine.waiting) == (2, 2)  # A's other two wait for the limit
+        engine.submit(newcomer, rec)
+        while engine.inflight < 3:  # B went past the limit, ahead of A's waiting steps
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert engine.waiting == 2 and engine._busy == {a: 2, b: 1}
+        assert rec.done.wait(60)
+    finally:
+        engine.close(0)
+    assert all(isinstance(o, Handoff) for o in rec.outcomes)
+
+
+def test_one_tenant_alone_is_not_held_back_by_the_governor(harness_factory) -> None:
+    h = harness_factory(turn={"max_inflight_steps": 10, "min_inflight_steps": 2, "loop_lag_target_ms": 10_000,
+                              "text_flush_ms": 0},
+                        llm={"budget": {"max_concurrent_turns_per_tenant": 50}})
+    a = h.tenant("a")
+    flood = _post(h, a, "scripted:slow_text", 5)
+    engine = StepEngine(h.k)
+    rec = _Recorder()
+    rec.expected = 5
+    try:
+        for s in flood:
+            engine.submit(s, rec)
+        deadline = time.monotonic() + 5
+        while engine.inflight < 5:  # all at once, past the governor's floor of 2
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert rec.done.wait(60)
+    finally:
+        engine.close(0)
+    assert all(isinstance(o, Handoff) for o in rec.outcomes)
+
+
 def test_submit_blocks_while_the_process_holds_its_limit_of_waiting_steps(harness_factory) -> None:
     h = harness_factory(turn={"max_inflight_steps": 1, "max_waiting_steps": 1, "text_flush_ms": 0},
                         llm={"budget": {"max_concurrent_turns_per_tenant": 50}})

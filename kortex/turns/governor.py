@@ -1,0 +1,67 @@
+"""How many steps one engine's event loop may stream at once: as many as keep it answering
+on time, found by measuring the loop rather than fixed in advance.
+
+``max_inflight_steps`` is sized for a model that mostly waits. When streams deliver faster
+than one process can parse and forward them, the loop falls behind, and every step on it
+waits that lag at each of its hops: a tenant's first event crosses the loop about four times,
+so 200 ms of lag under another tenant's flood made it seconds late. The governor samples the
+lag (how late a short sleep wakes up) and moves a limit the way a congestion window moves:
+down to a share of what is in flight when the lag stays over its target, up while it stays
+well under and the limit is what holds steps back. Steps over the limit wait in the engine's
+waiting room, where the fair pick across tenants decides who goes next, and a tenant below
+its fair share of the limit is taken even at the limit (kortex/turns/engine.py): the flood
+waits, not the newcomer.
+
+It only holds steps back while more than one tenant is there to be served (the engine says
+which: contended). With one tenant, holding its steps back only delays them: 1,000 paced turns
+of one tenant took 1.96x the floor's time under the governor and 1.52x without it, with the
+loop itself busy only 10-50% of the time (the lag came from the other threads and processes
+sharing two cores). Uncontended, the limit follows what is in flight, so when a second tenant
+arrives it is cut from there.
+
+Pure arithmetic, no clock and no loop of its own: the engine feeds it one sample per tick.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class LagGovernor:
+    ceiling: int                  # the engine's hard bound (max_inflight_steps)
+    target: float                 # seconds of loop lag the limit is held under
+    floor: int = 32               # never below this: a busy host still makes progress
+    window: int = 10              # samples averaged per adjustment
+    decrease: float = 0.75        # over target: the limit becomes this share of what is in flight
+    increase: float = 1.25        # well under target while the limit binds: it grows by this factor
+    limit: int = 0                # 0: start at the floor (slow start)
+    _samples: list[float] = field(default_factory=list, repr=False)
+    _binding: bool = field(default=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.floor = max(1, min(self.floor, self.ceiling))
+        self.limit = min(self.ceiling, max(self.floor, self.limit or self.floor))
+
+    def observe(self, lag: float, inflight: int, waiting: int, contended: bool = True) -> bool:
+        """One tick's lag (seconds late) with what the engine held then; True when the limit
+        rose (the caller starts waiting steps)."""
+        if not contended:
+            self._samples, self._binding = [], False
+            self.limit = min(self.ceiling, max(self.floor, inflight))
+            return False
+        self._samples.append(max(0.0, lag))
+        # The limit only grows when it is what holds steps back: a quiet process keeps a small
+        # limit, so a burst ramps up under measurement instead of arriving all at once.
+        self._binding = self._binding or (waiting > 0 and inflight >= self.limit)
+        if len(self._samples) < self.window:
+            return False
+        mean = sum(self._samples) / len(self._samples)
+        binding, self._samples, self._binding = self._binding, [], False
+        if mean > self.target:
+            self.limit = max(self.floor, min(self.limit, int(inflight * self.decrease)))
+            return False
+        if mean < self.target / 2 and binding and self.limit < self.ceiling:
+            self.limit = min(self.ceiling, max(self.limit + 1, int(self.limit * self.increase)))
+            return True
+        return False
