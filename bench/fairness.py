@@ -118,7 +118,7 @@ def run(env: BenchEnv, report: Report, flood: int, samples: int, min_budget: flo
         "flood_first_text_p50_s": pct(_first(during, "first_text", cap), 0.5),
         "b_idle_turns": len(idle), "b_flood_turns": len(during),
         "b_flood_timeouts": sum(1 for t in during if t.error),
-        "a_turns": flood, "a_finished": len(a_batch.finished),
+        "a_turns": flood, "a_finished": len(a_batch.finished), "a_wall_s": a_batch.wall,
     }
     report.raw["fairness"] = figures
     note = f"B: {len(during)} turns one at a time" + (f", {figures['b_flood_timeouts']} failed or cut at {cap:.0f} s"
@@ -135,8 +135,9 @@ def run(env: BenchEnv, report: Report, flood: int, samples: int, min_budget: flo
         Row("fairness", "sequential B first event p50", _ms(figures["flood_first_event_p50_s"]),
             _ms(figures["idle_first_event_p50_s"]), "ms", note=note),
     )
+    a_took = f", the last after {a_batch.wall:.1f} s" if a_batch.wall is not None else ""
     report.note("fairness", f"A flooded {flood} paced turns at once ({figures['a_finished']} finished within the "
-                            f"flood's limit); B sent {samples} trivial turns idle one at a time, then during the flood "
+                            f"flood's limit{a_took}); B sent {samples} trivial turns idle one at a time, then during the flood "
                             f"{len(spread)} one every {STEADY_EVERY:g} s and {len(during)} one at a time")
     errors = a_batch.errors()
     if errors:

@@ -126,6 +126,11 @@ def models(
 #: the single process spending 3.8 ms of CPU a POST while it also streamed every turn). More
 #: is a sizing decision: each adds its pools to the connection budget (README, "Sizing").
 DEFAULT_API_PROCESSES = 2
+#: Seconds an idle keep-alive connection stays open. Longer than what clients and proxies keep
+#: idle connections for (aiohttp 15 s, nginx and cloud load balancers 60 s): with uvicorn's 5 s
+#: the server closed connections a client was just reusing, and its next request failed with
+#: "connection reset" or "server disconnected" (the fairness bench lost a turn in most runs).
+KEEP_ALIVE = 75
 
 
 @app.command()
@@ -153,7 +158,7 @@ def api(
         _metrics_multiprocess("api")  # /metrics adds up every worker process
     uvicorn.run("api.main:create_app", factory=True, host=host, port=port, workers=workers,
                 log_level=settings.log_level.lower(), access_log=access_log, proxy_headers=True,
-                timeout_graceful_shutdown=10)
+                timeout_keep_alive=KEEP_ALIVE, timeout_graceful_shutdown=10)
 
 
 @app.command()

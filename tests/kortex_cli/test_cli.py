@@ -140,3 +140,41 @@ def test_api_refuses_more_processes_in_the_embedded_mode_and_less_than_one(home:
     assert many.exit_code == 1 and "embedded mode runs in one process" in many.output
     none = runner.invoke(app, ["api", "--workers", "0"])
     assert none.exit_code == 2 and "--workers" in none.output
+
+
+def test_the_api_keeps_an_idle_connection_open_longer_than_clients_reuse_one(tmp_path: Path) -> None:
+    """A client (aiohttp keeps idle connections 15 s; proxies 60 s) sends its next request on a
+    connection that sat idle: the server must not have closed it meanwhile, or that request
+    fails with "connection reset". uvicorn's own default closes after 5 s."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KORTEX_")}
+    env.update(KORTEX_HOME=str(tmp_path), PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    api = subprocess.Popen([sys.executable, "-m", "kortex_cli.main", "api", "--port", str(port)], env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    request = f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                conn = socket.create_connection(("127.0.0.1", port), timeout=5)
+                break
+            except OSError:
+                assert api.poll() is None and time.monotonic() < deadline, "the API did not start"
+                time.sleep(0.2)
+        with conn:
+            conn.sendall(request)
+            assert conn.recv(65536).startswith(b"HTTP/1.1 200")
+            time.sleep(6.5)  # past uvicorn's default keep-alive of 5 s
+            conn.sendall(request)
+            assert conn.recv(65536).startswith(b"HTTP/1.1 200")  # b"" had the server closed it
+    finally:
+        api.terminate()
+        api.wait(30)
