@@ -245,9 +245,10 @@ class StepEngine:
             self._ring.append(tenant)
         queue.append(job)
         self._n_waiting += 1
-        if tenant not in self._seen and self._seen:
-            self._contended = True  # at once: the newcomer's first step is the one to protect
-        self._seen[tenant] = time.monotonic()
+        if self.governor is not None:  # its watcher forgets tenants gone quiet
+            if tenant not in self._seen and self._seen:
+                self._contended = True  # at once: the newcomer's first step is the one to protect
+            self._seen[tenant] = time.monotonic()
 
     def _next_locked(self, at_limit: bool = False) -> _Job | None:
         """Round robin over tenants with waiting steps, skipping those at their share; a tenant

@@ -146,6 +146,36 @@ def test_one_tenant_alone_is_not_held_back_by_the_governor(harness_factory) -> N
     assert all(isinstance(o, Handoff) for o in rec.outcomes)
 
 
+def test_a_tenant_gone_quiet_past_the_horizon_no_longer_holds_the_flood_back(harness_factory, monkeypatch) -> None:
+    import kortex.turns.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "TENANT_HORIZON", 0.2)
+    h = harness_factory(turn={"max_inflight_steps": 10, "min_inflight_steps": 2, "loop_lag_target_ms": 10_000,
+                              "text_flush_ms": 0},
+                        llm={"budget": {"max_concurrent_turns_per_tenant": 50}})
+    a, b = h.tenant("a"), h.tenant("b")
+    flood = _post(h, a, "scripted:slow_text", 5)
+    (earlier,) = _post(h, b, "scripted:text_only", 1)
+    engine = StepEngine(h.k)
+    rec = _Recorder()
+    rec.expected = 5
+    try:
+        engine.run(earlier, 30)
+        deadline = time.monotonic() + 5
+        while engine._seen.keys() != set():  # forgotten once the horizon passes (a window's tick)
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        for s in flood:
+            engine.submit(s, rec)
+        assert engine.limit == 10
+        while engine.inflight < 5:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert rec.done.wait(60)
+    finally:
+        engine.close(0)
+
+
 def test_submit_blocks_while_the_process_holds_its_limit_of_waiting_steps(harness_factory) -> None:
     h = harness_factory(turn={"max_inflight_steps": 1, "max_waiting_steps": 1, "text_flush_ms": 0},
                         llm={"budget": {"max_concurrent_turns_per_tenant": 50}})
