@@ -86,13 +86,26 @@ def test_a_tenant_never_holds_more_than_its_share_of_slots(harness_factory) -> N
     assert peak == 2 and all(isinstance(o, Handoff) for o in rec.outcomes)
 
 
+def _until(condition: Any, seconds: float = 5.0, every: float = 0.01) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "not within the time allowed"
+        time.sleep(every)
+
+
+def _governed(harness_factory: Any) -> Any:
+    """Room for 10 steps, a governor whose limit starts at its floor of 2 and whose lag target
+    no loop misses."""
+    return harness_factory(turn={"max_inflight_steps": 10, "min_inflight_steps": 2, "loop_lag_target_ms": 10_000,
+                                 "text_flush_ms": 0},
+                           llm={"budget": {"max_concurrent_turns_per_tenant": 50}})
+
+
 def test_at_the_governors_limit_the_flood_waits_and_a_newcomer_is_taken(harness_factory) -> None:
     """Two tenants served and the loop lagging: the governor's limit (here held at 2) keeps
     tenant A's further steps waiting, but tenant B, holding nothing, is below its fair share
     and starts at once."""
-    h = harness_factory(turn={"max_inflight_steps": 10, "min_inflight_steps": 2, "loop_lag_target_ms": 10_000,
-                              "text_flush_ms": 0},
-                        llm={"budget": {"max_concurrent_turns_per_tenant": 50}})
+    h = _governed(harness_factory)
     a, b = h.tenant("a"), h.tenant("b")
     flood = _post(h, a, "scripted:slow_text", 4)
     earlier, newcomer = _post(h, b, "scripted:slow_text", 2)
@@ -107,16 +120,11 @@ def test_at_the_governors_limit_the_flood_waits_and_a_newcomer_is_taken(harness_
         for s in flood:
             engine.submit(s, rec)
         assert engine.limit == 2
-        deadline = time.monotonic() + 5
-        while engine.inflight < 2:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        _until(lambda: engine.inflight >= 2)
         time.sleep(0.2)
         assert (engine.inflight, engine.waiting) == (2, 2)  # A's other two wait for the limit
         engine.submit(newcomer, rec)
-        while engine.inflight < 3:  # B went past the limit, ahead of A's waiting steps
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        _until(lambda: engine.inflight >= 3)  # B went past the limit, ahead of A's waiting steps
         assert engine.waiting == 2 and engine._busy == {a: 2, b: 1}
         assert rec.done.wait(60)
     finally:
@@ -124,56 +132,31 @@ def test_at_the_governors_limit_the_flood_waits_and_a_newcomer_is_taken(harness_
     assert all(isinstance(o, Handoff) for o in rec.outcomes)
 
 
-def test_one_tenant_alone_is_not_held_back_by_the_governor(harness_factory) -> None:
-    h = harness_factory(turn={"max_inflight_steps": 10, "min_inflight_steps": 2, "loop_lag_target_ms": 10_000,
-                              "text_flush_ms": 0},
-                        llm={"budget": {"max_concurrent_turns_per_tenant": 50}})
-    a = h.tenant("a")
+@pytest.mark.parametrize("other_tenant_before", [False, True])
+def test_one_tenant_alone_is_not_held_back_by_the_governor(harness_factory, monkeypatch, other_tenant_before) -> None:
+    """Alone from the start, or once another tenant has gone quiet past the horizon, a tenant's
+    steps all start at once, past the governor's floor of 2."""
+    import kortex.turns.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "TENANT_HORIZON", 0.2)
+    h = _governed(harness_factory)
+    a, b = h.tenant("a"), h.tenant("b")
     flood = _post(h, a, "scripted:slow_text", 5)
     engine = StepEngine(h.k)
     rec = _Recorder()
     rec.expected = 5
     try:
+        if other_tenant_before:
+            engine.run(_post(h, b, "scripted:text_only", 1)[0], 30)
+            _until(lambda: not engine._seen, every=0.05)  # forgotten at a window's tick past the horizon
         for s in flood:
             engine.submit(s, rec)
-        deadline = time.monotonic() + 5
-        while engine.inflight < 5:  # all at once, past the governor's floor of 2
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        assert engine.limit == 10
+        _until(lambda: engine.inflight >= 5)
         assert rec.done.wait(60)
     finally:
         engine.close(0)
     assert all(isinstance(o, Handoff) for o in rec.outcomes)
-
-
-def test_a_tenant_gone_quiet_past_the_horizon_no_longer_holds_the_flood_back(harness_factory, monkeypatch) -> None:
-    import kortex.turns.engine as engine_module
-
-    monkeypatch.setattr(engine_module, "TENANT_HORIZON", 0.2)
-    h = harness_factory(turn={"max_inflight_steps": 10, "min_inflight_steps": 2, "loop_lag_target_ms": 10_000,
-                              "text_flush_ms": 0},
-                        llm={"budget": {"max_concurrent_turns_per_tenant": 50}})
-    a, b = h.tenant("a"), h.tenant("b")
-    flood = _post(h, a, "scripted:slow_text", 5)
-    (earlier,) = _post(h, b, "scripted:text_only", 1)
-    engine = StepEngine(h.k)
-    rec = _Recorder()
-    rec.expected = 5
-    try:
-        engine.run(earlier, 30)
-        deadline = time.monotonic() + 5
-        while engine._seen.keys() != set():  # forgotten once the horizon passes (a window's tick)
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        for s in flood:
-            engine.submit(s, rec)
-        assert engine.limit == 10
-        while engine.inflight < 5:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        assert rec.done.wait(60)
-    finally:
-        engine.close(0)
 
 
 def test_submit_blocks_while_the_process_holds_its_limit_of_waiting_steps(harness_factory) -> None:
