@@ -84,6 +84,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--timeout", type=float,
                         help="paced: seconds each side may take (default: floor 300 s, Kortex max(60 s, 4x floor); "
                              "quick: max(30 s, 4x floor))")
+    parser.add_argument("--paced-tenants", type=int, default=1,
+                        help="paced: deal Kortex's N turns over this many tenants (default 1)")
     parser.add_argument("--samples", type=int, help="latency: sequential turns per side (default 100; quick 10)")
     parser.add_argument("--throughput-turns", type=int,
                         help="latency: turns at once for throughput (default 300; quick 20)")
@@ -101,6 +103,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--keep-logs", action="store_true", help="keep the services' logs (path printed at the end)")
     args = parser.parse_args(argv)
     quick = args.quick
+    if args.paced_tenants < 1:
+        parser.error("--paced-tenants must be at least 1")
     args.only = [p.strip() for p in args.only.split(",") if p.strip()]
     unknown = [p for p in args.only if p not in PARTS]
     if unknown:
@@ -146,7 +150,8 @@ def main(argv: list[str] | None = None) -> Report:
     report = Report()
     limits = Limits(concurrent_turns=max(1000, *args.turns, args.flood + 10))
     parts: dict[str, Callable[[BenchEnv], None]] = {
-        "paced": lambda env: paced.run(env, report, args.turns, args.timeout, 30.0 if args.quick else 60.0),
+        "paced": lambda env: paced.run(env, report, args.turns, args.timeout, 30.0 if args.quick else 60.0,
+                                       args.paced_tenants),
         "latency": lambda env: latency.run(env, report, args.samples, args.throughput_turns),
         "fairness": lambda env: fairness.run(env, report, args.flood, args.b_samples, 30.0 if args.quick else 60.0,
                                              args.b_steady),

@@ -165,11 +165,14 @@ async def send_at_once(client: KortexClient, session_ids: list[str], content: st
                                timeout)
 
 
-async def posts_at_once(client: KortexClient, posts: list[tuple[str, dict[str, Any]]], timeout: float,
-                        timings: list[TurnTiming] | None = None) -> Batch:
+async def posts_at_once(client: KortexClient | list[KortexClient], posts: list[tuple[str, dict[str, Any]]],
+                        timeout: float, timings: list[TurnTiming] | None = None) -> Batch:
+    """``client``: one for every post, or one per post (posts of several tenants at once)."""
     t0 = time.perf_counter()
     timings = [TurnTiming() for _ in posts] if timings is None else timings
-    tasks = [asyncio.ensure_future(client.turn_at(path, body, t0, timings[i])) for i, (path, body) in enumerate(posts)]
+    clients = client if isinstance(client, list) else [client] * len(posts)
+    tasks = [asyncio.ensure_future(clients[i].turn_at(path, body, t0, timings[i]))
+             for i, (path, body) in enumerate(posts)]
     done, pending = await asyncio.wait(tasks, timeout=timeout)
     for task in pending:
         task.cancel()

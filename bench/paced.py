@@ -23,7 +23,7 @@ from typing import Any
 import psycopg
 
 from bench import floor
-from bench.client import Batch, KortexClient, send_at_once, session
+from bench.client import Batch, KortexClient, posts_at_once, session
 from bench.report import Report, Row
 from bench.scripts import QUESTION, all_scripts, model_time_s
 from bench.stack import PYTHON, REDIS_URL, ROOT, BenchEnv, CpuMeter, delete_keys, pct, progress, start
@@ -74,24 +74,30 @@ def run_floor(env: BenchEnv, n: int, timeout: float) -> dict[str, Any]:
         return summary(batch, cpu, n, ("floor",))
 
 
-async def _kortex_batch(env: BenchEnv, url: str, key: str, meter: CpuMeter, n: int, timeout: float
+async def _kortex_batch(env: BenchEnv, url: str, keys: list[str], meter: CpuMeter, n: int, timeout: float
                         ) -> tuple[Batch, dict[str, float]]:
+    """N turns at once, dealt round robin over the tenants of ``keys``."""
     async with session() as http:
-        client = KortexClient(http, url, key)
-        for sid in await client.create_sessions("anthropic:bench-zero", 3):  # warm every process's paths
-            await client.turn(sid, QUESTION)
-        sessions = await client.create_sessions("anthropic:bench-paced", n)
-        progress(f"kortex: {n} paced turns at once (limit {timeout:.0f} s)")
+        clients = [KortexClient(http, url, key) for key in keys]
+        for sid in await clients[0].create_sessions("anthropic:bench-zero", 3):  # warm every process's paths
+            await clients[0].turn(sid, QUESTION)
+        mine = [await c.create_sessions("anthropic:bench-paced", len(range(i, n, len(clients))))
+                for i, c in enumerate(clients)]
+        dealt = [(clients[i % len(clients)], mine[i % len(clients)][i // len(clients)]) for i in range(n)]
+        progress(f"kortex: {n} paced turns at once" + (f" over {len(keys)} tenants" if len(keys) > 1 else "")
+                 + f" (limit {timeout:.0f} s)")
         before = meter.snapshot()
-        batch = await send_at_once(client, sessions, QUESTION, timeout)
+        batch = await posts_at_once([c for c, _ in dealt], [(c.message_path(sid), {"content": QUESTION})
+                                                            for c, sid in dealt], timeout)
         return batch, CpuMeter.delta(before, meter.snapshot())
 
 
-def run_kortex(env: BenchEnv, n: int, timeout: float) -> dict[str, Any]:
+def run_kortex(env: BenchEnv, n: int, timeout: float, tenants: int = 1) -> dict[str, Any]:
     with contextlib.ExitStack() as local:
-        stack = env.kortex(local, {"paced": True})
-        key = stack.keys["paced"]
-        batch, cpu = asyncio.run(_kortex_batch(env, stack.url, key, stack.meter(), n, timeout))
+        roles = [f"paced-{i}" if tenants > 1 else "paced" for i in range(tenants)]
+        stack = env.kortex(local, {role: True for role in roles})
+        keys = [stack.keys[role] for role in roles]
+        batch, cpu = asyncio.run(_kortex_batch(env, stack.url, keys, stack.meter(), n, timeout))
         return {**summary(batch, cpu, n, tuple(stack.procs)), **server_waits(stack.env["KORTEX_DATABASE_URL"])}
 
 
@@ -107,16 +113,19 @@ def server_waits(database_url: str) -> dict[str, Any]:
     return {"first_call_wait_p50_s": pct(waits, 0.5), "first_call_wait_p99_s": pct(waits, 0.99)}
 
 
-def run(env: BenchEnv, report: Report, sizes: list[int], timeout: float | None, min_limit: float = 60.0) -> None:
+def run(env: BenchEnv, report: Report, sizes: list[int], timeout: float | None, min_limit: float = 60.0,
+        tenants: int = 1) -> None:
     report.note("paced", f"model time per turn alone {model_time_s(all_scripts()['bench-paced']):.1f} s "
                          "(300 ms to first token, 60 tokens/s in pieces of 4, 200 tokens x 2 steps, 1 tool call)")
+    if tenants > 1:
+        report.note("paced", f"Kortex's turns dealt round robin over {tenants} tenants (the floor has none)")
     for n in sizes:
         base = run_floor(env, n, timeout or 300.0)
         report.raw[f"paced_floor_{n}"] = base
         limit = timeout or max(min_limit, 4 * (base["completion_s"] or base["last_done_s"] or min_limit))
         ours: dict[str, Any] = {"finished": 0, "cpu_ms_by_process": {}, "errors": ["cut short by the part's limit"]}
         try:
-            ours = run_kortex(env, n, limit)
+            ours = run_kortex(env, n, limit, tenants)
         finally:  # the floor's figures are shown even when the part's limit stops Kortex's side
             report.raw[f"paced_kortex_{n}"] = ours
             _rows(report, n, base, ours, limit)
