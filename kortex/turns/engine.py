@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from kortex.errors import KortexError, StorageError
 from kortex.storage import turns
 from kortex.storage.records import TurnRecord
-from kortex.turns.governor import LagGovernor
+from kortex.turns.governor import LagGovernor, TenantMix
 from kortex.turns.handoff import Handoff, StepDispatch
 
 if TYPE_CHECKING:
@@ -45,7 +45,8 @@ T = TypeVar("T")
 StepOutcome = Handoff | BaseException
 RETRIES = (0.5, 1.0, 2.0, 4.0, 8.0)  # a step whose claim hit a database error is tried again
 LAG_TICK = 0.025  # seconds between two samples of the loop's lag
-#: a tenant that submitted a step this recently still counts as one the governor serves fairly
+MIX_EVERY = 10    # lag samples between two looks at the tenant mix (tenants gone quiet drop out)
+#: how far back the governor looks at which tenants started steps (kortex/turns/governor.py)
 TENANT_HORIZON = 60.0
 
 
@@ -121,8 +122,8 @@ class StepEngine:
         # more than one tenant is served (kortex/turns/governor.py).
         self.governor = (LagGovernor(self.max_inflight, cfg.loop_lag_target_ms / 1000, floor=cfg.min_inflight_steps)
                          if cfg.loop_lag_target_ms else None)
-        self._seen: dict[str, float] = {}    # tenant -> when it last submitted a step (monotonic)
-        self._contended = False              # more than one tenant seen within TENANT_HORIZON
+        self._mix = TenantMix(TENANT_HORIZON) if self.governor is not None else None
+        self._contended = False              # a light tenant to protect from a heavy one (the mix is unequal)
         self._cv = threading.Condition()
         self._waiting: dict[str, deque[_Job]] = {}
         self._ring: deque[str] = deque()     # tenants with waiting steps, in turn order
@@ -156,8 +157,8 @@ class StepEngine:
 
     @property
     def limit(self) -> int:
-        """How many steps may stream at once now: the governor's limit while tenants contend,
-        otherwise the hard bound."""
+        """How many steps may stream at once now: the governor's limit while the tenants served
+        are unequal, otherwise the hard bound."""
         if self.governor is not None and self._contended:
             return self.governor.limit
         return self.max_inflight
@@ -245,10 +246,10 @@ class StepEngine:
             self._ring.append(tenant)
         queue.append(job)
         self._n_waiting += 1
-        if self.governor is not None:  # its watcher forgets tenants gone quiet
-            if tenant not in self._seen and self._seen:
-                self._contended = True  # at once: the newcomer's first step is the one to protect
-            self._seen[tenant] = time.monotonic()
+        if self._mix is not None:
+            now = time.monotonic()
+            if self._mix.held(tenant, len(queue) + self._busy.get(tenant, 0), now):
+                self._contended = self._mix.unequal(now)  # at once: a flood is cut as it arrives
 
     def _next_locked(self, at_limit: bool = False) -> _Job | None:
         """Round robin over tenants with waiting steps, skipping those at their share; a tenant
@@ -369,11 +370,9 @@ class StepEngine:
             asked = loop.time()
             await asyncio.sleep(LAG_TICK)
             ticks += 1
-            if ticks % governor.window == 0:
+            if ticks % MIX_EVERY == 0 and self._mix is not None:
                 with self._cv:
-                    horizon = time.monotonic() - TENANT_HORIZON
-                    self._seen = {t: at for t, at in self._seen.items() if at >= horizon or t in self._busy or t in self._waiting}
-                    self._contended = len(self._seen) > 1
+                    self._contended = self._mix.unequal(time.monotonic())
             if governor.observe(loop.time() - asked - LAG_TICK, len(self._inflight), self._n_waiting,
                                 contended=self._contended):
                 self._pump()

@@ -102,43 +102,40 @@ def _governed(harness_factory: Any) -> Any:
 
 
 def test_at_the_governors_limit_the_flood_waits_and_a_newcomer_is_taken(harness_factory) -> None:
-    """Two tenants served and the loop lagging: the governor's limit (here held at 2) keeps
-    tenant A's further steps waiting, but tenant B, holding nothing, is below its fair share
-    and starts at once."""
+    """A light tenant (B) and a heavy one (A, 16 steps at once to B's one): the governor's limit (here
+    held at 2) keeps A's further steps waiting, but B, holding nothing, is below its fair share
+    of the limit and starts at once."""
     h = _governed(harness_factory)
     a, b = h.tenant("a"), h.tenant("b")
-    flood = _post(h, a, "scripted:slow_text", 4)
+    flood = _post(h, a, "scripted:slow_text", 16)
     earlier, newcomer = _post(h, b, "scripted:slow_text", 2)
     engine = StepEngine(h.k)
     assert engine.governor is not None
     engine.governor.window = 10**9  # no adjustment during the test: the limit stays where it starts
     rec = _Recorder()
-    rec.expected = 5
+    rec.expected = 17
     try:
-        engine.run(earlier, 30)  # B was here: the engine now serves two tenants
+        engine.run(earlier, 30)
         assert engine.limit == 10  # alone, B had the whole bound
-        for s in flood:
-            engine.submit(s, rec)
-        assert engine.limit == 2
+        with engine._cv:  # A's flood arrives at once
+            for s in flood:
+                engine._enqueue_locked(_Job(s, rec))
+        assert engine.limit == 2  # 16 steps held to 1: unequal, the governor holds the flood
+        engine.k.loop.loop.call_soon_threadsafe(engine._pump)
         _until(lambda: engine.inflight >= 2)
         time.sleep(0.2)
-        assert (engine.inflight, engine.waiting) == (2, 2)  # A's other two wait for the limit
+        assert (engine.inflight, engine.waiting) == (2, 14)
         engine.submit(newcomer, rec)
         _until(lambda: engine.inflight >= 3)  # B went past the limit, ahead of A's waiting steps
-        assert engine.waiting == 2 and engine._busy == {a: 2, b: 1}
-        assert rec.done.wait(60)
+        assert engine.waiting == 14 and engine._busy == {a: 2, b: 1}
     finally:
         engine.close(0)
-    assert all(isinstance(o, Handoff) for o in rec.outcomes)
 
 
 @pytest.mark.parametrize("other_tenant_before", [False, True])
-def test_one_tenant_alone_is_not_held_back_by_the_governor(harness_factory, monkeypatch, other_tenant_before) -> None:
-    """Alone from the start, or once another tenant has gone quiet past the horizon, a tenant's
-    steps all start at once, past the governor's floor of 2."""
-    import kortex.turns.engine as engine_module
-
-    monkeypatch.setattr(engine_module, "TENANT_HORIZON", 0.2)
+def test_tenants_alone_or_alike_are_not_held_back_by_the_governor(harness_factory, other_tenant_before) -> None:
+    """Alone, or beside a tenant that held a step too (5 to 1: not a light tenant to protect),
+    a tenant's steps all start at once, past the governor's floor of 2."""
     h = _governed(harness_factory)
     a, b = h.tenant("a"), h.tenant("b")
     flood = _post(h, a, "scripted:slow_text", 5)
@@ -148,7 +145,6 @@ def test_one_tenant_alone_is_not_held_back_by_the_governor(harness_factory, monk
     try:
         if other_tenant_before:
             engine.run(_post(h, b, "scripted:text_only", 1)[0], 30)
-            _until(lambda: not engine._seen, every=0.05)  # forgotten at a window's tick past the horizon
         for s in flood:
             engine.submit(s, rec)
         assert engine.limit == 10

@@ -3,7 +3,7 @@ grows only while it is what holds steps back, and stays between its floor and th
 
 from __future__ import annotations
 
-from kortex.turns.governor import LagGovernor
+from kortex.turns.governor import LagGovernor, TenantMix
 
 
 def _feed(g: LagGovernor, lag: float, inflight: int, waiting: int, ticks: int | None = None) -> list[bool]:
@@ -67,3 +67,28 @@ def test_uncontended_the_limit_follows_what_is_in_flight_and_is_cut_from_there()
     assert g.limit == 500  # one tenant: nothing held back, whatever the lag
     _feed(g, 0.3, inflight=500, waiting=40)  # a second tenant arrives: cut from what runs
     assert g.limit == 375
+
+
+def test_the_mix_is_unequal_when_one_tenant_held_eight_times_the_steps_of_another() -> None:
+    mix = TenantMix(horizon=60, ratio=8)
+    looks = [mix.held("a", n, 0.0) for n in range(1, 10)]
+    assert looks == [True, True, False, True, False, False, False, True, False]  # peaks 1, 2, 4, 8
+    assert not mix.held("a", 3, 0.0)  # below its peak: nothing new
+    assert not mix.unequal(0.0)  # one tenant: nobody to protect
+    for _ in range(50):
+        mix.held("b", 1, 1.0)  # many short turns, one at a time
+    assert mix.unequal(1.0)  # 9 to 1
+    mix.held("b", 2, 2.0)
+    assert not mix.unequal(2.0)  # 9 to 2: alike enough
+
+
+def test_the_mix_forgets_a_tenant_after_its_horizon() -> None:
+    mix = TenantMix(horizon=60, ratio=8)
+    mix.held("b", 1, 0.0)
+    mix.held("a", 20, 1.0)
+    assert mix.unequal(1.0)
+    mix.held("a", 1, 31.0)  # a new bucket: b's peak is in the one before, still counted
+    assert mix.unequal(31.0)
+    mix.held("a", 1, 62.0)  # b's bucket is gone
+    assert not mix.unequal(62.0)
+    assert not mix.unequal(200.0)  # nothing for a whole horizon: both buckets empty
