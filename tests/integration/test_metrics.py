@@ -52,6 +52,19 @@ def _settled(prometheus: str, expr: str, want: float, timeout: float = 30) -> fl
     return got
 
 
+def _steady(prometheus: str, exprs: tuple[str, ...], scrapes: int = 3, timeout: float = 30) -> dict[str, float]:
+    """The values of ``exprs`` once unchanged over ``scrapes`` scrape intervals (1 s): turns of
+    earlier tests that ended after the last scrape are counted before ours starts, not in it."""
+    deadline = time.monotonic() + timeout
+    seen: list[dict[str, float]] = []
+    while time.monotonic() < deadline:
+        seen = [*seen[-scrapes:], {e: sum(_query(prometheus, e).values()) for e in exprs}]
+        if len(seen) > scrapes and all(s == seen[-1] for s in seen):
+            return seen[-1]
+        time.sleep(1.0)
+    raise AssertionError(f"metrics still moving after {timeout:.0f} s: {seen}")
+
+
 def _targets_up(prometheus: str) -> dict[str, str]:
     targets = httpx.get(f"{prometheus}/api/v1/targets", timeout=5).json()["data"]["activeTargets"]
     return {t["labels"]["job"]: t["health"] for t in targets}
@@ -66,7 +79,7 @@ def test_one_turn_shows_up_in_prometheus_from_the_api_and_the_prefork_worker(
     finished = 'sum(kortex_turns_finished_total{status="done"})'
     tools = 'sum(kortex_tool_duration_seconds_count{tool="get_recent_deploys",outcome="ok"})'
     calls = 'sum(kortex_llm_calls_total{provider="scripted",model="two_tools",outcome="ok"})'
-    before = {e: sum(_query(prometheus, e).values()) for e in (finished, tools, calls)}
+    before = _steady(prometheus, (finished, tools, calls))
 
     tenant = pg.tenant("metrics")
     pg.seed(tenant)
