@@ -390,9 +390,7 @@ class TurnSettings(_Section):
     max_inflight_steps: int = Field(1000, ge=1, le=100_000)
     max_inflight_per_tenant: int | None = Field(None, ge=1)  # default: 3/4 of max_inflight_steps
     max_waiting_steps: int = Field(5000, ge=1)
-    # Below that bound, how many steps stream at once follows the loop's measured lag
-    # (kortex/turns/governor.py): held under this target, never below ``min_inflight_steps``;
-    # 0 turns the governor off (the bound alone).
+    # Below that bound, the loop-lag governor's target and floor (kortex/turns/governor.py); 0: off.
     loop_lag_target_ms: int = Field(20, ge=0, le=10_000)
     min_inflight_steps: int = Field(32, ge=1)
     tenant_weights: dict[str, int] = Field(default_factory=dict)

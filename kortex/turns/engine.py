@@ -46,7 +46,7 @@ StepOutcome = Handoff | BaseException
 RETRIES = (0.5, 1.0, 2.0, 4.0, 8.0)  # a step whose claim hit a database error is tried again
 LAG_TICK = 0.025  # seconds between two samples of the loop's lag
 MIX_EVERY = 10    # lag samples between two looks at the tenant mix (tenants gone quiet drop out)
-#: how far back the governor looks at which tenants started steps (kortex/turns/governor.py)
+#: how far back the governor looks at the most steps each tenant held (kortex/turns/governor.py)
 TENANT_HORIZON = 60.0
 
 
@@ -119,7 +119,7 @@ class StepEngine:
         self.max_waiting_per_tenant = max(1, self.max_waiting * 3 // 4)
         self.weights = dict(cfg.tenant_weights)
         # Below the hard bound, the loop's measured lag sets how many steps stream at once while
-        # more than one tenant is served (kortex/turns/governor.py).
+        # the tenants served are unequal (kortex/turns/governor.py).
         self.governor = (LagGovernor(self.max_inflight, cfg.loop_lag_target_ms / 1000, floor=cfg.min_inflight_steps)
                          if cfg.loop_lag_target_ms else None)
         self._mix = TenantMix(TENANT_HORIZON) if self.governor is not None else None

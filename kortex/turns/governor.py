@@ -17,8 +17,9 @@ at least ``ratio`` times as many steps at once as another (``TenantMix``), so th
 tenant to protect from a heavy one. Among equals, holding steps back only delays them all: the
 lag comes mostly from the other threads and processes sharing the cores (the loop itself was
 busy 10-57% of the time while lagging 10-45 ms), and the limit it held cost throughput it did
-not buy back. 1,000 paced turns took 1.96x the floor's time under an always-on governor and
-1.52x without it (one tenant), and 2.05x against 1.27x dealt over ten equal tenants. When the
+not buy back. 1,000 paced turns of one tenant took 1.96x the floor's time under an always-on
+governor and 1.52x without it; dealt over ten alike tenants, 2.05x under a governor acting
+whenever two tenants were served and 1.27x without it. When the
 tenants are not unequal the limit follows what is in flight, so a flood that arrives is cut
 from there.
 
