@@ -17,7 +17,7 @@ from opentelemetry.trace import SpanKind
 from starlette.concurrency import run_in_threadpool
 
 from api import errors, openapi
-from api.deps import AuthCache, Lanes
+from api.deps import AcceptedTurns, AuthCache, Lanes
 from api.routes import health, ingest, keys, llm, metrics, postmortems, proposals, sessions, tools, turns
 from api.sse import StreamSlots
 from kortex import events, heap, logcontext, logsafe, tracing
@@ -167,6 +167,7 @@ def create_app(settings: Settings | None = None, *, dispatch: Callable[[Handoff]
         app.state.kortex = k
         app.state.hub = hub
         app.state.auth_cache = AuthCache()
+        app.state.accepted_turns = AcceptedTurns()
         watcher = asyncio.create_task(_watch_revocations(k, app.state.auth_cache))
         app.state.heartbeat = settings.turn.heartbeat
         app.state.stream_slots = StreamSlots(settings.turn.max_streams_per_tenant)

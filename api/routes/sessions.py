@@ -9,7 +9,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 
-from api.deps import CallerDep, KortexDep, TenantDep, allowed, object_id
+from api.deps import CallerDep, KortexDep, TenantDep, allowed, object_id, remember
 from api.openapi import ERRORS
 from api.schemas import (
     CreateSession,
@@ -146,6 +146,8 @@ async def post_message(
                                                                object_id(session_id, "session"), body,
                                                                idempotency_key, request.app.state.dispatch)
     turn = posted.turn
+    if posted.created:
+        remember(request, tenant.id, turn)
     headers = {"Location": f"/v1/turns/{turn.id}"}
     if deferred:
         headers["Kortex-Enqueue"] = "deferred"

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import Response, StreamingResponse
 
-from api.deps import CallerDep, HubDep, KortexDep, TenantDep, allowed, object_id
+from api.deps import AcceptedTurns, CallerDep, HubDep, KortexDep, TenantDep, allowed, object_id, remember
 from api.openapi import ERRORS
 from api.schemas import CheckpointOut, RetryTurn, TurnAccepted, TurnOut
 from api.sse import HeldStream, resume_point, turn_events
@@ -61,6 +61,7 @@ def retry_turn(turn_id: str, body: RetryTurn, request: Request, k: KortexDep, te
     if retried.posted.handoff:
         request.app.state.dispatch(retried.posted.handoff)
     turn = retried.posted.turn
+    remember(request, tenant.id, turn)
     return TurnAccepted(turn_id=turn.id, session_id=turn.session_id, status=turn.status,
                         events_url=f"/v1/turns/{turn.id}/events")
 
@@ -79,7 +80,13 @@ async def stream_events(
     """Follow a turn as Server-Sent Events: everything so far, then live until `done`. Reconnect with
     `Last-Event-ID` to get exactly the rest; 204 when a finished turn has nothing left."""
     lane = request.app.state.lanes.stream  # not behind a burst of posts (api/deps.py, Lanes)
-    turn = await lane.run(tenant.id, get_turn, k, tenant.id, object_id(turn_id, "turn"))
+    turn_id = object_id(turn_id, "turn")
+    # A first connection to a turn this process has just accepted starts from what the POST
+    # stored; a reconnection (Last-Event-ID) needs the turn's state now (has it finished?).
+    accepted: AcceptedTurns = request.app.state.accepted_turns
+    turn = accepted.get((tenant.id, turn_id)) if last_event_id is None else None
+    if turn is None:
+        turn = await lane.run(tenant.id, get_turn, k, tenant.id, turn_id)
     after = resume_point(last_event_id)
     # A turn still running, or a first connection, has something left to send: only a finished
     # turn resumed part-way needs the lookups of nothing_left (and its trip to the pool).

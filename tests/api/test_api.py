@@ -328,3 +328,32 @@ def test_metrics_are_scraped_in_prometheus_format_behind_an_optional_token(harne
     off = harness_factory(metrics={"enabled": False})
     with TestClient(create_app(off.settings, dispatch=lambda handoff: None, embedded_worker=False)) as client:
         assert client.get("/metrics").status_code == 404
+
+
+def test_a_just_posted_turns_stream_opens_without_reading_the_turn_back_and_only_for_its_tenant(env) -> None:
+    from sqlalchemy import event
+
+    client, h, recorder = env
+    key, other = _tenant_key(h, "acme"), _tenant_key(h, "globex")
+    sid = client.post("/v1/sessions", json={}, headers=auth(key)).json()["id"]
+    posted = client.post(f"/v1/sessions/{sid}/messages", json={"content": "Why is checkout slow?"},
+                         headers=auth(key)).json()
+    drive(h.k, recorder.handoffs[-1])  # the turn runs and ends before its stream is opened
+    reads: list[str] = []
+
+    def note(conn, cursor, statement, *args) -> None:  # noqa: ANN001
+        if "FROM turns" in statement:
+            reads.append(statement)
+
+    engine = client.app.state.kortex.db.engine  # the API's own container, not the harness's
+    event.listen(engine, "before_cursor_execute", note)
+    try:
+        sse = client.get(posted["events_url"], headers=auth(key))
+        assert sse.status_code == 200 and reads == []  # what the POST stored was enough to start
+        events = [line[7:] for line in sse.text.splitlines() if line.startswith("event: ")]
+        assert events[0] == "turn" and events[-1] == "done"  # the whole turn, live from the hub
+        # Another tenant's key finds nothing, cached or not.
+        assert client.get(posted["events_url"], headers=auth(other)).status_code == 404
+        assert len(reads) == 1  # its lookup went to the database, which scopes it
+    finally:
+        event.remove(engine, "before_cursor_execute", note)
