@@ -13,6 +13,7 @@ from typing import Any
 
 from sqlalchemy import and_, bindparam, func, insert, select, update
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from kortex.errors import Conflict, NotFound
 from kortex.ids import uuid7
@@ -21,6 +22,7 @@ from kortex.storage import turns as transitions
 from kortex.storage.chats import INSERT_MESSAGE, message_row
 from kortex.storage.records import ACTIVE, Spent, TurnRecord
 from kortex.storage.schema import (
+    ONE_ACTIVE_TURN,
     chat_messages,
     chat_sessions,
     tenant_spend,
@@ -65,14 +67,13 @@ _ADMIT_READ = (
                                                        chat_sessions.c.tenant_id == tenants.c.id)))
     .where(tenants.c.id == bindparam("p_tenant"))
 )
-# The session's row lock (the turn-number update of _write_turn) serialises two posts to one
-# session; this count, a statement of its own, then sees the turn the other committed (a
-# statement reads the snapshot taken when it began). How many turns a tenant runs at once is
-# not counted here but in Redis (kortex/turns/admission.py): no lock spans a tenant's posts.
-_ADMIT_COUNT = select(
-    select(_t.id).where(_t.tenant_id == bindparam("p_tenant"), _t.session_id == bindparam("p_session"),
-                        _t.status.in_(ACTIVE), _t.id != bindparam("p_id")).limit(1).scalar_subquery().label("busy"),
-)
+# Two posts to one session that both read it idle: the unique index on a session's active
+# turn (schema.ONE_ACTIVE_TURN) fails the insert of the one that commits second, so the write
+# needs no count read after it and no transaction around it. That post is then told which
+# turn is active. How many turns a tenant runs at once is counted in Redis
+# (kortex/turns/admission.py), not here: no lock spans a tenant's posts.
+_ACTIVE_TURN = select(_t.id).where(_t.tenant_id == bindparam("p_tenant"), _t.session_id == bindparam("p_session"),
+                                   _t.status.in_(ACTIVE)).limit(1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,9 +143,29 @@ def _write_turn(conn: Connection, row: dict[str, Any], content: str) -> int | No
     return int(turn_no)
 
 
-def _busy(turn_id: str) -> Conflict:
+def _busy(turn_id: str | None) -> Conflict:
     return Conflict("a turn is already in progress in this session", code="turn_in_progress",
-                    details={"turn_id": turn_id})
+                    details={"turn_id": turn_id} if turn_id else None)
+
+
+def _names(exc: IntegrityError, index: str) -> bool:
+    """Whether the violated constraint is ``index``: PostgreSQL names it; SQLite names the
+    columns (the session's active turn is its only unique index on ``turns.session_id`` alone)."""
+    diag = getattr(exc.orig, "diag", None)
+    name = getattr(diag, "constraint_name", None)
+    if name is not None:
+        return bool(name == index)
+    return "UNIQUE constraint failed: turns.session_id" in str(exc.orig)
+
+
+def _active_turn(conn: Connection, tenant_id: str, session_id: str) -> str | None:
+    """The session's active turn, read after a write that lost to it; None where the failed
+    write left the transaction unusable (PostgreSQL inside one: posts write in autocommit)."""
+    try:
+        found = conn.scalar(_ACTIVE_TURN, {"p_tenant": tenant_id, "p_session": session_id})
+    except DBAPIError:
+        return None
+    return str(found) if found is not None else None
 
 
 def create_turn(
@@ -189,13 +210,15 @@ def create_turn(
         "input_tokens": 0, "output_tokens": 0, "cost_usd": 0.0, "deadline_at": now + deadline,
         "created_at": now, "updated_at": now, "finished_at": None, "profile": profile,
     }
-    turn_no = _write_turn(conn, row, content)
+    try:
+        turn_no = _write_turn(conn, row, content)
+    except IntegrityError as exc:
+        if not _names(exc, ONE_ACTIVE_TURN):
+            raise
+        raise _busy(_active_turn(conn, tenant_id, session_id)) from None  # another post to it came first
     if turn_no is None:  # deleted since the read
         raise NotFound("session not found")
     row["turn_no"] = turn_no
-    counted = conn.execute(_ADMIT_COUNT, {"p_tenant": tenant_id, "p_session": session_id, "p_id": row["id"]}).one()
-    if counted.busy:  # another post to this session committed first
-        raise _busy(counted.busy)
     row.pop("idempotency_key")
     row.pop("request_hash")
     return NewTurn(TurnRecord(**row), created=True)

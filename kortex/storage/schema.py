@@ -16,9 +16,15 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    text,
 )
 
+from kortex.storage.records import ACTIVE
 from kortex.storage.types import BigIntPK, JSONType, UTCDateTime, UUIDStr
+
+#: the unique index that allows a session one active turn, and its condition
+ONE_ACTIVE_TURN = "uq_turns_one_active_per_session"
+ACTIVE_SQL = "status IN (" + ", ".join(f"'{status}'" for status in ACTIVE) + ")"
 
 metadata = MetaData(
     naming_convention={
@@ -106,6 +112,10 @@ turns = Table(
     Column("profile", String(32), nullable=False, default="chat", server_default="chat"),
     UniqueConstraint("session_id", "turn_no"),
     UniqueConstraint("tenant_id", "idempotency_key"),
+    # One turn at a time per session, kept by the database: a post that loses a race to another
+    # post in the same session fails its own insert (kortex/storage/posting.py), in the one
+    # statement that writes the turn, with no count read after it and no transaction around it.
+    Index(ONE_ACTIVE_TURN, "session_id", unique=True, postgresql_where=text(ACTIVE_SQL), sqlite_where=text(ACTIVE_SQL)),
     Index(None, "status", "updated_at"),
     Index(None, "tenant_id", "status"),
     Index(None, "status", "lease_until"),

@@ -18,6 +18,7 @@ from kortex.messages import Usage
 from kortex.storage import audit, chats, posting, turns
 from kortex.storage.audit import AuditEntry
 from kortex.storage.records import MessageRecord, SessionRecord, TurnRecord
+from kortex.storage.turns import ONE_STATEMENT_WRITE
 from kortex.turns.handoff import NOTHING, Handoff, StepDispatch
 from kortex.turns.routed import AUTO
 
@@ -181,10 +182,14 @@ def post_message(
         while slotted:
             k.slots.give_back(tenant_id, slotted.pop())
 
+    # Where the turn is written in one statement (PostgreSQL), that statement is the whole
+    # change: autocommit spares the BEGIN and COMMIT round trips of a transaction that would
+    # hold nothing else (the admission read before it changes nothing).
+    one_statement = k.db.dialect in ONE_STATEMENT_WRITE
     try:
         for attempt in range(2):
             try:
-                with k.db.begin() as conn:
+                with k.db.connect() if one_statement else k.db.begin() as conn:
                     new = posting.create_turn(
                         conn, tenant_id=tenant_id, session_id=session_id, content=content, model=model,
                         deadline=timedelta(seconds=k.settings.turn.deadline),

@@ -25,6 +25,9 @@ from kortex.turns.handoff import Handoff, ToolDispatch
 from kortex.turns.step import run_step
 from kortex.turns.toolrun import run_tool
 from tests.conftest import Harness
+from tests.integration.conftest import PG_ADMIN
+from tests.integration.redisproc import private_database
+from tests.kortex.storage.test_schema import sessions_with_two_active_turns_keep_the_newest_through_0013
 from tests.kortex.storage.test_turns import (
     claim_reads_its_own_spend_and_kept_events,
     claim_reads_the_sessions_history_as_load_history_does,
@@ -178,3 +181,8 @@ def test_a_timeout_set_inside_a_rolled_back_transaction_is_not_taken_for_the_con
             assert conn.execute(text("SHOW statement_timeout")).scalar() == "20s"
     finally:
         db.dispose()
+
+
+def test_0013_keeps_the_newest_active_turn_of_a_session_and_then_refuses_a_second_on_postgresql() -> None:
+    with private_database(PG_ADMIN, migrated=False) as url:
+        sessions_with_two_active_turns_keep_the_newest_through_0013(url)

@@ -95,6 +95,8 @@ def test_concurrent_posts_to_one_session_admit_exactly_one(pg: Harness) -> None:
     refused = [o for o in outcomes if isinstance(o, Exception)]
     assert len(admitted) == 1, outcomes
     assert all(isinstance(e, Conflict) and e.code == "turn_in_progress" for e in refused), refused
+    # Each is told which turn holds the session, whether it lost at the read or at the write.
+    assert all(e.details == {"turn_id": admitted[0].turn.id} for e in refused), [e.details for e in refused]
     ts, ms, count = _rows(pg, session_id)
     assert len(ts) == 1 and len(ms) == 1 and ts[0]["turn_no"] == admitted[0].turn.turn_no
     assert count >= 1  # refused posts roll back their increment

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, select
+from sqlalchemy.exc import IntegrityError
 
 from kortex.storage.migrate import upgrade
 from kortex.storage.schema import TENANT_TABLES, metadata, telemetry_metrics
@@ -61,3 +64,42 @@ def test_the_logs_of_one_trace_are_found_through_an_index(sqlite_template: Path)
     finally:
         engine.dispose()
     assert "ix_telemetry_logs_tenant_id_trace_id" in plan, plan
+
+
+def sessions_with_two_active_turns_keep_the_newest_through_0013(url: str) -> None:
+    """Shared with the PostgreSQL run (tests/integration/test_storage.py): a session left with two
+    active turns (posts checked the rule themselves before 0013) keeps its newest; the older is
+    failed, and from then on the database refuses a second active turn."""
+    from sqlalchemy import insert
+
+    from kortex.storage.schema import chat_sessions, tenants, turns
+
+    upgrade(url, "0012")
+    engine = create_engine(url)
+    now = datetime(2026, 11, 1, tzinfo=UTC)
+    tenant, session = "00000000-0000-7000-8000-000000000001", "00000000-0000-7000-8000-000000000002"
+
+    def turn(n: int, status: str) -> dict[str, object]:
+        return {"id": f"00000000-0000-7000-8000-00000000010{n}", "tenant_id": tenant, "session_id": session,
+                "turn_no": n, "status": status, "step": 0, "attempt": 0, "pending_tools": 0, "input_tokens": 0,
+                "output_tokens": 0, "cost_usd": 0.0, "deadline_at": now, "created_at": now, "updated_at": now}
+
+    try:
+        with engine.begin() as conn:
+            conn.execute(insert(tenants).values(id=tenant, name="t", disabled=False, settings={}, created_at=now))
+            conn.execute(insert(chat_sessions).values(id=session, tenant_id=tenant, name="s", turn_count=3,
+                                                      created_at=now, updated_at=now))
+            conn.execute(insert(turns), [turn(1, "done"), turn(2, "running"), turn(3, "queued")])
+        upgrade(url)
+        with engine.connect() as conn:
+            rows = conn.execute(select(turns.c.turn_no, turns.c.status, turns.c.error).order_by(turns.c.turn_no)).all()
+        assert [(r.turn_no, r.status) for r in rows] == [(1, "done"), (2, "failed"), (3, "queued")]
+        assert rows[1].error["code"] == "superseded" and rows[0].error is None
+        with pytest.raises(IntegrityError), engine.begin() as conn:
+            conn.execute(insert(turns).values(turn(4, "queued")))
+    finally:
+        engine.dispose()
+
+
+def test_0013_keeps_the_newest_active_turn_of_a_session_and_then_refuses_a_second(tmp_path: Path) -> None:
+    sessions_with_two_active_turns_keep_the_newest_through_0013(f"sqlite:///{tmp_path / 'old.db'}")
