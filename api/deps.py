@@ -54,6 +54,12 @@ class TTLCache(Generic[K, V]):
             self._items.move_to_end(key)
             return item[1]
 
+    def pop(self, key: K) -> V | None:
+        """The item, taken out (None if absent or expired)."""
+        with self._lock:
+            item = self._items.pop(key, None)
+        return item[1] if item is not None and item[0] >= time.monotonic() else None
+
     def clear(self) -> None:
         with self._lock:
             self._items.clear()
@@ -80,10 +86,11 @@ class AcceptedTurns(TTLCache[tuple[str, str], TurnRecord]):
     """Turns this process has just accepted, by (tenant, turn id), as the POST stored them: the
     client's next request opens the turn's event stream, and that request then starts at once
     instead of reading back from the database what the POST wrote (a trip to the thread pool
-    and a query, 2-3 ms of the 14 ms from POST to first event, measured). The record is only
-    used while the turn is new: an unfinished turn is followed live through the stream hub,
-    which reads its state afresh whenever the stream goes quiet (kortex/turns/follow.py), so a
-    few seconds' copy decides nothing a fresh read would decide otherwise."""
+    and a query, 2-3 ms of the 14 ms from POST to first event, measured). The record serves
+    that one request, within seconds of the POST: an unfinished turn is followed live through
+    the stream hub, which reads its state afresh whenever the stream goes quiet
+    (kortex/turns/follow.py). Any later request reads the turn (it may have finished, and its
+    stream expired)."""
 
     def __init__(self, ttl: float = 10.0, size: int = 10_000) -> None:
         super().__init__(ttl, size)

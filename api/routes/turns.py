@@ -81,10 +81,11 @@ async def stream_events(
     `Last-Event-ID` to get exactly the rest; 204 when a finished turn has nothing left."""
     lane = request.app.state.lanes.stream  # not behind a burst of posts (api/deps.py, Lanes)
     turn_id = object_id(turn_id, "turn")
-    # A first connection to a turn this process has just accepted starts from what the POST
-    # stored; a reconnection (Last-Event-ID) needs the turn's state now (has it finished?).
+    # The first connection to a turn this process has just accepted starts from what the POST
+    # stored; any other (a reconnection with Last-Event-ID, a second reader) needs the turn's
+    # state now: has it finished, is its stream still there?
     accepted: AcceptedTurns = request.app.state.accepted_turns
-    turn = accepted.get((tenant.id, turn_id)) if last_event_id is None else None
+    turn = accepted.pop((tenant.id, turn_id)) if last_event_id is None else None
     if turn is None:
         turn = await lane.run(tenant.id, get_turn, k, tenant.id, turn_id)
     after = resume_point(last_event_id)

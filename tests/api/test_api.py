@@ -355,5 +355,11 @@ def test_a_just_posted_turns_stream_opens_without_reading_the_turn_back_and_only
         # Another tenant's key finds nothing, cached or not.
         assert client.get(posted["events_url"], headers=auth(other)).status_code == 404
         assert len(reads) == 1  # its lookup went to the database, which scopes it
+        # A second reader reads the turn: finished now, and with its stream gone it is rebuilt
+        # from the database rather than followed as the POST left it.
+        h.k.events.delete(posted["turn_id"])
+        again = client.get(posted["events_url"], headers=auth(key))
+        rebuilt = [line[4:] for line in again.text.splitlines() if line.startswith("id: ")]
+        assert len(reads) == 2 and rebuilt[0] == "0-1" and again.text.rstrip().split("\n")[-2] == "event: done"
     finally:
         event.remove(engine, "before_cursor_execute", note)
