@@ -30,8 +30,10 @@ def _strip(row: Any) -> dict[str, Any]:
 def _rows(h: Harness, session_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
     with h.k.db.connect() as conn:
         ts = conn.execute(select(turns).where(turns.c.session_id == session_id).order_by(turns.c.turn_no)).all()
+        # In the conversation's order: by turn alone, rows of one turn came back in whatever
+        # order the heap held them, and the two sessions compared could differ.
         ms = conn.execute(select(chat_messages).where(chat_messages.c.session_id == session_id)
-                          .order_by(chat_messages.c.turn_no)).all()
+                          .order_by(chat_messages.c.turn_no, chat_messages.c.step, chat_messages.c.ord)).all()
         count = conn.scalar(select(chat_sessions.c.turn_count).where(chat_sessions.c.id == session_id))
     return [_strip(r) for r in ts], [_strip(r) for r in ms], int(count or 0)
 
