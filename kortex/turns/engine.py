@@ -370,11 +370,16 @@ class StepEngine:
             asked = loop.time()
             await asyncio.sleep(LAG_TICK)
             ticks += 1
+            released = False
             if ticks % MIX_EVERY == 0 and self._mix is not None:
                 with self._cv:
-                    self._contended = self._mix.unequal(time.monotonic())
+                    was, self._contended = self._contended, self._mix.unequal(time.monotonic())
+                # The light tenant went quiet: the governor's limit no longer applies, and the
+                # steps it held back start now, not when some step next ends (minutes, for a
+                # long answer).
+                released = was and not self._contended
             if governor.observe(loop.time() - asked - LAG_TICK, len(self._inflight), self._n_waiting,
-                                contended=self._contended):
+                                contended=self._contended) or released:
                 self._pump()
 
     async def _renew_forever(self) -> None:

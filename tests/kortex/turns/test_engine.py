@@ -132,6 +132,39 @@ def test_at_the_governors_limit_the_flood_waits_and_a_newcomer_is_taken(harness_
         engine.close(0)
 
 
+def test_once_the_light_tenant_has_gone_quiet_the_steps_held_back_start_at_once(harness_factory) -> None:
+    """The governor held A's flood for B's sake; when B's last peak leaves the mix's horizon, A's
+    waiting steps start within a look at the mix, not when one of A's long steps ends."""
+    h = _governed(harness_factory)
+    a, b = h.tenant("a"), h.tenant("b")
+    flood = _post(h, a, "scripted:long_text", 16)  # each step streams for 4 s
+    (light,) = _post(h, b, "scripted:long_text", 1)
+    engine = StepEngine(h.k)
+    assert engine.governor is not None and engine._mix is not None
+    engine.governor.window = 10**9  # the limit stays at its floor of 2 while the mix is unequal
+    engine._mix.horizon = 0.6  # what the mix remembers: a minute by default
+    rec = _Recorder()
+    rec.expected = 17
+    try:
+        engine.submit(light, rec)
+        _until(lambda: engine.inflight >= 1)
+        with engine._cv:
+            for s in flood:
+                engine._enqueue_locked(_Job(s, rec))
+        assert engine.limit == 2
+        engine.k.loop.loop.call_soon_threadsafe(engine._pump)
+        _until(lambda: engine.inflight >= 2)
+        time.sleep(0.2)
+        assert (engine.inflight, engine.waiting) == (2, 15)  # B's step and one of A's; A's share is 1
+        # B's peak leaves the horizon: the tenants are no longer unequal, and the flood starts
+        # (well before A's first step ends, 4 s after it began). A then holds its share of the
+        # hard bound (¾ of 10).
+        _until(lambda: engine.limit == 10 and engine._busy.get(a) == engine.max_per_tenant == 7, seconds=2.5)
+        assert (engine.inflight, engine.waiting) == (8, 9)
+    finally:
+        engine.close(0)
+
+
 @pytest.mark.parametrize("other_tenant_before", [False, True])
 def test_tenants_alone_or_alike_are_not_held_back_by_the_governor(harness_factory, other_tenant_before) -> None:
     """Alone, or beside a tenant that held a step too (5 to 1: not a light tenant to protect),
