@@ -49,6 +49,7 @@ from kortex.stream.entries import START, Entry, entries_from_raw, parse_id
 
 log = logging.getLogger(__name__)
 PACE_FROM = 16  # streams in a shard from which its rounds are paced (see the module's docstring)
+READ_BOUND = 30.0  # seconds a round may take when the reader's client sets no socket timeout
 
 Position = tuple[int, int]
 
@@ -198,6 +199,7 @@ class _Shard:
         self.read_gen = -1      # the generation the read in flight was built from
         self.reading = False
         self.unblocking = False
+        self._read_bound = READ_BOUND  # seconds a round's XREAD may take in all (see _unhurried)
 
     @property
     def count(self) -> int:
@@ -259,6 +261,16 @@ class _Shard:
                 self.unblocking = True
                 hub._spawn(self._interrupt(self.gen))
 
+    def _unhurried(self, reader: Redis) -> None:
+        """The reader's connection sends with no socket timeout of its own; ``_xread`` bounds
+        each round instead. On Python 3.11 redis-py sends a command on a connection that has one
+        from a task of its own (``asyncio.wait_for``): a turn of the loop before every round's
+        read left, and before a newcomer's first entry could be read."""
+        conn = getattr(reader, "connection", None)
+        if isinstance(conn, AbstractConnection) and conn.socket_timeout:
+            self._read_bound = float(conn.socket_timeout)
+            conn.socket_timeout = None
+
     async def _xread(self, reader: Redis, streams: dict[str, str], count: int, block: int) -> Any:
         """XREAD over every stream of the shard. The command names each stream on every round,
         and redis-py encodes it argument by argument (in a busy API that was an eighth of the
@@ -279,8 +291,9 @@ class _Shard:
                 piece = packed[key] = _bulk(key)
             parts.append(piece)
         parts.extend(_bulk(position) for position in streams.values())
-        await conn.send_packed_command(b"".join(parts), check_health=False)
-        reply = await conn.read_response()
+        async with asyncio.timeout(max(self._read_bound, block / 1000 + 1)):
+            await conn.send_packed_command(b"".join(parts), check_health=False)
+            reply = await conn.read_response()
         if isinstance(reply, ResponseError):
             raise reply
         return reply
@@ -312,6 +325,7 @@ class _Shard:
                 if self.reader is None:
                     reader = _raw(hub._factory())
                     self.client_id = int(await reader.client_id())
+                    self._unhurried(reader)
                     self.reader = reader
                 if not self.subs:
                     self.wake.clear()

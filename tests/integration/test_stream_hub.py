@@ -10,7 +10,7 @@ from typing import Any
 import redis
 from redis.asyncio import Redis as AsyncRedis
 
-from kortex.stream.hub import StreamHub
+from kortex.stream.hub import StreamHub, _raw
 from tests.integration.conftest import REDIS_URL
 
 
@@ -234,3 +234,40 @@ def test_a_new_turns_first_answer_is_not_held_by_a_busy_shards_pause(redis_prefi
     waited, written, got = asyncio.run(go())
     assert got == written  # each once, in order, across the move between shards
     assert max(waited) < 2.0, f"the first events waited {waited} s for the busy shard's 5 s round"
+
+
+def test_a_shards_read_leaves_before_the_loop_runs_anything_else(redis_prefix: str) -> None:
+    """With the client as production makes it (a socket timeout), a shard's XREAD is on the wire
+    in the step that builds it: redis-py would send it from a task of its own, a turn of the
+    loop later, and on a busy API loop a turn is milliseconds before every read and every
+    newcomer's first entry."""
+    key = f"{redis_prefix}:hub-send"
+    sync = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+
+    async def go() -> str:
+        hub = StreamHub(lambda: AsyncRedis.from_url(REDIS_URL, decode_responses=True, single_connection_client=True,
+                                                    socket_timeout=30))
+        shard = hub._shards[0]
+        reader = _raw(hub._factory())
+        client_id = int(await reader.client_id())
+        shard._unhurried(reader)
+        read = asyncio.ensure_future(shard._xread(reader, {key: "0"}, 10, 2000))
+        await asyncio.sleep(0)  # the read's first step
+        # Hold the loop, as a busy turn of it does, and look at what Redis has from the reader.
+        deadline = time.monotonic() + 1.0
+        command = ""
+        while time.monotonic() < deadline:
+            command = next(c["cmd"] for c in sync.client_list() if int(c["id"]) == client_id)
+            if command == "xread":
+                break
+            time.sleep(0.01)
+        sync.xadd(key, {"t": "text", "d": "x"})
+        assert await asyncio.wait_for(read, 5)  # the read still ends with the entry
+        await reader.aclose()
+        return command
+
+    try:
+        assert asyncio.run(go()) == "xread"
+    finally:
+        sync.delete(key)
+        sync.close()
