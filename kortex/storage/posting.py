@@ -213,7 +213,10 @@ def create_turn(
     try:
         turn_no = _write_turn(conn, row, content)
     except IntegrityError as exc:
-        if not _names(exc, ONE_ACTIVE_TURN):
+        # With an Idempotency-Key the post that came first may be this same request sent twice,
+        # whichever of the two unique indexes the database checked first: the caller reads
+        # again and replays that turn, or finds the session busy with another.
+        if idempotency_key is not None or not _names(exc, ONE_ACTIVE_TURN):
             raise
         raise _busy(_active_turn(conn, tenant_id, session_id)) from None  # another post to it came first
     if turn_no is None:  # deleted since the read
