@@ -46,6 +46,7 @@ from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import RedisError, ResponseError
 
 from kortex.stream.entries import START, Entry, entries_from_raw, parse_id
+from kortex.stream.untimed import untimed
 
 log = logging.getLogger(__name__)
 PACE_FROM = 16  # streams in a shard from which its rounds are paced (see the module's docstring)
@@ -262,14 +263,12 @@ class _Shard:
                 hub._spawn(self._interrupt(self.gen))
 
     def _unhurried(self, reader: Redis) -> None:
-        """The reader's connection sends with no socket timeout of its own; ``_xread`` bounds
-        each round instead. On Python 3.11 redis-py sends a command on a connection that has one
-        from a task of its own (``asyncio.wait_for``): a turn of the loop before every round's
-        read left, and before a newcomer's first entry could be read."""
+        """The reader's reads leave at once, each round bounded by ``_xread`` (kortex/stream/
+        untimed.py): a turn of the loop before every round's read, and before a newcomer's
+        first entry could be read, otherwise."""
         conn = getattr(reader, "connection", None)
-        if isinstance(conn, AbstractConnection) and conn.socket_timeout:
-            self._read_bound = float(conn.socket_timeout)
-            conn.socket_timeout = None
+        if isinstance(conn, AbstractConnection):
+            self._read_bound = untimed(conn, READ_BOUND)
 
     async def _xread(self, reader: Redis, streams: dict[str, str], count: int, block: int) -> Any:
         """XREAD over every stream of the shard. The command names each stream on every round,

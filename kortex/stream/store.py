@@ -23,6 +23,7 @@ from kortex.errors import StaleAttempt, StreamError
 from kortex.events import _Event
 from kortex.stream.entries import START, Entry, entries_from_redis
 from kortex.stream.keys import turn_events, turn_fence
+from kortex.stream.untimed import untimed
 
 log = logging.getLogger(__name__)
 
@@ -240,12 +241,10 @@ class _AppendBatch:
 
     Each lane writes on a connection of its own, not one checked out of the client's pool per
     pipeline: redis-py's checkout probes the socket with a zero-timeout read, which gives the
-    event loop away, and a connection with a socket timeout sends each command from a task of
-    its own (``asyncio.wait_for`` on Python 3.11), another turn. So every write waited two
-    turns of the loop before it was even sent (1.3-1.6 ms of a step's 2 ms first append with
-    the loop idle, measured; a turn of a busy loop is 100 ms and more). The lane's connection
-    has no socket timeout; a whole round trip is bounded here instead. A lane has one pipeline
-    in flight at a time, so nothing else shares its connection.
+    event loop away, and the send itself took another turn (kortex/stream/untimed.py). So
+    every write waited two turns of the loop before it was even sent (1.3-1.6 ms of a step's
+    2 ms first append with the loop idle, measured; a turn of a busy loop is 100 ms and more).
+    A lane has one pipeline in flight at a time, so nothing else shares its connection.
     """
 
     MAX = 256  # appends per pipeline
@@ -259,10 +258,10 @@ class _AppendBatch:
         self.sha = sha1(_APPEND.encode()).hexdigest()
         self._waiting: list[tuple[list[str], list[Any], asyncio.Future[list[Any]]]] = []
         self._sender: asyncio.Task[None] | None = None
-        self._conn: AbstractConnection | None = None
-        # A round trip's bound: the client's own socket timeout, which the lane's connection
-        # does not carry (see the class).
-        self.timeout = float(redis.connection_pool.connection_kwargs.get("socket_timeout") or DEFAULT_TIMEOUT)
+        # Made now, connected by its first send (and again by the first send after a drop).
+        pool = redis.connection_pool
+        self._conn: AbstractConnection = pool.connection_class(**pool.connection_kwargs)
+        self.timeout = untimed(self._conn, DEFAULT_TIMEOUT)  # a whole round trip's bound
 
     def submit(self, keys: list[str], argv: list[Any]) -> asyncio.Future[list[Any]]:
         future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
@@ -311,11 +310,6 @@ class _AppendBatch:
         conn = self._conn
         try:
             async with asyncio.timeout(self.timeout):
-                if conn is None:
-                    pool = self.redis.connection_pool
-                    conn = pool.connection_class(**{**pool.connection_kwargs, "socket_timeout": None})
-                    await conn.connect()  # type: ignore[no-untyped-call]  # untyped in redis-py
-                    self._conn = conn
                 await conn.send_packed_command(conn.pack_commands(commands))
                 replies: list[Any] = []
                 for _ in commands:
@@ -326,23 +320,15 @@ class _AppendBatch:
                 return replies
         except BaseException:
             # Cut off, timed out or cancelled with replies unread: the connection's state is
-            # unknown, so it goes, and the next pipeline connects afresh.
-            self._conn = None
-            if conn is not None:
-                await self._drop(conn)
+            # unknown, so it is closed, and the next pipeline connects afresh.
+            await self.aclose()
             raise
 
-    @staticmethod
-    async def _drop(conn: AbstractConnection) -> None:
+    async def aclose(self) -> None:
         try:
-            await conn.disconnect()
+            await self._conn.disconnect()
         except Exception:  # already broken: nothing left to close cleanly
             log.debug("closing a stream-write connection failed", exc_info=True)
-
-    async def aclose(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            await self._drop(conn)
 
 
 def _as_stream_error(exc: BaseException, key: str) -> StreamError:
