@@ -16,8 +16,13 @@ from kombu import Queue as KombuQueue
 
 from kortex import heap
 from kortex.config import Settings, load_settings
+from workers import pool
 from workers.broker import TRANSPORT
 from workers.queues import Queue, TaskName
+
+# ``-P threads`` (kortex worker's default pool) names our threads pool, which wakes the
+# consumer when a task ends (workers/pool.py).
+pool.install()
 
 
 def make_celery(settings: Settings) -> Celery:

@@ -1,0 +1,75 @@
+"""Celery's threads pool, with the consumer woken when a task ends.
+
+The consumer's loop (kombu's hub) asks Redis for the next message only while the prefetch
+window has room: at every turn of the loop it registers a ``BRPOP`` if fewer messages than the
+window are delivered and unacked. A threads pool acks from the task's own thread, so when the
+window was full, the ack that frees a place in it does not wake the loop: the loop sleeps in
+``epoll`` until its next timer, up to a second. Under a burst of tool calls (acked late, so
+the window fills) the tools worker therefore took messages in waves, one a second (bench:
+500 tool calls started in bursts with half-second gaps, each waiting up to 5 s in the queue
+while the worker sat at a third of a core). Celery's own prefork pool has no such gap: its
+results arrive on pipes the loop watches. This pool gives the threads pool one too.
+
+``workers/app.py`` installs it as what ``-P threads`` names, for ``kortex worker`` and for
+``celery -A workers.app worker`` alike.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+from typing import Any
+
+from celery import concurrency
+from celery.concurrency.base import apply_target
+from celery.concurrency.thread import ApplyResult
+from celery.concurrency.thread import TaskPool as ThreadTaskPool
+
+
+class TaskPool(ThreadTaskPool):
+    """Runs each task in a thread as Celery's does; after the task (and its ack) it writes a
+    byte to a pipe the consumer's loop reads, so the loop takes the next message at once."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+
+    def register_with_event_loop(self, loop: Any) -> None:
+        loop.add_reader(self._wake_r, self._drain)
+
+    def on_apply(self, target: Callable[..., Any], args: tuple[Any, ...] | None = None,
+                 kwargs: dict[str, Any] | None = None, callback: Callable[..., Any] | None = None,
+                 accept_callback: Callable[..., Any] | None = None, **_: Any) -> ApplyResult:
+        return ApplyResult(self.executor.submit(self._run, target, args, kwargs, callback, accept_callback))
+
+    def _run(self, target: Callable[..., Any], args: tuple[Any, ...] | None, kwargs: dict[str, Any] | None,
+             callback: Callable[..., Any] | None, accept_callback: Callable[..., Any] | None) -> None:
+        try:
+            apply_target(target, args, kwargs, callback, accept_callback)
+        finally:
+            self._wake()
+
+    def _wake(self) -> None:
+        # A full pipe already holds a wake-up the loop has yet to read: one is enough.
+        with contextlib.suppress(BlockingIOError, OSError):
+            os.write(self._wake_w, b"\0")
+
+    def _drain(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):
+            while os.read(self._wake_r, 4096):
+                pass
+
+    def on_stop(self) -> None:
+        super().on_stop()  # waits for the running tasks, which may still write a wake-up
+        for fd in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def install() -> None:
+    """Make ``-P threads`` name this pool; Celery resolves the name when a worker starts."""
+    concurrency.ALIASES["threads"] = "workers.pool:TaskPool"
+
