@@ -10,7 +10,7 @@ from typing import Any
 import redis
 from redis.asyncio import Redis as AsyncRedis
 
-from kortex.stream.hub import StreamHub, _raw
+from kortex.stream.hub import StreamHub, Subscription, _raw
 from tests.integration.conftest import REDIS_URL
 
 
@@ -251,7 +251,8 @@ def test_a_shards_read_leaves_before_the_loop_runs_anything_else(redis_prefix: s
         reader = _raw(hub._factory())
         client_id = int(await reader.client_id())
         shard._unhurried(reader)
-        read = asyncio.ensure_future(shard._xread(reader, {key: "0"}, 10, 2000))
+        shard.add([Subscription(hub, key, "0-0", 100)])  # what the round names: this stream, from the start
+        read = asyncio.ensure_future(shard._xread(reader, 10, 2000))
         await asyncio.sleep(0)  # the read's first step
         # Hold the loop, as a busy turn of it does, and look at what Redis has from the reader.
         deadline = time.monotonic() + 1.0

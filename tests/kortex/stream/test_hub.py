@@ -96,3 +96,45 @@ def test_get_many_hands_over_everything_buffered_and_times_out_empty() -> None:
 
     ids, got, idle = asyncio.run(go())
     assert got == ids and idle == []
+
+
+def test_a_shards_next_read_follows_its_readers_as_they_join_advance_and_leave() -> None:
+    """The kept pieces of a shard's next XREAD (kortex/stream/hub.py, _track) always name each
+    stream with readers once, after its slowest reader's position, keys and ids in one order;
+    a stream whose last reader left is no longer named."""
+    import random
+
+    from kortex.stream.entries import Entry
+    from kortex.stream.hub import Subscription, _bulk
+
+    async def go() -> None:
+        hub = StreamHub(lambda: fakeredis.FakeAsyncRedis(decode_responses=True))
+        shard = hub._shards[0]
+        rng = random.Random(7)
+        live: list[Subscription] = []
+        for _ in range(2000):
+            op = rng.random()
+            if op < 0.35 or not live:
+                sub = Subscription(hub, f"s:{rng.randrange(12)}", f"{rng.randrange(50)}-0", 10_000)
+                shard.add([sub])
+                live.append(sub)
+            elif op < 0.55:
+                sub = live.pop(rng.randrange(len(live)))
+                shard.remove(sub)
+            else:  # a round fed a stream: its readers move on, the read follows the slowest
+                key = rng.choice(live).key
+                at = max(s.cursor[0] for s in shard.subs[key]) + rng.randrange(1, 4)
+                entries = [Entry(id=f"{n}-0", type="text", data="x") for n in range(at - 2, at + 1)]
+                for sub in shard.subs[key]:
+                    if rng.random() < 0.7:
+                        sub._feed(entries)
+                shard._track(key)
+            expected = {key: min(subs, key=lambda s: s.cursor) for key, subs in shard.subs.items()}
+            assert list(shard._keys) == list(shard._ids) == list(shard._since)
+            assert set(shard._keys) == set(expected)
+            for key, slowest in expected.items():
+                assert shard._keys[key] == _bulk(key)
+                assert shard._ids[key] == _bulk(slowest.cursor_id)
+                assert shard._since[key] == slowest.cursor
+
+    asyncio.run(go())
