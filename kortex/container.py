@@ -12,7 +12,6 @@ import os
 import secrets
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -22,6 +21,7 @@ from redis.asyncio import Redis as AsyncRedis
 
 from kortex.aio import LoopThread
 from kortex.config import Settings
+from kortex.fairthreads import FairThreadPool
 from kortex.llm.providers import BUILTIN_PROVIDERS
 from kortex.llm.registry import ProviderFactory, ProviderRegistry
 from kortex.proposals import ActionExecutor, ProposalService
@@ -159,8 +159,9 @@ class Kortex:
     services: dict[str, object] = field(default_factory=dict)
     #: where LLM responses are streamed (asyncio); started on first use
     loop: LoopThread = field(default_factory=lambda: LoopThread("kortex-stream"))
-    #: threads for the blocking work of steps (SQL, hand-offs), so the loop never waits on it
-    io: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(16, thread_name_prefix="kortex-io"))
+    #: threads for the blocking work of steps (SQL, hand-offs), so the loop never waits on it;
+    #: taken tenant by tenant (kortex/fairthreads.py)
+    io: FairThreadPool = field(default_factory=lambda: FairThreadPool(16, name="kortex-io"))
     _engine: StepEngine | None = field(default=None, repr=False)
     _router: Router | None = field(default=None, repr=False)
     _slots: TurnSlots | None = field(default=None, repr=False)
@@ -254,7 +255,7 @@ class Kortex:
             proposals=proposals, services={"cursors": cursors, "proposals": proposals, "calls": TurnCalls(db)},
             # As many I/O threads as the pool has connections, but one: a thread never waits
             # for a connection, and the step engine's lease renewal always finds one.
-            io=ThreadPoolExecutor(max(1, db.max_connections - 1), thread_name_prefix="kortex-io"),
+            io=FairThreadPool(max(1, db.max_connections - 1), name="kortex-io"),
         )
 
     async def aclose(self) -> None:

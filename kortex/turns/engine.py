@@ -62,16 +62,19 @@ class StepHold:
     """One running step's link to the engine: its lease, the I/O threads, and ``ended``, a
     future that resolves to the exception to stop the step with (lease lost, released)."""
 
-    def __init__(self, engine: StepEngine) -> None:
+    def __init__(self, engine: StepEngine, tenant_id: str) -> None:
         self._engine = engine
+        self._tenant_id = tenant_id
         self.turn: TurnRecord | None = None
         self.ended: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
 
     async def io(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        loop = asyncio.get_running_loop()
         # In the step's context: its log records carry the turn's ids (kortex/logcontext.py).
+        # Queued under the step's tenant: the I/O threads take tenants in turn, so another
+        # tenant's burst of claims does not queue ahead of this step (kortex/fairthreads.py).
         context = contextvars.copy_context()
-        return await loop.run_in_executor(self._engine.k.io, lambda: context.run(fn, *args, **kwargs))
+        return await asyncio.wrap_future(self._engine.k.io.submit_for(
+            self._tenant_id, lambda: context.run(fn, *args, **kwargs)))
 
     def attach(self, turn: TurnRecord) -> None:
         """The step is claimed: its lease is renewed from now on."""
@@ -301,7 +304,7 @@ class StepEngine:
         from kortex.turns.step import step_async
 
         s = job.step
-        hold = StepHold(self)
+        hold = StepHold(self, s.tenant_id)
         outcome: StepOutcome
         try:
             outcome = await step_async(self.k, s.tenant_id, s.turn_id, s.step, hold, trace=s.trace)
