@@ -394,6 +394,10 @@ class TurnSettings(_Section):
     loop_lag_target_ms: int = Field(20, ge=0, le=10_000)
     min_inflight_steps: int = Field(32, ge=1)
     tenant_weights: dict[str, int] = Field(default_factory=dict)
+    # A tenant with more live chat turns than this is busy: its steps wait in the turns queue
+    # behind other tenants' (a lower message priority), so one tenant's flood does not queue
+    # ahead of another's turn. 0: one priority for all.
+    busy_tenant_turns: int = Field(8, ge=0)
     shutdown_grace: Seconds = 20.0          # steps still streaming then are handed to another worker
 
 

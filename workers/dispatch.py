@@ -34,10 +34,15 @@ def _queue(lane: Lane, chat: Queue) -> str:
     return Queue.BATCH.value if lane == "batch" else chat.value
 
 
+#: the message priority of a busy tenant's step (StepDispatch.busy). On Redis a lower number
+#: is served first and every other message has 0, so these wait behind the rest of the queue.
+BUSY_PRIORITY = 6
+
+
 def send_step(app: Celery, step: StepDispatch) -> None:
     app.send_task(TaskName.STEP.value, kwargs={"tenant_id": step.tenant_id, "turn_id": step.turn_id,
                                                 "step": step.step}, queue=_queue(step.lane, Queue.TURNS),
-                  headers=_headers(step.trace))
+                  headers=_headers(step.trace), priority=BUSY_PRIORITY if step.busy else None)
 
 
 def send_tool(app: Celery, tool: ToolDispatch) -> None:

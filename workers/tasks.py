@@ -18,7 +18,7 @@ from kortex.turns.toolrun import run_tool
 from kortex.turns.watchdog import sweep
 from workers import runtime
 from workers.app import app
-from workers.dispatch import TRACE_HEADERS, CeleryQueue, dispatch
+from workers.dispatch import BUSY_PRIORITY, TRACE_HEADERS, CeleryQueue, dispatch
 from workers.queues import Queue, TaskName
 
 log = logging.getLogger(__name__)
@@ -45,9 +45,11 @@ def step(self: Task, *, tenant_id: str, turn_id: str, step: int) -> None:
     loop."""
     k = runtime.kortex(_settings())
     # Its lane, from the queue it came from: a step handed back (busy, stopping) goes back there.
-    queue = (getattr(self.request, "delivery_info", None) or {}).get("routing_key")
+    delivery = getattr(self.request, "delivery_info", None) or {}
+    queue = delivery.get("routing_key")
     dispatched = StepDispatch(tenant_id=tenant_id, turn_id=turn_id, step=step, trace=_trace(self),
-                              lane="batch" if queue == Queue.BATCH.value else "chat")
+                              lane="batch" if queue == Queue.BATCH.value else "chat",
+                              busy=delivery.get("priority") == BUSY_PRIORITY)
     try:
         k.engine.submit(dispatched, _hand_on, block=False)
     except EngineBusy:

@@ -63,9 +63,10 @@ class TurnSlots:
         self.redis, self.prefix, self.lifetime = redis, prefix, lifetime
         self._take = redis.register_script(_TAKE)
 
-    def take(self, tenant_id: str, turn_id: str, cap: int) -> None:
-        """Count ``turn_id`` among the tenant's live turns, or raise ``RateLimited`` when
-        ``cap`` are live. Redis down is ``StorageError``: a cap is a gate, not a guard."""
+    def take(self, tenant_id: str, turn_id: str, cap: int) -> int:
+        """Count ``turn_id`` among the tenant's live turns and return how many are live now, or
+        raise ``RateLimited`` when ``cap`` are live. Redis down is ``StorageError``: a cap is a
+        gate, not a guard."""
         now = time.time()
         try:
             admitted, live = self._take(keys=[active_turns(self.prefix, tenant_id)],
@@ -75,6 +76,18 @@ class TurnSlots:
         if not int(admitted):
             raise RateLimited(f"at most {cap} turns may run at once for this tenant",
                               details={"limit": "max_concurrent_turns_per_tenant", "live": int(live)})
+        return int(live)
+
+    def busy(self, tenant_id: str, above: int) -> bool:
+        """More than ``above`` of the tenant's turns are live (``above`` 0: never). Its next
+        steps then queue behind other tenants' (``StepDispatch.busy``). Redis trouble says no:
+        the step is queued as any other, never held back."""
+        if above <= 0:
+            return False
+        try:
+            return int(cast(int, self.redis.zcard(active_turns(self.prefix, tenant_id)))) > above
+        except RedisError:
+            return False
 
     def give_back(self, tenant_id: str, turn_id: str) -> None:
         """The turn is over (or was never created). Redis trouble is logged: ``reconcile`` frees

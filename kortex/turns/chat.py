@@ -165,11 +165,12 @@ def post_message(
 
     counted: list[bool] = []
     slotted: list[str] = []  # the new turn's id once it holds one of the tenant's slots
+    live: list[int] = []     # the tenant's live turns, this one included
 
     def admit(conn: Connection, state: posting.Admission) -> None:
         spent = state.spent
         budget.check_spend(budget_settings, spent)
-        k.slots.take(tenant_id, state.turn_id, cap)  # atomic, and no lock: kortex/turns/admission.py
+        live.append(k.slots.take(tenant_id, state.turn_id, cap))  # atomic, no lock: kortex/turns/admission.py
         slotted.append(state.turn_id)
         # Counted last, once every other check has passed: a refused request costs no rate.
         budget.check_rate(k.redis, k.settings.redis_prefix, budget_settings, tenant_id, spent.tenant_settings)
@@ -208,7 +209,9 @@ def post_message(
     queued_step0 = turn.status == "queued" and turn.step == 0
     # A retried request re-enqueues a turn nobody picked up yet: harmless (the step claim is a
     # compare-and-set) and it heals a first attempt whose enqueue failed.
-    handoff = Handoff(steps=(StepDispatch(tenant_id, turn.id, 0),)) if queued_step0 else NOTHING
+    busy_above = k.settings.turn.busy_tenant_turns
+    busy = bool(live) and 0 < busy_above < live[-1]
+    handoff = Handoff(steps=(StepDispatch(tenant_id, turn.id, 0, busy=busy),)) if queued_step0 else NOTHING
     return PostedTurn(turn=turn, created=new.created, handoff=handoff)
 
 

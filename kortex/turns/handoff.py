@@ -25,6 +25,9 @@ class StepDispatch:
     step: int
     trace: Trace = ()
     lane: Lane = "chat"
+    #: the tenant had more live turns than ``turn.busy_tenant_turns`` when the step was handed
+    #: on: its message waits behind other tenants' in the queue
+    busy: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -99,8 +99,10 @@ def settle(k: Kortex, inv: InvocationRecord, result: ToolResult, entries: list[A
         return NOTHING
     if completion.next_step is None:
         return NOTHING
+    lane = lane_of(inv.profile)
+    busy = lane == "chat" and k.slots.busy(inv.tenant_id, k.settings.turn.busy_tenant_turns)
     return Handoff(steps=(StepDispatch(tenant_id=inv.tenant_id, turn_id=inv.turn_id, step=completion.next_step,
-                                       lane=lane_of(inv.profile)),))
+                                       lane=lane, busy=busy),))
 
 
 def _policy(k: Kortex, inv: InvocationRecord) -> ToolPolicy:

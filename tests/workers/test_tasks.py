@@ -39,7 +39,7 @@ def test_dispatch_sends_tools_with_their_time_limits_and_steps_to_turns() -> Non
     assert tool_opts["soft_time_limit"] == 40.0 and tool_opts["time_limit"] == 50.0
     assert tool_opts["kwargs"] == {"tenant_id": "t", "invocation_id": "i1", "tool": "get_logs", "hard_limit": 50.0}
     assert step_name == "kortex.turn.step" and step_opts == {
-        "kwargs": {"tenant_id": "t", "turn_id": "u", "step": 2}, "queue": "turns", "headers": None}
+        "kwargs": {"tenant_id": "t", "turn_id": "u", "step": 2}, "queue": "turns", "headers": None, "priority": None}
     assert tool_opts["headers"] is None  # tracing off: no header at all
 
 

@@ -116,3 +116,25 @@ def test_a_slot_is_forgotten_once_no_turn_could_still_be_running(capped: Harness
     h.k.redis.zadd(key, {"ancient1": old, "ancient2": old})
     posted = chat.post_message(h.k, tenant, _sessions(h, tenant, 1)[0], "one")
     assert h.k.slots.live(tenant) == {posted.turn.id}
+
+
+def test_a_tenant_past_its_busy_mark_has_its_steps_queued_behind_other_tenants(harness_factory) -> None:  # type: ignore[no-untyped-def]
+    from kortex.turns.step import run_step
+    from kortex.turns.toolrun import run_tool
+
+    h = harness_factory(turn={"busy_tenant_turns": 2})
+    flood, calm = h.tenant("flood"), h.tenant("calm")
+    posted = [chat.post_message(h.k, flood, sid, "go") for sid in _sessions(h, flood, 3, "scripted:slow_tool")]
+    assert [p.handoff.steps[0].busy for p in posted] == [False, False, True]  # the third is past the mark
+    mine = chat.post_message(h.k, calm, _sessions(h, calm, 1, "scripted:slow_tool")[0], "go")
+    assert not mine.handoff.steps[0].busy  # another tenant's count is its own
+
+    def after_the_tool(tenant: str, turn_id: str) -> bool:
+        (tool,) = run_step(h.k, tenant, turn_id, 0).tools
+        (step,) = run_tool(h.k, tenant, tool.invocation_id, tool.tool, tool.hard_limit).steps
+        return step.busy
+
+    # The step after a tool call is marked by the tenant's live turns then, not at its post.
+    assert after_the_tool(flood, posted[0].turn.id)
+    assert not after_the_tool(calm, mine.turn.id)
+    assert not h.k.slots.busy(flood, 0)  # 0: one priority for every tenant
