@@ -36,8 +36,10 @@ class TaskPool(ThreadTaskPool):
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
+        self._loop: Any = None
 
     def register_with_event_loop(self, loop: Any) -> None:
+        self._loop = loop
         loop.add_reader(self._wake_r, self._drain)
 
     def on_apply(self, target: Callable[..., Any], args: tuple[Any, ...] | None = None,
@@ -64,6 +66,9 @@ class TaskPool(ThreadTaskPool):
 
     def on_stop(self) -> None:
         super().on_stop()  # waits for the running tasks, which may still write a wake-up
+        if self._loop is not None:  # the loop must not poll a closed (later reused) descriptor
+            with contextlib.suppress(Exception):
+                self._loop.remove_reader(self._wake_r)
         for fd in (self._wake_r, self._wake_w):
             with contextlib.suppress(OSError):
                 os.close(fd)

@@ -32,6 +32,9 @@ class _Loop:
     def add_reader(self, fd: int, callback: Any, *args: Any) -> None:
         self.readers[fd] = (callback, args)
 
+    def remove_reader(self, fd: int) -> None:
+        self.readers.pop(fd, None)
+
 
 def _readable(fd: int, timeout: float) -> bool:
     return bool(select.select([fd], [], [], timeout)[0])
@@ -61,6 +64,7 @@ def test_a_task_that_ends_wakes_the_loop_and_the_wake_up_is_drained() -> None:
     finally:
         release.set()
         tasks.stop()
+    assert fd not in loop.readers  # a stopped pool leaves the loop no closed descriptor to poll
 
 
 def test_threads_names_the_waking_pool_once_the_app_is_loaded() -> None:
