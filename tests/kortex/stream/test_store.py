@@ -59,7 +59,9 @@ def _async_store(**kw) -> EventStore:
 def test_publisher_sends_the_first_delta_at_once_and_batches_the_rest() -> None:
     async def go():
         store = _async_store()
-        pub = StepPublisher(store, "u3", 0, attempt=1, flush_ms=50)
+        # A flush interval far above the checks' sleeps: a busy machine that stalls the loop for
+        # a few tens of milliseconds (a full CI run once did) must not flush before the check.
+        pub = StepPublisher(store, "u3", 0, attempt=1, flush_ms=400)
         pub.text("first")
         await asyncio.sleep(0.01)
         assert len(store.read("u3")) == 1  # time to first token is not delayed
@@ -67,7 +69,7 @@ def test_publisher_sends_the_first_delta_at_once_and_batches_the_rest() -> None:
             pub.text(piece)
         await asyncio.sleep(0.01)
         assert len(store.read("u3")) == 1  # still buffered
-        await asyncio.sleep(0.12)  # the timer flushes without another delta arriving
+        await asyncio.sleep(0.6)  # the timer flushes without another delta arriving
         entries = store.read("u3")
         assert len(entries) == 2 and '"delta":"abc"' in entries[1].data
         pub.text("d")
