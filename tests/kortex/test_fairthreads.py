@@ -12,10 +12,11 @@ from kortex.fairthreads import FairThreadPool
 
 def test_queued_work_is_taken_key_by_key_not_oldest_first() -> None:
     pool = FairThreadPool(1)
-    gate = threading.Event()
+    gate, holding = threading.Event(), threading.Event()
     order: list[str] = []
     try:
-        pool.submit_for("a", gate.wait, 5)  # holds the only thread while the rest queues
+        pool.submit_for("a", lambda: holding.set() or gate.wait(5))  # holds the only thread ...
+        assert holding.wait(5)  # ... from before the rest is queued
         futures = [pool.submit_for("a", order.append, f"a{i}") for i in range(5)]
         futures += [pool.submit_for("b", order.append, "b0"), pool.submit_for("c", order.append, "c0"),
                     pool.submit_for("b", order.append, "b1")]
