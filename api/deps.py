@@ -14,7 +14,7 @@ import hashlib
 import threading
 import time
 import uuid
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Coroutine
 from typing import Annotated, Any, Generic, TypeVar
 
@@ -28,7 +28,8 @@ from kortex.access import Permission, require
 from kortex.container import Kortex
 from kortex.errors import AuthError, NotFound
 from kortex.keys import Caller, TenantRecord, authenticate
-from kortex.turns.follow import TurnRecord
+from kortex.roundrobin import RoundRobin
+from kortex.storage.records import TurnRecord
 from kortex.stream.hub import StreamHub
 
 K = TypeVar("K")
@@ -106,14 +107,13 @@ class FairLane:
     def __init__(self, size: int) -> None:
         self.size = size
         self._busy = 0
-        self._waiting: dict[str, deque[asyncio.Future[None]]] = {}
-        self._ring: deque[str] = deque()  # keys with callers waiting, in serving order
+        self._waiting: RoundRobin[asyncio.Future[None]] = RoundRobin()  # callers, served key by key
         # What anyio runs the work on: as many threads as places, so never a wait of its own.
         self._threads = anyio.CapacityLimiter(size)
 
     @property
     def waiting(self) -> int:
-        return sum(1 for q in self._waiting.values() for f in q if not f.done())
+        return sum(1 for f in self._waiting if not f.done())
 
     async def run(self, key: str, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` on a thread, once this caller has a place (the request's log context
@@ -125,15 +125,11 @@ class FairLane:
             self._leave()
 
     async def _enter(self, key: str) -> None:
-        if self._busy < self.size and not self._ring:
+        if self._busy < self.size and not self._waiting:
             self._busy += 1
             return
         place: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        queue = self._waiting.get(key)
-        if queue is None:
-            queue = self._waiting[key] = deque()
-            self._ring.append(key)
-        queue.append(place)
+        self._waiting.push(key, place)
         try:
             await place  # resolved by _leave, which hands over its place (still counted busy)
         except asyncio.CancelledError:
@@ -142,15 +138,8 @@ class FairLane:
             raise
 
     def _leave(self) -> None:
-        while self._ring:
-            key = self._ring[0]
-            queue = self._waiting[key]
-            place = queue.popleft()
-            if queue:
-                self._ring.rotate(-1)
-            else:
-                del self._waiting[key]
-                self._ring.popleft()
+        while self._waiting:
+            place = self._waiting.pop()
             if not place.done():  # a caller that went away left a cancelled place behind
                 place.set_result(None)
                 return

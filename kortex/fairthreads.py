@@ -12,10 +12,11 @@ caller waits for at most one piece of each other key's work ahead of it.
 from __future__ import annotations
 
 import threading
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from typing import Any, TypeVar
+
+from kortex.roundrobin import RoundRobin
 
 T = TypeVar("T")
 _Work = tuple[Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]]
@@ -31,16 +32,14 @@ class FairThreadPool(Executor):
         self._max = workers
         self._name = name
         self._cv = threading.Condition()
-        self._queues: dict[str, deque[_Work]] = {}
-        self._ring: deque[str] = deque()  # keys with work queued, in serving order
+        self._queued: RoundRobin[_Work] = RoundRobin()
         self._threads: list[threading.Thread] = []
-        self._pending = 0  # pieces of work queued
-        self._idle = 0     # threads waiting for work (each will take one piece once woken)
+        self._idle = 0  # threads waiting for work (each will take one piece once woken)
         self._closed = False
 
     @property
     def queued(self) -> int:
-        return self._pending
+        return len(self._queued)
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
         return self.submit_for("", fn, *args, **kwargs)
@@ -50,14 +49,9 @@ class FairThreadPool(Executor):
         with self._cv:
             if self._closed:
                 raise RuntimeError("cannot schedule new futures after shutdown")
-            queue = self._queues.get(key)
-            if queue is None:
-                queue = self._queues[key] = deque()
-                self._ring.append(key)
-            queue.append((future, fn, args, kwargs))
-            self._pending += 1
+            self._queued.push(key, (future, fn, args, kwargs))
             self._cv.notify()
-            if self._pending > self._idle and len(self._threads) < self._max:
+            if len(self._queued) > self._idle and len(self._threads) < self._max:
                 thread = threading.Thread(target=self._work, name=f"{self._name}_{len(self._threads)}", daemon=True)
                 self._threads.append(thread)
                 thread.start()
@@ -65,7 +59,7 @@ class FairThreadPool(Executor):
 
     def _next(self) -> _Work | None:
         with self._cv:
-            while not self._ring:
+            while not self._queued:
                 if self._closed:
                     return None
                 self._idle += 1
@@ -73,16 +67,7 @@ class FairThreadPool(Executor):
                     self._cv.wait()
                 finally:
                     self._idle -= 1
-            key = self._ring[0]
-            queue = self._queues[key]
-            work = queue.popleft()
-            self._pending -= 1
-            if queue:
-                self._ring.rotate(-1)  # this key's next piece waits for every other key's turn
-            else:
-                del self._queues[key]
-                self._ring.popleft()
-            return work
+            return self._queued.pop()
 
     def _work(self) -> None:
         while (work := self._next()) is not None:
@@ -101,12 +86,8 @@ class FairThreadPool(Executor):
         with self._cv:
             self._closed = True
             if cancel_futures:
-                for queue in self._queues.values():
-                    for future, *_ in queue:
-                        future.cancel()
-                self._queues.clear()
-                self._ring.clear()
-                self._pending = 0
+                for future, *_ in self._queued.clear():
+                    future.cancel()
             self._cv.notify_all()
             threads = list(self._threads)
         if wait:
