@@ -55,6 +55,12 @@ return {1, n + 1}
 """
 
 
+def past_busy_mark(live: int, above: int) -> bool:
+    """A tenant with ``live`` turns is busy: more than ``above`` (``turn.busy_tenant_turns``;
+    0: never). Its next steps then queue behind other tenants' (``StepDispatch.busy``)."""
+    return 0 < above < live
+
+
 class TurnSlots:
     """The per-tenant count of live chat turns. ``lifetime`` bounds how long a slot can stay
     taken whatever happens (a turn's deadline plus the watchdog's lag)."""
@@ -79,13 +85,12 @@ class TurnSlots:
         return int(live)
 
     def busy(self, tenant_id: str, above: int) -> bool:
-        """More than ``above`` of the tenant's turns are live (``above`` 0: never). Its next
-        steps then queue behind other tenants' (``StepDispatch.busy``). Redis trouble says no:
-        the step is queued as any other, never held back."""
+        """``past_busy_mark`` for the tenant's live turns now. Redis trouble says no: the step
+        is queued as any other, never held back."""
         if above <= 0:
-            return False
+            return False  # no need to ask
         try:
-            return int(cast(int, self.redis.zcard(active_turns(self.prefix, tenant_id)))) > above
+            return past_busy_mark(int(cast(int, self.redis.zcard(active_turns(self.prefix, tenant_id)))), above)
         except RedisError:
             return False
 

@@ -19,6 +19,7 @@ from kortex.storage import audit, chats, posting, turns
 from kortex.storage.audit import AuditEntry
 from kortex.storage.records import MessageRecord, SessionRecord, TurnRecord
 from kortex.storage.turns import ONE_STATEMENT_WRITE
+from kortex.turns.admission import past_busy_mark
 from kortex.turns.handoff import NOTHING, Handoff, StepDispatch
 from kortex.turns.routed import AUTO
 
@@ -209,8 +210,7 @@ def post_message(
     queued_step0 = turn.status == "queued" and turn.step == 0
     # A retried request re-enqueues a turn nobody picked up yet: harmless (the step claim is a
     # compare-and-set) and it heals a first attempt whose enqueue failed.
-    busy_above = k.settings.turn.busy_tenant_turns
-    busy = bool(live) and 0 < busy_above < live[-1]
+    busy = bool(live) and past_busy_mark(live[-1], k.settings.turn.busy_tenant_turns)
     handoff = Handoff(steps=(StepDispatch(tenant_id, turn.id, 0, busy=busy),)) if queued_step0 else NOTHING
     return PostedTurn(turn=turn, created=new.created, handoff=handoff)
 
