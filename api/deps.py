@@ -29,8 +29,8 @@ from kortex.container import Kortex
 from kortex.errors import AuthError, NotFound
 from kortex.keys import Caller, TenantRecord, authenticate
 from kortex.roundrobin import RoundRobin
-from kortex.storage.records import TurnRecord
 from kortex.stream.hub import StreamHub
+from kortex.turns.chat import TurnRecord
 
 K = TypeVar("K")
 V = TypeVar("V")
