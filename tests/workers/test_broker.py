@@ -1,5 +1,5 @@
 """The broker channel on a real Redis: step messages cost no unacked bookkeeping and no ack,
-tool messages keep both (they are redelivered if their worker dies)."""
+tool messages keep both (they are redelivered if their worker dies); sending declares nothing."""
 
 from __future__ import annotations
 
@@ -23,6 +23,13 @@ def test_step_messages_are_taken_without_acks_and_tool_messages_with_them(tmp_pa
     app.amqp.queues.select(["turns", "tools"])
     received: dict[str, Any] = {}
     try:
+        import redis
+
+        # Sent before any worker declared a queue, with no declaration of their own (no binding
+        # written: workers/dispatch.py), they wait on the queues' lists all the same.
+        client = redis.Redis.from_url(REDIS_URL)
+        assert not list(client.scan_iter(f"{prefix}:*binding*"))
+        assert {k.decode() for k in client.scan_iter(f"{prefix}:*")} == {f"{prefix}:celery:turns", f"{prefix}:celery:tools"}
         with app.connection_for_read() as conn:
             consumer = app.amqp.TaskConsumer(conn, callbacks=[
                 lambda body, message: received.setdefault(message.delivery_info["routing_key"], message)])
@@ -37,6 +44,9 @@ def test_step_messages_are_taken_without_acks_and_tool_messages_with_them(tmp_pa
             for message in received.values():
                 message.ack()
             assert unacked == 1  # the tool message only
+            # What Flower and the worker log show: the ids, as sent.
+            assert received["turns"].headers["kwargsrepr"] == repr({"tenant_id": "t", "turn_id": "u", "step": 0})
+            assert received["turns"].headers["argsrepr"] == "()"
             assert acks == [received["tools"].delivery_tag]  # the step's ack never reached Redis
             assert channel.client.hlen(channel.unacked_key) == 0
     finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 from kortex.turns.handoff import Handoff, ItemDispatch, StepDispatch, ToolDispatch
@@ -23,6 +24,8 @@ def test_tasks_have_explicit_names_and_queues() -> None:
 
 
 class FakeApp:
+    conf = SimpleNamespace(broker_url="memory://")
+
     def __init__(self) -> None:
         self.sent: list[tuple[str, dict[str, Any]]] = []
 
@@ -38,8 +41,11 @@ def test_dispatch_sends_tools_with_their_time_limits_and_steps_to_turns() -> Non
     assert tool_name == "kortex.tool.run" and tool_opts["queue"] == "tools"
     assert tool_opts["soft_time_limit"] == 40.0 and tool_opts["time_limit"] == 50.0
     assert tool_opts["kwargs"] == {"tenant_id": "t", "invocation_id": "i1", "tool": "get_logs", "hard_limit": 50.0}
+    step_kwargs = {"tenant_id": "t", "turn_id": "u", "step": 2}
     assert step_name == "kortex.turn.step" and step_opts == {
-        "kwargs": {"tenant_id": "t", "turn_id": "u", "step": 2}, "queue": "turns", "headers": None, "priority": None}
+        "kwargs": step_kwargs, "queue": "turns", "headers": None, "priority": None,
+        # What Flower shows, written without Celery's saferepr; declared as Celery would off Redis.
+        "argsrepr": "()", "kwargsrepr": repr(step_kwargs), "declare": None}
     assert tool_opts["headers"] is None  # tracing off: no header at all
 
 
