@@ -188,7 +188,11 @@ class Database:
             # closed when returned while the pool holds pool_size idle ones, and a busy process
             # (step work comes in bursts) then reconnected ~300 times in 400 turns, each a new
             # backend forked by PostgreSQL. The pool still opens them only when needed.
-            kwargs.update(pool_size=pool_size + overflow, max_overflow=0,
+            # Last in, first out: the connection used last is the next one out, its backend
+            # still warm in the CPU's caches. Taken in turn (the default), each statement of a
+            # lone POST went to the backend idle longest: 1.0-1.4 ms each in the API where
+            # LIFO measured 0.8-1.1 (latency bench, sequential posts).
+            kwargs.update(pool_size=pool_size + overflow, max_overflow=0, pool_use_lifo=True,
                           pool_pre_ping=False, pool_recycle=1800, pool_timeout=pool_timeout)
             if statement_timeout:
                 kwargs["connect_args"] = {"options": f"-c statement_timeout={int(statement_timeout * 1000)}"}

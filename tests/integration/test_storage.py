@@ -155,6 +155,30 @@ def test_a_busy_process_keeps_its_connections_instead_of_reconnecting(pg_url: st
         db.dispose()
 
 
+def test_the_connection_used_last_is_the_next_one_out(pg_url: str) -> None:
+    """Its backend is the warm one: a lone request does not go to the backend idle longest."""
+    from sqlalchemy import text
+
+    from kortex.storage.db import Database
+
+    db = Database(pg_url, pool_size=2, max_overflow=1)
+
+    def backend(conn: Any) -> int:
+        return int(conn.execute(text("select pg_backend_pid()")).scalar_one())
+
+    try:
+        with db.connect() as a, db.connect() as b, db.connect() as c:  # three backends open
+            pids = [backend(a), backend(b), backend(c)]
+        # Returned c, b, then a (a with statement closes in reverse): a is the warm one, every time.
+        for _ in range(3):
+            with db.connect() as conn:
+                assert backend(conn) == pids[0]
+        with db.begin() as conn:
+            assert backend(conn) == pids[0]
+    finally:
+        db.dispose()
+
+
 def test_a_claim_reads_its_own_spend_and_kept_events_on_postgresql(pg: Harness) -> None:
     claim_reads_its_own_spend_and_kept_events(pg)
 
