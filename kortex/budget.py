@@ -20,7 +20,7 @@ from redis.exceptions import RedisError
 from kortex.config import BudgetSettings
 from kortex.errors import BudgetExceeded, RateLimited
 from kortex.storage.records import Spent
-from kortex.stream.keys import quota_window, rate_window
+from kortex.stream.keys import quota_window
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,24 +57,11 @@ def check_spend(budget: BudgetSettings, current: Spent) -> None:
             details={"limit": "session_tokens"})
 
 
-def check_rate(redis: Redis, prefix: str, budget: BudgetSettings, tenant_id: str,
-               tenant_settings: dict[str, Any] | None) -> None:
-    """Count one more turn in this minute's window for the tenant; refuse past the limit."""
-    limit = Limits.of(budget, tenant_settings).turns_per_minute
-    window = int(time.time() // 60)
-    key = rate_window(prefix, tenant_id, window)
-    try:
-        pipe = redis.pipeline(transaction=False)
-        pipe.incr(key)
-        pipe.expire(key, 120)
-        count = int(pipe.execute()[0])
-    except RedisError:
-        return  # the rate limit is a guard, not a gate: Redis trouble must not stop every turn
-    if count > limit:
-        # A refused turn is not a turn: it does not count against the next requests either.
-        refund_rate(redis, prefix, tenant_id, window)
-        raise RateLimited(f"at most {limit} turns a minute for this tenant; retry in a minute",
-                          details={"limit": "turns_per_minute"}, retry_after=_window_left())
+def rate_refused(limit: int, now: float | None = None) -> RateLimited:
+    """A turn past the tenant's ``turns_per_minute``: counted with the turn's admission, in the
+    same round trip (kortex/turns/admission.py); a refused turn is not counted."""
+    return RateLimited(f"at most {limit} turns a minute for this tenant; retry in a minute",
+                       details={"limit": "turns_per_minute"}, retry_after=_window_left(now))
 
 
 def _window_left(now: float | None = None) -> float:
@@ -118,10 +105,3 @@ class Quota:
             pass
 
 
-def refund_rate(redis: Redis, prefix: str, tenant_id: str, window: int | None = None) -> None:
-    """Take back one count of ``check_rate`` for a turn that was then not created."""
-    window = int(time.time() // 60) if window is None else window
-    try:
-        redis.decr(rate_window(prefix, tenant_id, window))
-    except RedisError:
-        pass

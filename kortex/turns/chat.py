@@ -19,7 +19,7 @@ from kortex.storage import audit, chats, posting, turns
 from kortex.storage.audit import AuditEntry
 from kortex.storage.records import MessageRecord, SessionRecord, TurnRecord
 from kortex.storage.turns import ONE_STATEMENT_WRITE
-from kortex.turns.admission import past_busy_mark
+from kortex.turns.admission import Admitted, past_busy_mark
 from kortex.turns.handoff import NOTHING, Handoff, StepDispatch
 from kortex.turns.routed import AUTO
 
@@ -164,25 +164,22 @@ def post_message(
     budget_settings = k.settings.llm.budget
     cap = budget_settings.max_concurrent_turns_per_tenant
 
-    counted: list[bool] = []
-    slotted: list[str] = []  # the new turn's id once it holds one of the tenant's slots
-    live: list[int] = []     # the tenant's live turns, this one included
+    taken: list[tuple[str, Admitted]] = []  # the new turn's slot and count, once admitted
 
     def admit(conn: Connection, state: posting.Admission) -> None:
         spent = state.spent
         budget.check_spend(budget_settings, spent)
-        live.append(k.slots.take(tenant_id, state.turn_id, cap))  # atomic, no lock: kortex/turns/admission.py
-        slotted.append(state.turn_id)
-        # Counted last, once every other check has passed: a refused request costs no rate.
-        budget.check_rate(k.redis, k.settings.redis_prefix, budget_settings, tenant_id, spent.tenant_settings)
-        counted.append(True)
+        # The slot and this minute's count in one atomic step, taken last, once every other check
+        # has passed: a refused request costs no rate (kortex/turns/admission.py).
+        per_minute = budget.Limits.of(budget_settings, spent.tenant_settings).turns_per_minute
+        taken.append((state.turn_id, k.slots.take(tenant_id, state.turn_id, cap, per_minute)))
 
     def give_back() -> None:
-        if counted:
-            counted.clear()
-            budget.refund_rate(k.redis, k.settings.redis_prefix, tenant_id)
-        while slotted:
-            k.slots.give_back(tenant_id, slotted.pop())
+        while taken:
+            turn_id, admitted = taken.pop()
+            if admitted.window is not None:
+                k.slots.refund(tenant_id, admitted.window)
+            k.slots.give_back(tenant_id, turn_id)
 
     # Where the turn is written in one statement (PostgreSQL), that statement is the whole
     # change: autocommit spares the BEGIN and COMMIT round trips of a transaction that would
@@ -210,7 +207,7 @@ def post_message(
     queued_step0 = turn.status == "queued" and turn.step == 0
     # A retried request re-enqueues a turn nobody picked up yet: harmless (the step claim is a
     # compare-and-set) and it heals a first attempt whose enqueue failed.
-    busy = bool(live) and past_busy_mark(live[-1], k.settings.turn.busy_tenant_turns)
+    busy = bool(taken) and past_busy_mark(taken[-1][1].live, k.settings.turn.busy_tenant_turns)
     handoff = Handoff(steps=(StepDispatch(tenant_id, turn.id, 0, busy=busy),)) if queued_step0 else NOTHING
     return PostedTurn(turn=turn, created=new.created, handoff=handoff)
 

@@ -55,6 +55,18 @@ def test_the_cap_refuses_the_turn_past_it_without_using_up_the_rate(capped: Harn
     chat.post_message(h.k, other, _sessions(h, other, 1)[0], "mine")
 
 
+def test_a_turn_past_the_minutes_limit_takes_no_slot_and_is_not_counted(harness_factory) -> None:  # type: ignore[no-untyped-def]
+    """The slot and the minute's count are taken in one step: both, or neither."""
+    h = harness_factory(llm={"budget": {"max_concurrent_turns_per_tenant": 5, "turns_per_minute": 2}})
+    tenant = h.tenant("acme")
+    s = _sessions(h, tenant, 3)
+    admitted = {chat.post_message(h.k, tenant, sid, "go").turn.id for sid in s[:2]}
+    with pytest.raises(RateLimited) as refused:
+        chat.post_message(h.k, tenant, s[2], "three")
+    assert refused.value.details == {"limit": "turns_per_minute"} and refused.value.retry_after
+    assert h.k.slots.live(tenant) == admitted and _rate_count(h, tenant) == 2
+
+
 def test_every_ending_gives_the_slot_back(capped: Harness) -> None:
     h = capped
     tenant = h.tenant("acme")
