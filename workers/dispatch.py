@@ -43,14 +43,22 @@ BUSY_PRIORITY = 6
 
 
 @functools.cache
-def _declare(broker_url: str | None) -> list[Any] | None:
+def _on_redis(broker_url: str | None) -> bool:
+    return (broker_url or "").startswith(("redis://", "rediss://", "unix://"))
+
+
+def _declare(app: Celery, queue: str) -> list[Any] | None:
     """What ``send_task`` declares before publishing. Celery declares the target queue on every
     send (kombu binds a copy of the queue, its exchange and bindings to the channel just to find
-    it in the connection's cache: a fifth of send_task's CPU). On Redis a message for a direct
-    queue goes through the anonymous exchange, an LPUSH onto the queue's list, which needs no
-    declaration: nothing. Elsewhere (an AMQP broker drops a message for a queue that does not
-    exist) Celery's own default."""
-    return [] if (broker_url or "").startswith(("redis://", "rediss://", "unix://")) else None
+    it in the connection's cache: a fifth of send_task's CPU). On Redis, Celery sends a message
+    for a direct queue (all of ours, workers/app.py) through the anonymous exchange, an LPUSH
+    onto the queue's list, which reads no binding: nothing to declare (a fresh list each time:
+    kombu may add to it). A queue of another exchange type is routed by the bindings its
+    declaration writes, and an AMQP broker drops a message for a queue that does not exist:
+    there, Celery's own default."""
+    if _on_redis(app.conf.broker_url) and app.amqp.queues[queue].exchange.type == "direct":
+        return []
+    return None
 
 
 def _send(app: Celery, name: TaskName, kwargs: dict[str, Any], queue: str, **options: Any) -> None:
@@ -58,7 +66,7 @@ def _send(app: Celery, name: TaskName, kwargs: dict[str, Any], queue: str, **opt
     # built-in repr of a flat dict of ids, not Celery's recursive saferepr (another fifth of
     # send_task's CPU).
     app.send_task(name.value, kwargs=kwargs, queue=queue, argsrepr="()", kwargsrepr=repr(kwargs),
-                  declare=_declare(app.conf.broker_url), **options)
+                  declare=_declare(app, queue), **options)
 
 
 def send_step(app: Celery, step: StepDispatch) -> None:

@@ -19,13 +19,14 @@ from typing import Any
 
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import URL, Connection, Engine, make_url
-from sqlalchemy.exc import ArgumentError, IntegrityError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, DisconnectionError, IntegrityError, SQLAlchemyError
 
 from kortex import regex
 from kortex.errors import ConfigError, Conflict, StorageError
 
 log = logging.getLogger(__name__)
 SQLITE_BUSY_MS = 10_000  # how long a SQLite writer waits for the write lock by default
+IDLE_PING_AFTER = 30.0  # seconds a pooled PostgreSQL connection may sit unused before it is checked at checkout
 
 #: the monotonic deadline of the tool call running in this thread: a database with a statement
 #: timeout stops its statements there, so a call the pipeline abandoned frees its connection at
@@ -49,6 +50,35 @@ def _remaining_ms(default_s: float) -> int:
     if deadline is not None:
         seconds = min(seconds, deadline - time.monotonic())
     return max(1, int(seconds * 1000))
+
+
+def _ping_after_idle(engine: Engine, after: float) -> None:
+    """A connection unused for ``after`` seconds answers a ``SELECT 1`` before it is handed out,
+    and one that cannot is replaced by a fresh one (the statement never sees it). The pool hands
+    out the connection used last (``pool_use_lifo``), so under light load the ones below it can
+    sit unused for long: an idle timeout (the server's, a proxy's, a NAT's) may have closed them
+    by the time a burst reaches them. Busy connections are never pinged."""
+
+    def checkin(dbapi_connection: Any, record: Any) -> None:
+        record.info["idle_since"] = time.monotonic()
+
+    def checkout(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+        since = record.info.get("idle_since")
+        if since is None or time.monotonic() - since < after:
+            return
+        try:
+            cursor = dbapi_connection.cursor()
+            try:
+                cursor.execute("SELECT 1")
+            finally:
+                cursor.close()
+            if not dbapi_connection.autocommit:
+                dbapi_connection.rollback()  # the ping's implicit transaction: the caller begins its own
+        except Exception as exc:
+            raise DisconnectionError(f"an idle pooled connection is gone ({exc.__class__.__name__})") from exc
+
+    event.listen(engine, "checkin", checkin)
+    event.listen(engine, "checkout", checkout)
 
 
 def _pg_statement_timeout(engine: Engine, seconds: float) -> None:
@@ -171,7 +201,8 @@ class Database:
     """The application's handle on the database. One per process; safe to share between threads."""
 
     def __init__(self, url: str, *, pool_size: int = 10, max_overflow: int | None = None, echo: bool = False,
-                 statement_timeout: float | None = None, pool_timeout: float = 30.0) -> None:
+                 statement_timeout: float | None = None, pool_timeout: float = 30.0,
+                 idle_ping_after: float = IDLE_PING_AFTER) -> None:
         """``statement_timeout`` (seconds) makes the database itself stop longer statements:
         tool queries get one, so a call the pipeline gave up on does not hold a connection."""
         self.url = _normalise(url)
@@ -191,7 +222,8 @@ class Database:
             # Last in, first out: the connection used last is the next one out, its backend
             # still warm in the CPU's caches. Taken in turn (the default), each statement of a
             # lone POST went to the backend idle longest: 1.0-1.4 ms each in the API where
-            # LIFO measured 0.8-1.1 (latency bench, sequential posts).
+            # LIFO measured 0.8-1.1 (latency bench, sequential posts). The ones below the top
+            # may then sit unused for long: they are checked before reuse (_ping_after_idle).
             kwargs.update(pool_size=pool_size + overflow, max_overflow=0, pool_use_lifo=True,
                           pool_pre_ping=False, pool_recycle=1800, pool_timeout=pool_timeout)
             if statement_timeout:
@@ -210,8 +242,10 @@ class Database:
             event.listen(self.engine, "connect", _sqlite_pragmas)
             if statement_timeout:
                 _sqlite_statement_timeout(self.engine, statement_timeout)
-        elif statement_timeout:
-            _pg_statement_timeout(self.engine, statement_timeout)
+        else:
+            _ping_after_idle(self.engine, idle_ping_after)
+            if statement_timeout:
+                _pg_statement_timeout(self.engine, statement_timeout)
 
     @property
     def is_sqlite(self) -> bool:

@@ -119,8 +119,12 @@ class TurnSlots:
     def refund(self, tenant_id: str, window: int) -> None:
         """Take back the minute's count of a turn admitted, then not created. Redis trouble
         leaves it counted: the window ends within the minute."""
+        key = rate_window(self.prefix, tenant_id, window)
         try:
-            self.redis.decr(rate_window(self.prefix, tenant_id, window))
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.decr(key)
+            pipe.expire(key, _WINDOW_TTL)  # a window that expired meanwhile is not made again for good
+            pipe.execute()
         except RedisError:
             log.warning("could not take back a count of tenant %s's turns this minute", tenant_id)
 

@@ -179,6 +179,30 @@ def test_the_connection_used_last_is_the_next_one_out(pg_url: str) -> None:
         db.dispose()
 
 
+@pytest.mark.parametrize("how", ["connect", "begin"])
+def test_a_connection_closed_while_it_sat_idle_in_the_pool_is_replaced_before_use(pg_url: str, how: str) -> None:
+    """An idle timeout somewhere (the server's, a proxy's) closed it: the statement never sees it."""
+    import psycopg
+    from sqlalchemy import text
+
+    from kortex.storage.db import Database
+
+    db = Database(pg_url, pool_size=1, max_overflow=0, idle_ping_after=0.2)
+    try:
+        with db.connect() as conn:
+            gone = int(conn.execute(text("select pg_backend_pid()")).scalar_one())
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            admin.execute("select pg_terminate_backend(%s)", (gone,))
+        time.sleep(0.3)
+        with getattr(db, how)() as conn:
+            assert int(conn.execute(text("select pg_backend_pid()")).scalar_one()) != gone
+        # Used a moment ago: handed out as it is, no ping.
+        with db.connect() as conn:
+            conn.execute(text("select 1"))
+    finally:
+        db.dispose()
+
+
 def test_a_claim_reads_its_own_spend_and_kept_events_on_postgresql(pg: Harness) -> None:
     claim_reads_its_own_spend_and_kept_events(pg)
 

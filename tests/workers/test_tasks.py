@@ -79,3 +79,23 @@ def test_a_worker_raises_the_broker_channel_pool_to_its_concurrency() -> None:
     assert conf.broker_transport_options["max_connections"] == 208
     app_module._size_broker_pool(SimpleNamespace(concurrency=4, app=SimpleNamespace(conf=conf)))
     assert conf.broker_transport_options["max_connections"] == 208  # never lowered
+
+
+def test_on_redis_a_direct_queue_is_not_declared_on_every_send_and_any_other_is(tmp_path: Any) -> None:
+    """A direct queue's message is an LPUSH onto its list (the anonymous exchange); one routed
+    by bindings (a topic exchange) still has Celery declare its queue first."""
+    from kombu import Exchange
+    from kombu import Queue as KombuQueue
+
+    from tests.conftest import make_settings
+    from workers.app import make_celery
+    from workers.dispatch import _declare
+
+    app = make_celery(make_settings(tmp_path, "sqlite:///unused.db", redis_url="redis://127.0.0.1:1/0"))
+    app.amqp.queues.add(KombuQueue("by-topic", Exchange("topics", type="topic"), routing_key="a.#"))
+    first, second = _declare(app, "turns"), _declare(app, "tools")
+    assert first == [] and second == [] and first is not second  # kombu may add to it: never shared
+    assert _declare(app, "batch") == []
+    assert _declare(app, "by-topic") is None
+    memory = make_celery(make_settings(tmp_path, "sqlite:///unused.db"))
+    assert _declare(memory, "turns") is None  # the embedded mode: Celery's default

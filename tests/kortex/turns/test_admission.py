@@ -11,7 +11,7 @@ from sqlalchemy import update
 
 from kortex.errors import RateLimited
 from kortex.storage.schema import turns as turns_table
-from kortex.stream.keys import active_turns
+from kortex.stream.keys import active_turns, rate_window
 from kortex.testing.inline import drive
 from kortex.timeparse import utcnow
 from kortex.turns import chat
@@ -55,16 +55,25 @@ def test_the_cap_refuses_the_turn_past_it_without_using_up_the_rate(capped: Harn
     chat.post_message(h.k, other, _sessions(h, other, 1)[0], "mine")
 
 
-def test_a_turn_past_the_minutes_limit_takes_no_slot_and_is_not_counted(harness_factory) -> None:  # type: ignore[no-untyped-def]
-    """The slot and the minute's count are taken in one step: both, or neither."""
-    h = harness_factory(llm={"budget": {"max_concurrent_turns_per_tenant": 5, "turns_per_minute": 2}})
-    tenant = h.tenant("acme")
-    s = _sessions(h, tenant, 3)
-    admitted = {chat.post_message(h.k, tenant, sid, "go").turn.id for sid in s[:2]}
+def test_the_slot_and_the_minutes_count_are_taken_together_or_not_at_all(harness: Harness) -> None:
+    slots, prefix = harness.k.slots, harness.settings.redis_prefix
+    if time.time() % 60 > 58:  # the minute's window is named by the clock: not across its turn
+        time.sleep(2.5)
+    window = int(time.time() // 60)
+    count = rate_window(prefix, "acme", window)
+    harness.k.redis.set(count, 2)
     with pytest.raises(RateLimited) as refused:
-        chat.post_message(h.k, tenant, s[2], "three")
+        slots.take("acme", "turn-1", cap=5, per_minute=2)
     assert refused.value.details == {"limit": "turns_per_minute"} and refused.value.retry_after
-    assert h.k.slots.live(tenant) == admitted and _rate_count(h, tenant) == 2
+    assert slots.live("acme") == set() and int(harness.k.redis.get(count)) == 2  # neither taken
+    admitted = slots.take("acme", "turn-2", cap=5, per_minute=3)
+    assert admitted.live == 1 and admitted.window == window
+    assert slots.live("acme") == {"turn-2"} and int(harness.k.redis.get(count)) == 3  # both
+    with pytest.raises(RateLimited) as full:  # at the cap: not counted either
+        slots.take("acme", "turn-3", cap=1, per_minute=10)
+    assert full.value.details["limit"] == "max_concurrent_turns_per_tenant" and int(harness.k.redis.get(count)) == 3
+    slots.refund("acme", window)
+    assert int(harness.k.redis.get(count)) == 2 and harness.k.redis.ttl(count) > 0
 
 
 def test_every_ending_gives_the_slot_back(capped: Harness) -> None:
