@@ -35,6 +35,18 @@ class AuditEntry:
 
 
 _INSERT = decisions.insert()
+#: a decisions row's columns, in the order ``row`` fills them
+COLUMNS = tuple(c.name for c in decisions.c)
+
+
+def row(e: AuditEntry) -> dict[str, Any]:
+    """The decisions row of one entry."""
+    return {
+        "id": uuid7(), "tenant_id": e.tenant_id, "kind": e.kind, "subject": e.subject[:200],
+        "ok": e.ok, "payload": e.payload, "session_id": e.session_id, "turn_id": e.turn_id,
+        "input_tokens": e.input_tokens, "output_tokens": e.output_tokens, "cost_usd": e.cost_usd,
+        "latency_ms": e.latency_ms, "created_at": e.created_at,
+    }
 
 
 def write_entries(conn: Connection, entries: Sequence[AuditEntry]) -> None:
@@ -42,18 +54,14 @@ def write_entries(conn: Connection, entries: Sequence[AuditEntry]) -> None:
     the same transaction, so the budget check and the audit trail never disagree."""
     if not entries:
         return
-    conn.execute(
-        _INSERT,
-        [
-            {
-                "id": uuid7(), "tenant_id": e.tenant_id, "kind": e.kind, "subject": e.subject[:200],
-                "ok": e.ok, "payload": e.payload, "session_id": e.session_id, "turn_id": e.turn_id,
-                "input_tokens": e.input_tokens, "output_tokens": e.output_tokens, "cost_usd": e.cost_usd,
-                "latency_ms": e.latency_ms, "created_at": e.created_at,
-            }
-            for e in entries
-        ],
-    )
+    conn.execute(_INSERT, [row(e) for e in entries])
+    add_spends(conn, entries)
+
+
+def add_spends(conn: Connection, entries: Sequence[AuditEntry]) -> None:
+    """What the priced LLM calls among ``entries`` cost, added to their tenants' days (their
+    audit rows written in the same transaction, by ``write_entries`` or a state change's own
+    statement: kortex/storage/turns.py)."""
     spent: dict[tuple[str, date], tuple[float, int]] = {}
     for e in entries:
         if e.kind == "llm_call" and e.cost_usd > 0:

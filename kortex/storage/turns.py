@@ -13,21 +13,26 @@ a SQLAlchemy statement costs more CPU than running it on a local database.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, case, exists, func, insert, literal_column, select, true, tuple_, update
+from sqlalchemy import bindparam, case, exists, func, insert, literal_column, select, true, tuple_, union_all, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 
 from kortex.errors import Conflict, NotFound
 from kortex.ids import uuid7
 from kortex.messages import AssistantMessage, Message, ToolMessage, ToolResult, Usage
+from kortex.storage import audit
+from kortex.storage.audit import AuditEntry
 from kortex.storage.chats import HISTORY_COLUMNS, HISTORY_ORDER, INSERT_MESSAGE, history_of, message_row
 from kortex.storage.records import ACTIVE, TERMINAL, InvocationRecord, Spent, TurnRecord
 from kortex.storage.schema import (
     chat_messages,
+    decisions,
     stream_outbox,
     tenant_spend,
     tenants,
@@ -228,18 +233,19 @@ def park_for_tools(
     usage: Usage,
     model_used: str | None,
     refused: dict[str, ToolResult] | None = None,
+    audit_entries: Sequence[AuditEntry] = (),
 ) -> list[InvocationRecord]:
     """Store the assistant's tool calls and move running -> waiting_tools. Calls in ``refused``
     (by call id) are settled at once with the given error result; the others are returned, to
-    be run."""
+    be run. ``audit_entries`` are written if the move won."""
     refused = refused or {}
     now = utcnow()
     runnable = [c for c in message.tool_calls if c.id not in refused]
-    parked = _cas_and_message(conn, _PARK_ALONE, _PARK_PG, {
+    parked = _cas_and_message(conn, "park", {
         "p_id": turn.id, "p_tenant": turn.tenant_id, "p_step": step, "p_attempt": turn.attempt,
         "p_pending": len(runnable), **_usage_params(usage, model_used)},
         message_row(tenant_id=turn.tenant_id, session_id=turn.session_id, turn_id=turn.id, turn_no=turn.turn_no,
-                    step=step, ord=0, message=message))
+                    step=step, ord=0, message=message), audit_entries)
     if not parked:
         raise Conflict("turn moved on while this step ran", code="stale_step")
     records = []
@@ -281,12 +287,29 @@ _FINISH = (
 
 
 _ALL_MESSAGE_COLUMNS = tuple(c.name for c in chat_messages.c)
+#: audit rows a state change writes in its own statement on PostgreSQL (each was a statement of
+#: its own in the same transaction: +100 us of Python, +130 us of PostgreSQL CPU and +310 us of
+#: wall time a row, measured); a step with more (a failover's several calls) writes them apart
+FOLDED_AUDIT = 4
 
 
-def _with_message(cas: Any, name: str) -> tuple[Any, Any]:
+def _audit_rows(guard: Any, n: int, name: str) -> Any:
+    """``n`` decisions rows (bound as ``a<i>_<column>``), written once for each row of ``guard``,
+    the state change's CTE: one row when it won, none when it lost."""
+    rows = [select(*[bindparam(f"a{i}_{c}", type_=decisions.c[c].type) for c in audit.COLUMNS]).select_from(guard)
+            for i in range(n)]
+    return (insert(decisions).from_select(list(audit.COLUMNS), rows[0] if n == 1 else union_all(*rows))
+            .returning(decisions.c.id).cte(f"{name}_audit"))
+
+
+def _audit_params(entries: Sequence[AuditEntry]) -> dict[str, Any]:
+    return {f"a{i}_{c}": value for i, e in enumerate(entries) for c, value in audit.row(e).items()}
+
+
+def _with_message(cas: Any, name: str, audited: int = 0) -> tuple[Any, Any]:
     """The step's compare-and-set on its turn, alone (returning the row it moved), and, for
-    PostgreSQL, with the assistant message it stores in one statement (two round trips one by
-    one); the message is written only if the CAS won."""
+    PostgreSQL, with the assistant message it stores (and ``audited`` audit rows) in one
+    statement (round trips one by one); those are written only if the CAS won."""
     moved = cas.returning(_t.id).cte(f"{name}_moved")
     message = (
         insert(chat_messages)
@@ -296,26 +319,49 @@ def _with_message(cas: Any, name: str) -> tuple[Any, Any]:
         .returning(chat_messages.c.id)
         .cte(f"{name}_message")
     )
-    one = select(select(func.count()).select_from(moved).scalar_subquery().label("moved"),
-                 select(func.count()).select_from(message).scalar_subquery().label("messages"))
-    return cas.returning(_t.id), one
+    counts = [select(func.count()).select_from(moved).scalar_subquery().label("moved"),
+              select(func.count()).select_from(message).scalar_subquery().label("messages")]
+    if audited:
+        counts.append(select(func.count()).select_from(_audit_rows(moved, audited, name))
+                      .scalar_subquery().label("audited"))
+    return cas.returning(_t.id), select(*counts)
 
 
 _FINISH_ALONE, _FINISH_PG = _with_message(_FINISH, "finish")
 _PARK_ALONE, _PARK_PG = _with_message(_PARK, "park")
+_STATE_CHANGES = {"finish": _FINISH, "park": _PARK}
 
 
-def _cas_and_message(conn: Connection, cas: Any, one_statement: Any, params: dict[str, Any],
-                     message: dict[str, Any] | None) -> bool:
-    """Run the step's ``cas`` (it returns the row it moved) and, if it won, insert ``message``;
-    True when it won. Never ``rowcount``: what drivers report for it is not the same everywhere."""
+@functools.cache
+def _with_audit(name: str, audited: int) -> Any:
+    """The one-statement form of ``name`` with room for ``audited`` audit rows, made once."""
+    return _with_message(_STATE_CHANGES[name], name, audited)[1]
+
+
+def _cas_and_message(conn: Connection, name: str, params: dict[str, Any], message: dict[str, Any] | None,
+                     entries: Sequence[AuditEntry] = ()) -> bool:
+    """Run the step's compare-and-set ``name`` (it returns the row it moved) and, if it won,
+    insert ``message`` and the audit rows of ``entries``; True when it won. Never ``rowcount``:
+    what drivers report for it is not the same everywhere."""
     if message is not None and conn.dialect.name in ONE_STATEMENT_WRITE:
         params = {**params, **{f"m_{c}": message[c] for c in _ALL_MESSAGE_COLUMNS}}
-        return bool(conn.execute(one_statement, params).one().moved)
-    if conn.execute(cas, params).first() is None:
+        statement = _FINISH_PG if name == "finish" else _PARK_PG
+        folded = 0 < len(entries) <= FOLDED_AUDIT
+        if folded:
+            params.update(_audit_params(entries))
+            statement = _with_audit(name, len(entries))
+        won = bool(conn.execute(statement, params).one().moved)
+        if won:
+            if folded:
+                audit.add_spends(conn, entries)
+            else:
+                audit.write_entries(conn, entries)
+        return won
+    if conn.execute(_FINISH_ALONE if name == "finish" else _PARK_ALONE, params).first() is None:
         return False
     if message is not None:
         conn.execute(INSERT_MESSAGE, message)
+    audit.write_entries(conn, entries)
     return True
 
 
@@ -330,17 +376,18 @@ def finish_turn(
     status: str = "done",
     error: dict[str, Any] | None = None,
     grounding: dict[str, Any] | None = None,
+    audit_entries: Sequence[AuditEntry] = (),
 ) -> bool:
     """running -> done | failed for the attempt that holds the step, storing the final
-    assistant message (with its checked citations). False if the turn moved on (another
-    attempt, the watchdog)."""
+    assistant message (with its checked citations) and ``audit_entries``. False if the turn
+    moved on (another attempt, the watchdog): then nothing is written."""
     row = None
     if message is not None and (message.content or message.tool_calls):
         row = message_row(tenant_id=turn.tenant_id, session_id=turn.session_id, turn_id=turn.id,
                           turn_no=turn.turn_no, step=step, ord=0, message=message, grounding=grounding)
-    return _cas_and_message(conn, _FINISH_ALONE, _FINISH_PG, {
+    return _cas_and_message(conn, "finish", {
         "p_id": turn.id, "p_tenant": turn.tenant_id, "p_step": step, "p_attempt": turn.attempt, "p_status": status,
-        "p_error": error, **_usage_params(usage, model_used)}, row)
+        "p_error": error, **_usage_params(usage, model_used)}, row, audit_entries)
 
 
 def record_done_event(conn: Connection, tenant_id: str, turn_id: str, entry_id: str) -> None:
@@ -410,6 +457,14 @@ _COMPLETE_PG = (
 )
 
 
+@functools.cache
+def _complete_with_audit(audited: int) -> Any:
+    """``_COMPLETE_PG`` with room for ``audited`` audit rows, written only if the result's
+    compare-and-set won; made once."""
+    return _COMPLETE_PG.add_columns(select(func.count()).select_from(_audit_rows(_done_inv, audited, "complete"))
+                                    .scalar_subquery().label("audited"))
+
+
 def complete_invocation(
     conn: Connection,
     tenant_id: str,
@@ -417,8 +472,10 @@ def complete_invocation(
     result: ToolResult,
     *,
     from_status: tuple[str, ...] = ("running",),
+    audit_entries: Sequence[AuditEntry] = (),
 ) -> Completion | None:
-    """Store a result; the last result of a step re-queues the turn for the next step, once."""
+    """Store a result, and ``audit_entries`` with it; the last result of a step re-queues the
+    turn for the next step, once. None (and nothing written) when the call was settled already."""
     now = utcnow()
     params = {
         "p_id": invocation_id, "p_tenant": tenant_id, "p_from": list(from_status), "p_is_error": result.is_error,
@@ -429,9 +486,18 @@ def complete_invocation(
         message = message_row(tenant_id=tenant_id, session_id="", turn_id="", turn_no=0, step=0, ord=0,
                               message=ToolMessage(result=result))
         params.update({f"m_{c}": message[c] for c in _RESULT_COLUMNS})
-        done = conn.execute(_COMPLETE_PG, params).first()
+        folded = 0 < len(audit_entries) <= FOLDED_AUDIT
+        statement = _COMPLETE_PG
+        if folded:
+            params.update(_audit_params(audit_entries))
+            statement = _complete_with_audit(len(audit_entries))
+        done = conn.execute(statement, params).first()
         if done is None:
             return None
+        if folded:
+            audit.add_spends(conn, audit_entries)
+        else:
+            audit.write_entries(conn, audit_entries)
         next_step = done.left_step if done.left_pending == 0 else None
         return Completion(InvocationRecord.from_row(done), next_step)
     row = conn.execute(_COMPLETE_INVOCATION, params).first()
@@ -443,6 +509,7 @@ def complete_invocation(
                                              message=ToolMessage(result=result)))
     advanced = conn.execute(_COUNT_DOWN, {"p_id": inv.turn_id, "p_tenant": tenant_id, "p_step": inv.step,
                                           "p_now": now}).first()
+    audit.write_entries(conn, audit_entries)
     next_step = advanced.step if advanced is not None and advanced.pending_tools == 0 else None
     return Completion(inv, next_step)
 

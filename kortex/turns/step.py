@@ -413,9 +413,8 @@ def _finish(k: Kortex, turn: TurnRecord, step: int, text: str, usage: Usage, mod
     handoff = NOTHING
     with k.db.begin() as conn:
         finished = turns.finish_turn(conn, turn, step=step, message=AssistantMessage(content=text), usage=usage,
-                                     model_used=model_used, grounding=checked)
+                                     model_used=model_used, grounding=checked, audit_entries=entries)
         if finished:
-            audit.write_entries(conn, entries)
             closing: list[Event] = []
             if done.stop_reason == "max_tokens":  # the answer stands, but the client should know it is cut
                 closing.append(ErrorEvent(code="max_tokens", fatal=False, message=(
@@ -471,8 +470,8 @@ def _park(k: Kortex, turn: TurnRecord, step: int, text: str, calls: tuple[ToolCa
     try:
         with k.db.begin() as conn:
             invocations = turns.park_for_tools(conn, turn, step=step, message=message, usage=usage,
-                                               model_used=model_used, refused=refused)
-            audit.write_entries(conn, entries + refusals)
+                                               model_used=model_used, refused=refused,
+                                               audit_entries=entries + refusals)
             # The calls are published once the park has won, before it commits: the first tool
             # result may follow the commit at once, and must not overtake its call.
             publish_in(k, conn, tenant_id=turn.tenant_id, turn_id=turn.id, events=events, attempt=turn.attempt)
@@ -519,9 +518,8 @@ def _depth_exceeded(
     handoff = NOTHING
     with k.db.begin() as conn:
         finished = turns.finish_turn(conn, turn, step=step, message=AssistantMessage(content=content),
-                                     usage=usage, model_used=model_used, error=error)
+                                     usage=usage, model_used=model_used, error=error, audit_entries=entries)
         if finished:
-            audit.write_entries(conn, entries)
             handoff = publish_done(k, conn, turn, [
                 TextEvent(step=step, delta=("\n\n" if text else "") + note),
                 ErrorEvent(code="tool_depth_exceeded", message=note),
@@ -540,10 +538,9 @@ def _fail(
     handoff = NOTHING
     with k.db.begin() as conn:
         finished = turns.finish_turn(conn, turn, step=step, message=None, usage=usage, model_used=None,
-                                     status="failed", error={"code": code, "message": message})
+                                     status="failed", error={"code": code, "message": message},
+                                     audit_entries=llm_entries or ())
         if finished:
-            if llm_entries:
-                audit.write_entries(conn, llm_entries)
             handoff = publish_done(k, conn, turn, [ErrorEvent(code=code, message=message, retryable=retryable),
                                                    DoneEvent(status="failed", usage=turn_total(turn, usage), error=code)])
     if not finished and llm_entries:

@@ -15,7 +15,7 @@ from kortex.container import Kortex
 from kortex.errors import ConfigError, StorageError
 from kortex.events import Event, ToolProgressEvent, ToolResultEvent
 from kortex.messages import ToolCall, ToolResult
-from kortex.storage import audit, invocations, turns
+from kortex.storage import invocations, turns
 from kortex.storage.audit import AuditEntry
 from kortex.storage.records import InvocationRecord
 from kortex.timeparse import utcnow
@@ -131,9 +131,9 @@ def _store(k: Kortex, inv: InvocationRecord, result: ToolResult, entries: list[A
     for delay in (0.2, 0.5, 1.0, None):
         try:
             with k.db.begin() as conn:
-                completion = turns.complete_invocation(conn, inv.tenant_id, inv.id, result, from_status=from_status)
+                completion = turns.complete_invocation(conn, inv.tenant_id, inv.id, result, from_status=from_status,
+                                                       audit_entries=entries)
                 if completion is not None:
-                    audit.write_entries(conn, entries)
                     if not published:
                         published = publish(conn)
             return completion

@@ -11,10 +11,11 @@ import pytest
 from sqlalchemy import select
 
 from kortex.errors import Conflict
-from kortex.messages import Usage
+from kortex.messages import AssistantMessage, Usage
 from kortex.storage import invocations
 from kortex.storage import turns as turn_store
-from kortex.storage.schema import chat_messages, chat_sessions, turns
+from kortex.storage.audit import AuditEntry
+from kortex.storage.schema import chat_messages, chat_sessions, decisions, tenant_spend, turns
 from kortex.turns import chat
 from tests.conftest import Harness
 
@@ -36,6 +37,14 @@ def _rows(h: Harness, session_id: str) -> tuple[list[dict[str, Any]], list[dict[
                           .order_by(chat_messages.c.turn_no, chat_messages.c.step, chat_messages.c.ord)).all()
         count = conn.scalar(select(chat_sessions.c.turn_count).where(chat_sessions.c.id == session_id))
     return [_strip(r) for r in ts], [_strip(r) for r in ms], int(count or 0)
+
+
+def _decisions(h: Harness, session_id: str) -> list[tuple[Any, ...]]:
+    """The audit rows of a session's turns, without what differs from run to run."""
+    with h.k.db.connect() as conn:
+        rows = conn.execute(select(decisions).where(decisions.c.session_id == session_id)).all()
+    return sorted((r.kind, r.subject, r.ok, r.input_tokens, r.output_tokens, r.cost_usd,
+                   sorted(k for k in r.payload)) for r in rows)
 
 
 def _json_storage(h: Harness, session_id: str) -> list[tuple[Any, ...]]:
@@ -130,8 +139,11 @@ def _fan_out(h: Harness, tenant: str, name: str) -> tuple[str, list[Any]]:
             assert inv is not None
             result = ToolResult(call_id=inv.call_id, name=inv.name, content={"n": n}, is_error=n == 1,
                                 error_code="boom" if n == 1 else None)
-            done = turn_store.complete_invocation(conn, tenant, inv.id, result)
-            again = turn_store.complete_invocation(conn, tenant, inv.id, result)  # a second delivery
+            entry = AuditEntry(tenant_id=tenant, kind="tool_call", subject=inv.name, ok=n != 1, payload={"n": n},
+                               session_id=session.id, turn_id=posted.turn.id, latency_ms=n)
+            done = turn_store.complete_invocation(conn, tenant, inv.id, result, audit_entries=[entry])
+            # A second delivery: refused, and its audit row is not written either.
+            again = turn_store.complete_invocation(conn, tenant, inv.id, result, audit_entries=[entry])
         said.append((done.next_step if done else "lost", done.invocation.idx if done else None, again))
     return session.id, said
 
@@ -146,6 +158,9 @@ def test_one_statement_stores_a_tool_result_as_the_separate_statements_do(pg: Ha
     assert [s[0] for s in said_one] == [None] * (len(said_one) - 1) + [1]  # only the last hands on
     assert all(s[2] is None for s in said_one)  # a second store of a settled call is refused
     assert _rows(pg, one) == _rows(pg, separate)
+    # One audit row per stored result, written by the store's own statement on PostgreSQL.
+    tool_rows = [d for d in _decisions(pg, one) if d[0] == "tool_call"]
+    assert len(tool_rows) == len(said_one) and _decisions(pg, one) == _decisions(pg, separate)
 
 
 def test_one_statement_parks_and_finishes_as_the_separate_statements_do(pg: Harness, monkeypatch: Any) -> None:
@@ -159,9 +174,14 @@ def test_one_statement_parks_and_finishes_as_the_separate_statements_do(pg: Harn
         with pg.k.db.connect() as conn:
             turn_id = conn.scalar(select(turns.c.id).where(turns.c.session_id == session_id))
         run_step(pg.k, tenant, turn_id, 1)
-        with pg.k.db.begin() as conn:  # a late attempt of the finished step: its CAS loses
+        late = AuditEntry(tenant_id=tenant, kind="llm_call", subject="late:attempt", ok=True, payload={},
+                          session_id=session_id, turn_id=turn_id)
+        with pg.k.db.begin() as conn:  # a late attempt of the finished step: its CAS loses, nothing is written
             record = TurnRecord.from_row(conn.execute(select(turns).where(turns.c.id == turn_id)).one())
-            assert not turn_store.finish_turn(conn, record, step=1, message=None, usage=Usage(), model_used=None)
+            assert not turn_store.finish_turn(conn, record, step=1, message=None, usage=Usage(), model_used=None,
+                                              audit_entries=[late])
+            assert not turn_store.finish_turn(conn, record, step=1, message=AssistantMessage(content="late"),
+                                              usage=Usage(), model_used=None, audit_entries=[late])
         return session_id
 
     tenant = pg.tenant("one-statement-finish")
@@ -177,3 +197,52 @@ def test_one_statement_parks_and_finishes_as_the_separate_statements_do(pg: Harn
         return [{k: v for k, v in r.items() if k not in later} for r in rows[0]], rows[1], rows[2]
 
     assert stable(_rows(pg, one)) == stable(_rows(pg, separate))
+    # The step's LLM calls (park, then finish) and the tool calls: audited alike both ways, and
+    # the late attempt's row nowhere.
+    audited = _decisions(pg, one)
+    assert audited == _decisions(pg, separate)
+    assert [d[0] for d in audited].count("llm_call") == 2 and not [d for d in audited if d[1] == "late:attempt"]
+
+
+@pytest.mark.parametrize("entries", [1, 4, 7])
+def test_a_finish_writes_every_audit_row_and_the_spend_of_priced_calls(pg: Harness, entries: int) -> None:
+    """Up to FOLDED_AUDIT rows go in the finish's own statement, more in one of their own: all
+    are written, and the priced calls add to the tenant's day of spend in the same transaction."""
+    from kortex.storage.records import TurnRecord
+
+    tenant = pg.tenant(f"audit-{entries}")
+    session_id, _ = _fan_out(pg, tenant, "audited")
+    with pg.k.db.begin() as conn:
+        turn_id = conn.scalar(select(turns.c.id).where(turns.c.session_id == session_id))
+        claimed = turn_store.claim(conn, tenant, turn_id, 1, lease=60)
+        assert claimed is not None
+        record: TurnRecord = claimed.turn
+        spent_before = conn.scalar(select(tenant_spend.c.cost_usd).where(tenant_spend.c.tenant_id == tenant)) or 0.0
+    rows = [AuditEntry(tenant_id=tenant, kind="llm_call", subject=f"vendor:model-{i}", ok=i % 2 == 0,
+                       payload={"i": i, "nested": {"q": "it's \"quoted\""}}, session_id=session_id, turn_id=turn_id,
+                       input_tokens=10 * i, output_tokens=i, cost_usd=0.25 * i, latency_ms=i) for i in range(entries)]
+    from sqlalchemy import event
+
+    statements: list[str] = []
+
+    def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        statements.append(statement)
+
+    event.listen(pg.k.db.engine, "before_cursor_execute", seen)
+    try:
+        with pg.k.db.begin() as conn:
+            assert turn_store.finish_turn(conn, record, step=1, message=AssistantMessage(content="done"),
+                                          usage=Usage(), model_used="vendor:model-0", audit_entries=rows)
+    finally:
+        event.remove(pg.k.db.engine, "before_cursor_execute", seen)
+    separate = [s for s in statements if s.lstrip().startswith("INSERT INTO decisions")]
+    assert len(separate) == (0 if entries <= turn_store.FOLDED_AUDIT else 1)  # folded into the finish, or one more
+    with pg.k.db.connect() as conn:
+        written = conn.execute(select(decisions).where(decisions.c.turn_id == turn_id,
+                                                       decisions.c.subject.like("vendor:%"))).all()
+        spent_after = conn.scalar(select(tenant_spend.c.cost_usd).where(tenant_spend.c.tenant_id == tenant)) or 0.0
+    assert sorted((r.subject, r.ok, r.payload, r.input_tokens, r.output_tokens, r.cost_usd, r.latency_ms)
+                  for r in written) == sorted((e.subject[:200], e.ok, e.payload, e.input_tokens, e.output_tokens,
+                                               e.cost_usd, e.latency_ms) for e in rows)
+    assert len({r.id for r in written}) == entries
+    assert spent_after == pytest.approx(spent_before + sum(e.cost_usd for e in rows))
