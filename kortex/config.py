@@ -8,11 +8,8 @@ unavailable rather than broken (rfc-005 §5.3).
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
-import types
-import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -24,6 +21,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from kortex.config_errors import describe_errors, did_you_mean
 from kortex.errors import ConfigError, InvalidInput
 from kortex.redaction import scrub_text
 from kortex.timeparse import parse_duration
@@ -545,33 +543,9 @@ class _StrictToml(TomlConfigSettingsSource):
         unknown = sorted(set(data) - set(Settings.model_fields))
         if unknown:
             raise ConfigError("invalid configuration: " + "; ".join(
-                f"{self.toml_file_path}: unknown key {key!r}{_did_you_mean(key, Settings.model_fields)}"
+                f"{self.toml_file_path}: unknown key {key!r}{did_you_mean(key, Settings.model_fields)}"
                 for key in unknown))
         return data
-
-
-def _did_you_mean(key: str, known: typing.Iterable[str]) -> str:
-    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
-    """The settings model that holds the key at ``loc`` (a validation error's location), walking
-    fields and skipping the free keys of dict-valued sections (provider and tool names)."""
-    model: Any = Settings
-    for part in loc[:-1]:
-        if isinstance(model, type) and issubclass(model, BaseModel):
-            field = model.model_fields.get(str(part))
-            if field is None:
-                return None
-            model = field.annotation
-        elif typing.get_origin(model) is dict:
-            model = typing.get_args(model)[1]
-        else:
-            return None
-        while typing.get_origin(model) in (typing.Union, types.UnionType):  # Optional[Section]
-            model = next((a for a in typing.get_args(model) if a is not type(None)), None)
-    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
 
 
 def load_settings(**overrides: Any) -> Settings:
@@ -580,24 +554,6 @@ def load_settings(**overrides: Any) -> Settings:
     except ConfigError:
         raise
     except ValidationError as exc:
-        raise ConfigError(f"invalid configuration: {describe_errors(exc)}") from exc
+        raise ConfigError(f"invalid configuration: {describe_errors(exc, Settings)}") from exc
     except Exception as exc:  # TOML decode errors, pydantic-settings parse errors
         raise ConfigError(f"invalid configuration: {exc.__class__.__name__}: {scrub_text(str(exc))[:500]}") from exc
-
-
-def describe_errors(exc: ValidationError, limit: int = 20) -> str:
-    """Where and what, never the offending value: a misspelt key often holds a secret
-    (``apikey = "sk-..."``), and pydantic's own text quotes every input."""
-    errors = exc.errors(include_input=False, include_url=False, include_context=False)
-    parts = []
-    for e in errors[:limit]:
-        where = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        if e["type"] == "extra_forbidden" and e["loc"]:
-            holder = _model_at(tuple(e["loc"]))
-            hint = _did_you_mean(str(e["loc"][-1]), holder.model_fields) if holder else ""
-            parts.append(f"{where}: unknown key{hint}")
-        else:
-            parts.append(f"{where}: {e['msg']}")
-    if len(errors) > limit:
-        parts.append(f"... and {len(errors) - limit} more")
-    return "; ".join(parts)

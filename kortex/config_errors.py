@@ -1,0 +1,54 @@
+"""Configuration errors in words a person can act on: where, what, and the key they may have
+meant, never the offending value (kortex/config.py reports through these)."""
+
+from __future__ import annotations
+
+import difflib
+import types
+import typing
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+
+def did_you_mean(key: str, known: typing.Iterable[str]) -> str:
+    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _model_at(root: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The settings model that holds the key at ``loc`` (a validation error's location) under
+    ``root``, walking fields and skipping the free keys of dict-valued sections (provider and
+    tool names)."""
+    model: Any = root
+    for part in loc[:-1]:
+        if isinstance(model, type) and issubclass(model, BaseModel):
+            field = model.model_fields.get(str(part))
+            if field is None:
+                return None
+            model = field.annotation
+        elif typing.get_origin(model) is dict:
+            model = typing.get_args(model)[1]
+        else:
+            return None
+        while typing.get_origin(model) in (typing.Union, types.UnionType):  # Optional[Section]
+            model = next((a for a in typing.get_args(model) if a is not type(None)), None)
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+
+
+def describe_errors(exc: ValidationError, root: type[BaseModel], limit: int = 20) -> str:
+    """Where and what, never the offending value: a misspelt key often holds a secret
+    (``apikey = "sk-..."``), and pydantic's own text quotes every input."""
+    errors = exc.errors(include_input=False, include_url=False, include_context=False)
+    parts = []
+    for e in errors[:limit]:
+        where = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        if e["type"] == "extra_forbidden" and e["loc"]:
+            holder = _model_at(root, tuple(e["loc"]))
+            hint = did_you_mean(str(e["loc"][-1]), holder.model_fields) if holder else ""
+            parts.append(f"{where}: unknown key{hint}")
+        else:
+            parts.append(f"{where}: {e['msg']}")
+    if len(errors) > limit:
+        parts.append(f"... and {len(errors) - limit} more")
+    return "; ".join(parts)
