@@ -302,14 +302,25 @@ def _audit_rows(guard: Any, n: int, name: str) -> Any:
             .returning(decisions.c.id).cte(f"{name}_audit"))
 
 
-def _audit_params(entries: Sequence[AuditEntry]) -> dict[str, Any]:
-    return {f"a{i}_{c}": value for i, e in enumerate(entries) for c, value in audit.row(e).items()}
+def _fold(entries: Sequence[AuditEntry]) -> tuple[int, dict[str, Any]]:
+    """How many of ``entries`` ride in the state change's own statement (all, up to
+    FOLDED_AUDIT; else none), and their parameters."""
+    n = len(entries) if len(entries) <= FOLDED_AUDIT else 0
+    return n, {f"a{i}_{c}": value for i, e in enumerate(entries[:n]) for c, value in audit.row(e).items()}
 
 
-def _with_message(cas: Any, name: str, audited: int = 0) -> tuple[Any, Any]:
-    """The step's compare-and-set on its turn, alone (returning the row it moved), and, for
-    PostgreSQL, with the assistant message it stores (and ``audited`` audit rows) in one
-    statement (round trips one by one); those are written only if the CAS won."""
+def _audit_rest(conn: Connection, entries: Sequence[AuditEntry], folded: int) -> None:
+    """Once the state change won, in its transaction: the spend of folded rows, or the rows."""
+    if folded:
+        audit.add_spends(conn, entries)
+    else:
+        audit.write_entries(conn, entries)
+
+
+def _with_message(cas: Any, name: str, audited: int = 0) -> Any:
+    """For PostgreSQL, the step's compare-and-set on its turn with the assistant message it
+    stores (and ``audited`` audit rows) in one statement, where they were round trips one by
+    one; those are written only if the CAS won."""
     moved = cas.returning(_t.id).cte(f"{name}_moved")
     message = (
         insert(chat_messages)
@@ -324,18 +335,18 @@ def _with_message(cas: Any, name: str, audited: int = 0) -> tuple[Any, Any]:
     if audited:
         counts.append(select(func.count()).select_from(_audit_rows(moved, audited, name))
                       .scalar_subquery().label("audited"))
-    return cas.returning(_t.id), select(*counts)
+    return select(*counts)
 
 
-_FINISH_ALONE, _FINISH_PG = _with_message(_FINISH, "finish")
-_PARK_ALONE, _PARK_PG = _with_message(_PARK, "park")
 _STATE_CHANGES = {"finish": _FINISH, "park": _PARK}
+#: each alone, returning the row it moved (SQLite; a step with no message to store)
+_ALONE = {name: cas.returning(_t.id) for name, cas in _STATE_CHANGES.items()}
 
 
 @functools.cache
 def _with_audit(name: str, audited: int) -> Any:
     """The one-statement form of ``name`` with room for ``audited`` audit rows, made once."""
-    return _with_message(_STATE_CHANGES[name], name, audited)[1]
+    return _with_message(_STATE_CHANGES[name], name, audited)
 
 
 def _cas_and_message(conn: Connection, name: str, params: dict[str, Any], message: dict[str, Any] | None,
@@ -344,20 +355,13 @@ def _cas_and_message(conn: Connection, name: str, params: dict[str, Any], messag
     insert ``message`` and the audit rows of ``entries``; True when it won. Never ``rowcount``:
     what drivers report for it is not the same everywhere."""
     if message is not None and conn.dialect.name in ONE_STATEMENT_WRITE:
-        params = {**params, **{f"m_{c}": message[c] for c in _ALL_MESSAGE_COLUMNS}}
-        statement = _FINISH_PG if name == "finish" else _PARK_PG
-        folded = 0 < len(entries) <= FOLDED_AUDIT
-        if folded:
-            params.update(_audit_params(entries))
-            statement = _with_audit(name, len(entries))
-        won = bool(conn.execute(statement, params).one().moved)
+        folded, audited = _fold(entries)
+        params = {**params, **{f"m_{c}": message[c] for c in _ALL_MESSAGE_COLUMNS}, **audited}
+        won = bool(conn.execute(_with_audit(name, folded), params).one().moved)
         if won:
-            if folded:
-                audit.add_spends(conn, entries)
-            else:
-                audit.write_entries(conn, entries)
+            _audit_rest(conn, entries, folded)
         return won
-    if conn.execute(_FINISH_ALONE if name == "finish" else _PARK_ALONE, params).first() is None:
+    if conn.execute(_ALONE[name], params).first() is None:
         return False
     if message is not None:
         conn.execute(INSERT_MESSAGE, message)
@@ -461,6 +465,8 @@ _COMPLETE_PG = (
 def _complete_with_audit(audited: int) -> Any:
     """``_COMPLETE_PG`` with room for ``audited`` audit rows, written only if the result's
     compare-and-set won; made once."""
+    if not audited:
+        return _COMPLETE_PG
     return _COMPLETE_PG.add_columns(select(func.count()).select_from(_audit_rows(_done_inv, audited, "complete"))
                                     .scalar_subquery().label("audited"))
 
@@ -486,18 +492,12 @@ def complete_invocation(
         message = message_row(tenant_id=tenant_id, session_id="", turn_id="", turn_no=0, step=0, ord=0,
                               message=ToolMessage(result=result))
         params.update({f"m_{c}": message[c] for c in _RESULT_COLUMNS})
-        folded = 0 < len(audit_entries) <= FOLDED_AUDIT
-        statement = _COMPLETE_PG
-        if folded:
-            params.update(_audit_params(audit_entries))
-            statement = _complete_with_audit(len(audit_entries))
-        done = conn.execute(statement, params).first()
+        folded, audited = _fold(audit_entries)
+        params.update(audited)
+        done = conn.execute(_complete_with_audit(folded), params).first()
         if done is None:
             return None
-        if folded:
-            audit.add_spends(conn, audit_entries)
-        else:
-            audit.write_entries(conn, audit_entries)
+        _audit_rest(conn, audit_entries, folded)
         next_step = done.left_step if done.left_pending == 0 else None
         return Completion(InvocationRecord.from_row(done), next_step)
     row = conn.execute(_COMPLETE_INVOCATION, params).first()

@@ -16,9 +16,10 @@ Why it is shaped this way (2,000 open streams, measured with ``bench/sse.py``):
   shard, so its cost grows with the streams. The shard keeps that command's pieces (each
   stream's key and the id it is read after, encoded) and updates only the streams whose
   readers moved, joined or left: a round joins the pieces in C instead of walking every
-  stream's readers in Python (a third of a busy API's CPU was spent there). A shard of ``PACE_FROM`` streams or more starts at most one round per ``round_ms``
-  and so reads many entries per round under load (adding at most ``round_ms`` of latency)
-  instead of one round per entry. A join cuts the pause short; fewer streams are not paced.
+  stream's readers in Python (a third of a busy API's CPU was spent there). A shard of
+  ``PACE_FROM`` streams or more starts at most one round per ``round_ms`` and so reads many
+  entries per round under load (adding at most ``round_ms`` of latency) instead of one round
+  per entry. A join cuts the pause short; fewer streams are not paced.
 - **A turn's first answer is not paced.** A reader that has seen nothing but the
   ``preamble`` (the entry types a step writes before its model answers: the turn's status,
   say) is read by the *fresh* shard, which never pauses; the first other entry hands it on to
