@@ -62,8 +62,10 @@ def _race(calls: list[Callable[[], Any]]) -> list[Any]:
 
 def _decision_rows(pg: Harness, tenant: str, proposal_id: str) -> list[str]:
     with pg.k.db.connect() as conn:
+        # In the order they were written (a table's heap order is not: rolled-back writes leave room)
         rows = conn.execute(select(decisions.c.subject, decisions.c.payload)
-                            .where(decisions.c.tenant_id == tenant, decisions.c.kind == "proposal")).all()
+                            .where(decisions.c.tenant_id == tenant, decisions.c.kind == "proposal")
+                            .order_by(decisions.c.created_at, decisions.c.id)).all()
     return [r.subject for r in rows if r.payload["proposal_id"] == proposal_id]
 
 
