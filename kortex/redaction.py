@@ -51,27 +51,36 @@ def is_secret_key(name: str) -> bool:
 
 
 # ---- secret-looking text -------------------------------------------------------------------
-_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,}"), r"\1 " + REDACTED),
+# Each pattern with the literals one of which any match must contain, and whether they are
+# looked for in the lower-cased text. Scrubbing runs on every string of every conversation a
+# cloud model is sent, most of them a word or a number: a pattern whose literals are absent
+# cannot match, so it is not run (a search for a literal costs a small fraction of a regex
+# pass). A replacement only takes text away or writes "[REDACTED]", so it cannot bring in a
+# literal the text did not have: the text's literals are looked up once.
+_PATTERNS: tuple[tuple[re.Pattern[str], str, tuple[str, ...], bool], ...] = (
+    (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,}"), r"\1 " + REDACTED, ("bearer", "basic"), True),
     # user:password@ in any URL or DSN
     # (the scheme starts at a word boundary and is short: otherwise every letter of a long word
     # would start a scan to its end, quadratic in the text)
-    (re.compile(r"(?i)(\b[a-z][a-z0-9+.-]{0,31}://[^\s:/@]+:)[^\s@/]+@"), r"\1" + REDACTED + "@"),
+    (re.compile(r"(?i)(\b[a-z][a-z0-9+.-]{0,31}://[^\s:/@]+:)[^\s@/]+@"), r"\1" + REDACTED + "@", ("://",), False),
     # webhook URLs carry their credential in the path
-    (re.compile(r"(?i)(https?://hooks\.slack\.com/(?:services|workflows|triggers)/)[^\s\"'<>]+"), r"\1" + REDACTED),
-    (re.compile(r"(?i)(https?://(?:[\w-]+\.)*discord(?:app)?\.com/api/webhooks/)[^\s\"'<>]+"), r"\1" + REDACTED),
+    (re.compile(r"(?i)(https?://hooks\.slack\.com/(?:services|workflows|triggers)/)[^\s\"'<>]+"), r"\1" + REDACTED,
+     ("hook",), True),
+    (re.compile(r"(?i)(https?://(?:[\w-]+\.)*discord(?:app)?\.com/api/webhooks/)[^\s\"'<>]+"), r"\1" + REDACTED,
+     ("hook",), True),
     (re.compile(r"(?i)(https?://[^\s/\"'<>]+(?:/[^\s/?#\"'<>]+)*/(?:webhooks?|hooks)/)[^\s?#\"'<>]+"),
-     r"\1" + REDACTED),
-    (re.compile(r"\bAKIA[0-9A-Z]{16}\b"), REDACTED),
-    (re.compile(r"\bsk-(?:ant-)?[A-Za-z0-9_-]{20,}\b"), REDACTED),
-    (re.compile(r"\b[rsp]k_(?:live|test)_[A-Za-z0-9]{16,}\b"), REDACTED),  # Stripe
-    (re.compile(r"\bAIza[0-9A-Za-z_-]{35}\b"), REDACTED),  # Google API keys
-    (re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}\b"), REDACTED),  # Slack tokens
-    (re.compile(r"\bkx_[0-9a-f]{12}_[A-Za-z0-9]{20,}\b"), REDACTED),
-    (re.compile(r"\bgh[pousr]_[A-Za-z0-9]{30,}\b"), REDACTED),
-    (re.compile(r"\bgithub_pat_[A-Za-z0-9_]{22,}\b"), REDACTED),
-    (re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\b"), REDACTED),
-    (re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----"), REDACTED),
+     r"\1" + REDACTED, ("hook",), True),
+    (re.compile(r"\bAKIA[0-9A-Z]{16}\b"), REDACTED, ("AKIA",), False),
+    (re.compile(r"\bsk-(?:ant-)?[A-Za-z0-9_-]{20,}\b"), REDACTED, ("sk-",), False),
+    (re.compile(r"\b[rsp]k_(?:live|test)_[A-Za-z0-9]{16,}\b"), REDACTED, ("k_live_", "k_test_"), False),  # Stripe
+    (re.compile(r"\bAIza[0-9A-Za-z_-]{35}\b"), REDACTED, ("AIza",), False),  # Google API keys
+    (re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}\b"), REDACTED, ("xox",), False),  # Slack tokens
+    (re.compile(r"\bkx_[0-9a-f]{12}_[A-Za-z0-9]{20,}\b"), REDACTED, ("kx_",), False),
+    (re.compile(r"\bgh[pousr]_[A-Za-z0-9]{30,}\b"), REDACTED, ("ghp_", "gho_", "ghu_", "ghs_", "ghr_"), False),
+    (re.compile(r"\bgithub_pat_[A-Za-z0-9_]{22,}\b"), REDACTED, ("github_pat_",), False),
+    (re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\b"), REDACTED, ("eyJ",), False),
+    (re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----"), REDACTED,
+     ("-----BEGIN ",), False),
 )
 # name=value, name: value, "name": "value", and query parameters (?token=...&sig=...)
 # ("scheme://" is not an assignment: a URL's query parameters are looked at one by one)
@@ -87,9 +96,16 @@ def _assignment(match: re.Match[str]) -> str:
 
 def scrub_text(text: str) -> str:
     """Replace credential-shaped substrings."""
-    for pattern, replacement in _PATTERNS:
-        text = pattern.sub(replacement, text)
-    return _ASSIGNMENT.sub(_assignment, text)
+    folded = text.lower()
+    for pattern, replacement, literals, fold in _PATTERNS:
+        haystack = folded if fold else text
+        for literal in literals:  # a loop, not any(): a generator costs more than the lookups
+            if literal in haystack:
+                text = pattern.sub(replacement, text)
+                break
+    if "=" in text or ":" in text:
+        text = _ASSIGNMENT.sub(_assignment, text)
+    return text
 
 
 def scrub(value: Any) -> Any:

@@ -88,3 +88,39 @@ def test_urls_and_assignments_with_credentials_are_scrubbed(text: str, secret: s
 def test_scrubbing_keeps_ordinary_assignments_and_times() -> None:
     text = "at 14:30:02 pool max_size=10 max_tokens=4096 ratio: 0.5 url=https://example.com/a?page=2&sort=asc"
     assert scrub_text(text) == text
+
+
+_FRAGMENTS = (
+    "Bearer eyJhbGciOi.eyJzdWIiOiIxMjM0.SflKxwRJSMeKKF2QT4", "BEARER abcdefgh12345", "basic dXNlcjpwYXNz",
+    "postgres://app:s3cr3t@db:5432/orders", "REDIS://:pw@cache", "HTTPS://HOOKS.SLACK.COM/services/T1/B2/XYZ",
+    "https://Discord.com/api/webhooks/1/abc", "https://ci.example.com/a/WebHooks/0a1b2c", "AKIAIOSFODNN7EXAMPLE",
+    "sk-ant-REDACTME0123456789abcdef", "rk_test_0123456789abcdefAB", "AIzaSyA-1234567890abcdefghijklmnopqrstu",
+    "xoxp-1234567890-abc", "kx_0123456789ab_ABCDEFGHIJKLMNOPQRSTUVWXYZ0123", "ghs_" + "a" * 30,
+    "github_pat_" + "B" * 22, "-----BEGIN RSA PRIVATE KEY-----\nMIIE\n-----END RSA PRIVATE KEY-----",
+    "password", "api_key", "token", "max_size", "checkout", "14:30:02", "ratio", "0.5", "[REDACTED]",
+    "?access_token=", "&sig=", "https://example.com/a?page=2", "sk", "-", "AKI", "hoo", "k", "_live_",
+)
+
+
+def test_skipping_a_pattern_whose_literals_are_absent_changes_no_result() -> None:
+    """scrub_text runs a pattern only when the text holds one of its literals; over texts built
+    from secrets, near misses and separators, the result is the same as running every pattern."""
+    import random
+
+    from kortex.redaction import _ASSIGNMENT, _PATTERNS, _assignment
+
+    def every_pattern(text: str) -> str:
+        for pattern, replacement, _literals, _fold in _PATTERNS:
+            text = pattern.sub(replacement, text)
+        return _ASSIGNMENT.sub(_assignment, text)
+
+    rng = random.Random(9)
+    separators = (" ", "", "\n", "=", ": ", '"', "/", "@", ",")
+    redacted = 0
+    for _ in range(3000):
+        parts = rng.choices(_FRAGMENTS, k=rng.randint(1, 6))
+        text = "".join(part + rng.choice(separators) for part in parts)
+        expected = every_pattern(text)
+        assert scrub_text(text) == expected, text
+        redacted += expected != text
+    assert redacted > 1000  # the corpus does exercise the patterns
