@@ -113,6 +113,11 @@ def run(env: BenchEnv, report: Report, flood: int, samples: int, min_budget: flo
         "steady_first_event_p50_s": pct(_first(spread, "first_event", cap), 0.5),
         "steady_first_event_p90_s": pct(_first(spread, "first_event", cap), 0.9),
         "steady_first_text_p50_s": pct(_first(spread, "first_text", cap), 0.5),
+        # where B's wait is: the POST's answer, the stream's opening, then the first event
+        "idle_posted_p50_s": pct(_first(idle, "posted", B_TURN_LIMIT), 0.5),
+        "idle_opened_p50_s": pct(_first(idle, "opened", B_TURN_LIMIT), 0.5),
+        "steady_posted_p50_s": pct(_first(spread, "posted", cap), 0.5),
+        "steady_opened_p50_s": pct(_first(spread, "opened", cap), 0.5),
         "b_steady_turns": len(spread), "b_steady_errors": sum(1 for t in spread if t.error),
         "idle_first_text_p50_s": pct(_first(idle, "first_text", B_TURN_LIMIT), 0.5),
         "flood_first_text_p50_s": pct(_first(during, "first_text", cap), 0.5),
@@ -139,6 +144,11 @@ def run(env: BenchEnv, report: Report, flood: int, samples: int, min_budget: flo
     report.note("fairness", f"A flooded {flood} paced turns at once ({figures['a_finished']} finished within the "
                             f"flood's limit{a_took}); B sent {samples} trivial turns idle one at a time, then during the flood "
                             f"{len(spread)} one every {STEADY_EVERY:g} s and {len(during)} one at a time")
+    report.note("fairness", "B p50 idle / during the flood (steady): POST answered {} / {} ms, stream open {} / {} ms, "
+                            "first event {} / {} ms".format(*(
+                                _ms(figures[k]) for k in ("idle_posted_p50_s", "steady_posted_p50_s", "idle_opened_p50_s",
+                                                          "steady_opened_p50_s", "idle_first_event_p50_s",
+                                                          "steady_first_event_p50_s"))))
     errors = a_batch.errors()
     if errors:
         report.note("fairness", f"A errors: {'; '.join(errors[:3])}")
