@@ -21,6 +21,8 @@ Parts:
 Needs PostgreSQL and Redis (the test services: KORTEX_TEST_PG_URL, KORTEX_TEST_REDIS_URL).
 KORTEX_BENCH_PYSPY=<folder> profiles every Kortex process with py-spy from the moment it is ready
 (speedscope files; KORTEX_BENCH_PYSPY_PROCS=api,turns worker narrows it).
+KORTEX_BENCH_SET_<NAME>=value runs Kortex's processes with KORTEX_<NAME>=value, to measure a
+setting beside its default (KORTEX_BENCH_SET_TURN__LOOP_LAG_TARGET_MS=20, say).
 Everything it starts (processes, a throwaway database, Redis keys under a private prefix) is
 removed on exit, Ctrl-C included. Each part has a hard time limit (--part-timeout) and
 reports what finished before it.

@@ -34,6 +34,7 @@ import redis
 ROOT = Path(__file__).resolve().parents[1]
 PG_ADMIN = os.environ.get("KORTEX_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("KORTEX_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+SET_PREFIX = "KORTEX_BENCH_SET_"
 PYTHON = sys.executable
 # `kortex` as the README runs it: the console script next to this interpreter (a venv's bin/).
 _SCRIPT = Path(PYTHON).with_name("kortex")
@@ -311,6 +312,8 @@ def kortex_env(pg_url: str, prefix: str, fake_url: str, home: Path, limits: Limi
         "PYTHONUNBUFFERED": "1",
     })
     env.update(limits.env())
+    # KORTEX_BENCH_SET_<NAME>=v runs the stack with KORTEX_<NAME>=v (a setting to compare)
+    env.update({"KORTEX_" + k[len(SET_PREFIX):]: v for k, v in os.environ.items() if k.startswith(SET_PREFIX)})
     return env
 
 

@@ -389,7 +389,8 @@ class TurnSettings(_Section):
     max_inflight_per_tenant: int | None = Field(None, ge=1)  # default: 3/4 of max_inflight_steps
     max_waiting_steps: int = Field(5000, ge=1)
     # Below that bound, the loop-lag governor's target and floor (kortex/turns/governor.py); 0: off.
-    loop_lag_target_ms: int = Field(20, ge=0, le=10_000)
+    # The target trades a flood's speed for a light tenant's latency (figures in governor.py).
+    loop_lag_target_ms: int = Field(2, ge=0, le=10_000)
     min_inflight_steps: int = Field(32, ge=1)
     tenant_weights: dict[str, int] = Field(default_factory=dict)
     # A tenant with more live chat turns than this is busy: its steps wait in the turns queue

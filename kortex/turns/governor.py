@@ -23,6 +23,21 @@ whenever two tenants were served and 1.27x without it. When the
 tenants are not unequal the limit follows what is in flight, so a flood that arrives is cut
 from there.
 
+The target is how much headroom a light tenant is kept: the lag it measures is mostly the
+cores being full, so a low target holds the heavy tenant to what leaves some of them free.
+Measured with ``./dev bench --only fairness`` (tenant A floods 500 paced turns, B sends a trivial
+turn every 0.25 s; B's first event p50 idle 13-27 ms; 2 cores):
+
+    target   B's first event during the flood   A's 500 turns done after   cores busy
+    20 ms    176-240 ms                         22-35 s                    ~95%
+    10 ms    121-129 ms                         26-34 s
+     5 ms    77-87 ms                           35-45 s                    75-95%
+     2 ms    30-50 ms                           46-54 s                    60-70%
+
+A flood of 100 paced turns: 12-13 s at 2 ms, 10 s at 20 ms (B within 1.3-1.6x idle at both).
+2 ms is the default: the flood is the load that waits, and an operator whose heavy tenant must
+go faster raises it.
+
 Pure arithmetic, no clock and no loop of its own: the engine feeds it one sample per tick.
 """
 
