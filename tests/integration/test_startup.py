@@ -4,6 +4,7 @@ to do, a failing exit code, no traceback and no password, on the real PostgreSQL
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import PG_ADMIN, REDIS_URL, ROOT
+from tests.integration.conftest import PG_ADMIN, REDIS_URL, ROOT, Service, service_env
 from tests.integration.redisproc import private_database
 
 pytestmark = pytest.mark.timeout(120)
@@ -98,3 +99,29 @@ def test_the_api_against_a_database_that_does_not_exist_says_so_in_one_line() ->
     url = with_password(PG_ADMIN.rsplit("/", 1)[0] + "/kortex_no_such_database")
     line = one_line_error(kortex("api", env={"KORTEX_DATABASE_URL": url, "KORTEX_REDIS_URL": REDIS_URL}))
     assert "cannot use the database" in line and "does not exist" in line and "hunter2" not in line
+
+
+def _built_in(output: str) -> list[int]:
+    """The processes that logged their container built, in the order they did."""
+    return [int(pid) for pid in re.findall(r"kortex container ready in process (\d+)", output)]
+
+
+def test_a_worker_builds_its_container_as_it_starts_in_each_process_that_runs_tasks(
+        worker: Service, pg_url: str, redis_prefix: str, tmp_path: Path) -> None:
+    # prefork (the session's worker, -c 4): each child once it is forked (a child replaced after
+    # a fault test builds its own too), never the parent, which runs no task
+    worker.wait_for(lambda: len(_built_in(worker.output())) >= 4, timeout=30)
+    children = _built_in(worker.output())
+    assert len(set(children)) == len(children) and worker.proc.pid not in children
+    # the threads pool (`kortex worker`'s default): the worker's own process, before it is ready
+    # (a private prefix: it must not take the session's messages)
+    env = service_env(pg_url, f"{redis_prefix}-start")
+    threads = Service("turns worker", [sys.executable, "-m", "kortex_cli.main", "worker", "--queues", "turns"],
+                      env, tmp_path / "worker.log")
+    try:
+        threads.wait_for(lambda: " ready." in threads.output())
+        output = threads.output()
+        assert _built_in(output) == [threads.proc.pid]
+        assert output.index("kortex container ready") < output.index(" ready.")
+    finally:
+        threads.stop()
