@@ -55,10 +55,12 @@ def is_secret_key(name: str) -> bool:
 # looked for in the lower-cased text. Scrubbing runs on every string of every conversation a
 # cloud model is sent, most of them a word or a number: a pattern whose literals are absent
 # cannot match, so it is not run (a search for a literal costs a small fraction of a regex
-# pass). A replacement only takes text away or writes "[REDACTED]", so it cannot bring in a
-# literal the text did not have: the text's literals are looked up once.
+# pass). A folded literal has only letters that nothing but themselves folds to under (?i):
+# "basic" would miss "baſic" and "basıc", which the pattern matches, so it is "ba". A
+# replacement leaves "[REDACTED]" where text was, which holds no literal and parts its
+# neighbours, so it cannot bring in a literal the text did not have.
 _PATTERNS: tuple[tuple[re.Pattern[str], str, tuple[str, ...], bool], ...] = (
-    (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,}"), r"\1 " + REDACTED, ("bearer", "basic"), True),
+    (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,}"), r"\1 " + REDACTED, ("bearer", "ba"), True),
     # user:password@ in any URL or DSN
     # (the scheme starts at a word boundary and is short: otherwise every letter of a long word
     # would start a scan to its end, quadratic in the text)

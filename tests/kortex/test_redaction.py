@@ -124,3 +124,24 @@ def test_skipping_a_pattern_whose_literals_are_absent_changes_no_result() -> Non
         assert scrub_text(text) == expected, text
         redacted += expected != text
     assert redacted > 1000  # the corpus does exercise the patterns
+
+
+def test_a_folded_literal_is_found_in_every_text_its_pattern_matches() -> None:
+    """A case-insensitive pattern also matches letters that are not the ASCII ones ("ſ" for s,
+    "ı" and "İ" for i): each letter of its literals must be one that every such match
+    lower-cases back to, or a text the pattern matches could skip it."""
+    import re
+    import sys
+
+    from kortex.redaction import _PATTERNS
+
+    every = "".join(map(chr, range(sys.maxunicode + 1)))
+    for _pattern, _replacement, literals, fold in _PATTERNS:
+        if not fold:
+            continue
+        for letter in set("".join(literals)):
+            matched = re.findall("(?i)" + re.escape(letter), every)
+            odd = [c for c in matched if c.lower() != letter]
+            assert not odd, (literals, letter, odd)
+    for text in ("Baſic dXNlcjpwYXNzd29yZA==", "basıc dXNlcjpwYXNzd29yZA==", "BASİC dXNlcjpwYXNzd29yZA=="):
+        assert "dXNlcjpw" not in scrub_text(text)
