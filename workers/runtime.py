@@ -15,13 +15,14 @@ from celery.signals import (
     after_setup_task_logger,
     task_postrun,
     task_prerun,
+    worker_init,
     worker_process_init,
     worker_process_shutdown,
     worker_ready,
     worker_shutdown,
 )
 
-from kortex import logcontext, logsafe, tracing
+from kortex import heap, logcontext, logsafe, tracing
 from kortex.config import Settings
 from kortex.container import Kortex
 from kortex.turns.handoff import Handoff
@@ -49,6 +50,7 @@ def kortex(settings: Settings) -> Kortex:
             from workers.dispatch import warm
 
             warm(app)  # before the engine's threads hand steps on
+            log.info("kortex container ready in process %s", _pid)
         return _kortex
 
 
@@ -84,37 +86,53 @@ def _close(**_: Any) -> None:
     close()
 
 
+@worker_init.connect
+def _import_llm_client(**_: Any) -> None:
+    """The providers' HTTP client (aiohttp and all), which the first LLM call would import:
+    imported once, before a prefork pool forks, so its children have it too."""
+    importlib.import_module("kortex.llm.transport")
+
+
 @worker_ready.connect
 def _build_on_start(sender: Any = None, **_: Any) -> None:
     """The process that runs the tasks builds its container as the worker starts, not when the
     first message arrives: a fresh stack's first turn (after a deploy, say) waited for the
-    pools, the engine, Celery's backend lookup and the LLM client's import (first event
-    346-354 ms, done 530-561 ms; since, 117-121 and 263-294 ms; later turns 24-100 ms). A
-    prefork parent runs no task: its children build theirs once forked (worker_process_init)."""
+    pools, the engine and Celery's backend lookup (first event 346-354 ms, done 530-561 ms;
+    since, 89-129 and 246-313 ms; later turns 24-100 ms). A prefork parent runs no task: its
+    children build theirs once forked (worker_process_init)."""
     if type(getattr(sender, "pool", None)).__module__ == "celery.concurrency.prefork":
         return
-    build()
+    _build_soon()
 
 
 @worker_process_init.connect
 def _build_in_child(**_: Any) -> None:
-    build()
+    _build_soon()
+
+
+def _build_soon() -> None:
+    """On a thread of its own: the worker takes messages meanwhile (a task that comes first
+    waits for this build under ``kortex``'s lock rather than making its own), and a prefork
+    child reports itself up at once, as billiard wants within 4 s (sixteen children building
+    at once on two cores could take longer)."""
+    threading.Thread(target=build, name="kortex-build", daemon=True).start()
 
 
 def build() -> None:
-    """Build this process's container now; if that fails (the database is down, say), the
-    first task tries again and reports what is wrong."""
+    """Build this process's container now (once built, it is settled with the rest of the
+    heap); if that fails (the database is down, say), the first task tries again and reports
+    what is wrong."""
     from workers.app import app
 
+    settings: Settings = app.conf.kortex_settings
     try:
-        kortex(app.conf.kortex_settings)
-        # the providers' HTTP client, which the first LLM call would import (aiohttp and all)
-        importlib.import_module("kortex.llm.transport")
+        kortex(settings)
     except Exception:
         log.warning("could not build this process's Kortex container at start; its first task will try again",
                     exc_info=True)
-    else:
-        log.info("kortex container ready in process %s", os.getpid())
+        return
+    if settings.settle_heap:
+        heap.settle()
 
 
 @after_setup_logger.connect
