@@ -48,7 +48,7 @@ if __package__ in (None, ""):  # `python bench/__main__.py`: make `bench` import
 from bench import batch, fairness, latency, paced, routing  # noqa: E402
 from bench.report import Report, Row  # noqa: E402
 from bench.scripts import all_scripts  # noqa: E402
-from bench.stack import BenchEnv, Cleanup, Limits, bench_env, raise_nofile  # noqa: E402
+from bench.stack import BenchEnv, Cleanup, Limits, bench_env, overrides, raise_nofile  # noqa: E402
 
 PARTS = ("paced", "latency", "fairness", "sse", "batch", "routing")
 
@@ -162,6 +162,9 @@ def main(argv: list[str] | None = None) -> Report:
         "routing": lambda env: routing.run(report, 300 if args.quick else 3000),
     }
     started = time.monotonic()
+    settings = overrides()  # refused before anything starts if it names what the bench owns
+    if settings:
+        report.note("bench", "Kortex ran with " + ", ".join(f"{k}={v}" for k, v in sorted(settings.items())))
     print(f"Kortex bench: {', '.join(args.only)}" + (" (quick)" if args.quick else ""), flush=True)
     try:
         with Cleanup() as cleanup, bench_env(cleanup, all_scripts(), limits, keep_logs=args.keep_logs) as env:

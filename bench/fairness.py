@@ -144,11 +144,10 @@ def run(env: BenchEnv, report: Report, flood: int, samples: int, min_budget: flo
     report.note("fairness", f"A flooded {flood} paced turns at once ({figures['a_finished']} finished within the "
                             f"flood's limit{a_took}); B sent {samples} trivial turns idle one at a time, then during the flood "
                             f"{len(spread)} one every {STEADY_EVERY:g} s and {len(during)} one at a time")
+    waits = [_ms(figures[k]) for k in ("idle_posted_p50_s", "steady_posted_p50_s", "idle_opened_p50_s",
+                                       "steady_opened_p50_s", "idle_first_event_p50_s", "steady_first_event_p50_s")]
     report.note("fairness", "B p50 idle / during the flood (steady): POST answered {} / {} ms, stream open {} / {} ms, "
-                            "first event {} / {} ms".format(*(
-                                _ms(figures[k]) for k in ("idle_posted_p50_s", "steady_posted_p50_s", "idle_opened_p50_s",
-                                                          "steady_opened_p50_s", "idle_first_event_p50_s",
-                                                          "steady_first_event_p50_s"))))
+                            "first event {} / {} ms".format(*("-" if w is None else f"{w:.1f}" for w in waits)))
     errors = a_batch.errors()
     if errors:
         report.note("fairness", f"A errors: {'; '.join(errors[:3])}")

@@ -30,7 +30,7 @@ turn every 0.25 s; B's first event p50 idle 13-27 ms; 2 cores):
 
     target   B's first event during the flood   A's 500 turns done after   cores busy
     20 ms    176-240 ms                         22-35 s                    ~95%
-    10 ms    121-129 ms                         26-34 s
+    10 ms    121-129 ms                         26-34 s                    not measured
      5 ms    77-87 ms                           35-45 s                    75-95%
      2 ms    30-50 ms                           46-54 s                    60-70%
 

@@ -87,3 +87,14 @@ def test_the_steady_fairness_sampler_spreads_turns_over_the_flood_without_waitin
     assert len(timings) == len(started) == 5
     gaps = [b - a for a, b in zip(started, started[1:])]
     assert all(0.15 < g < 0.6 for g in gaps), gaps
+
+
+def test_a_setting_to_compare_reaches_kortex_and_what_the_bench_owns_is_refused(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from bench.stack import overrides
+
+    monkeypatch.setenv("KORTEX_BENCH_SET_TURN__LOOP_LAG_TARGET_MS", "20")
+    assert overrides() == {"KORTEX_TURN__LOOP_LAG_TARGET_MS": "20"}
+    monkeypatch.setenv("KORTEX_BENCH_SET_DATABASE_URL", "postgresql://elsewhere/db")
+    with pytest.raises(SystemExit, match="KORTEX_DATABASE_URL itself"):
+        overrides()
