@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import redis
 
 from tests.integration.conftest import PG_ADMIN, REDIS_URL, ROOT, Service, service_env
 from tests.integration.redisproc import private_database
@@ -115,7 +116,8 @@ def test_a_worker_builds_its_container_as_it_starts_in_each_process_that_runs_ta
     assert len(set(children)) == len(children) and worker.proc.pid not in children
     # the threads pool (`kortex worker`'s default): the worker's own process, with no task sent
     # (a private prefix: it must not take the session's messages)
-    env = service_env(pg_url, f"{redis_prefix}-start")
+    prefix = f"{redis_prefix}-start"
+    env = service_env(pg_url, prefix)
     threads = Service("turns worker", [sys.executable, "-m", "kortex_cli.main", "worker", "--queues", "turns"],
                       env, tmp_path / "worker.log")
     try:
@@ -123,3 +125,8 @@ def test_a_worker_builds_its_container_as_it_starts_in_each_process_that_runs_ta
         assert _built_in(threads.output()) == [threads.proc.pid]
     finally:
         threads.stop()
+        client = redis.Redis.from_url(REDIS_URL)
+        left = list(client.scan_iter(match=f"{prefix}:*"))  # what the worker declared
+        if left:
+            client.delete(*left)
+        client.close()
