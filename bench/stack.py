@@ -34,20 +34,6 @@ import redis
 ROOT = Path(__file__).resolve().parents[1]
 PG_ADMIN = os.environ.get("KORTEX_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("KORTEX_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-SET_PREFIX = "KORTEX_BENCH_SET_"
-# what the bench owns and removes on exit: not for KORTEX_BENCH_SET_ to move
-_OWN = ("DATABASE_URL", "REDIS_URL", "REDIS_PREFIX", "HOME")
-
-
-def overrides() -> dict[str, str]:
-    """``KORTEX_BENCH_SET_<NAME>=v``: the stack runs with ``KORTEX_<NAME>=v`` (a setting to
-    compare with its default). The database, Redis and home the bench makes and removes are
-    its own."""
-    found = {"KORTEX_" + k[len(SET_PREFIX):]: v for k, v in os.environ.items() if k.startswith(SET_PREFIX)}
-    owned = sorted(k for k in found if k[len("KORTEX_"):] in _OWN)
-    if owned:
-        raise SystemExit(f"bench: the bench makes and removes {', '.join(owned)} itself; {SET_PREFIX} cannot set it")
-    return found
 PYTHON = sys.executable
 # `kortex` as the README runs it: the console script next to this interpreter (a venv's bin/).
 _SCRIPT = Path(PYTHON).with_name("kortex")
@@ -303,6 +289,22 @@ class Limits:
             "KORTEX_LLM__BUDGET__DAILY_USD_LIMIT": "1000000",
             "KORTEX_TURN__MAX_STREAMS_PER_TENANT": str(self.streams),
         }
+
+
+SET_PREFIX = "KORTEX_BENCH_SET_"
+# what the bench owns and removes on exit: not for KORTEX_BENCH_SET_ to move
+_OWN = ("DATABASE_URL", "REDIS_URL", "REDIS_PREFIX", "HOME")
+
+
+def overrides() -> dict[str, str]:
+    """``KORTEX_BENCH_SET_<NAME>=v``: the stack runs with ``KORTEX_<NAME>=v`` (a setting to
+    compare with its default). The database, Redis and home the bench makes and removes are
+    its own."""
+    found = {"KORTEX_" + k[len(SET_PREFIX):]: v for k, v in os.environ.items() if k.startswith(SET_PREFIX)}
+    owned = sorted(k for k in found if k[len("KORTEX_"):] in _OWN)
+    if owned:
+        raise SystemExit(f"bench: the bench makes and removes {', '.join(owned)} itself; {SET_PREFIX} cannot set it")
+    return found
 
 
 def kortex_env(pg_url: str, prefix: str, fake_url: str, home: Path, limits: Limits) -> dict[str, str]:
