@@ -20,7 +20,7 @@ from api import errors, openapi
 from api.deps import AcceptedTurns, AuthCache, Lanes
 from api.routes import health, ingest, keys, llm, metrics, postmortems, proposals, sessions, tools, turns
 from api.sse import StreamSlots
-from kortex import events, heap, logcontext, logsafe, tracing
+from kortex import events, heap, logcontext, logsafe, switching, tracing
 from kortex.config import Settings, load_settings
 from kortex.container import Kortex, redis_factory
 from kortex.health import prepare_embedded
@@ -174,6 +174,7 @@ def create_app(settings: Settings | None = None, *, dispatch: Callable[[Handoff]
         app.state.lanes = Lanes(k.db.max_connections)
         if settings.settle_heap:
             heap.settle()  # started: what exists now lives as long as the process (kortex/heap.py)
+        switching.apply(settings.switch_interval_ms)
         try:
             yield
         finally:

@@ -480,6 +480,9 @@ class Settings(BaseSettings):
     # Servers (API, workers, beat) freeze their start-up heap and collect garbage less often
     # once started (kortex/heap.py): collections stalled the stream hub for 100+ ms.
     settle_heap: bool = True
+    # Servers let a waking thread take the GIL after this long, not CPython's 5 ms: every
+    # step and post crosses threads several times (kortex/switching.py).
+    switch_interval_ms: float = Field(1.0, ge=0.1, le=100.0)
     llm: LLMSettings = Field(default_factory=LLMSettings)
     tools: ToolPolicySettings = Field(default_factory=ToolPolicySettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)

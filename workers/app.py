@@ -14,7 +14,7 @@ from celery import Celery
 from celery.signals import worker_init, worker_process_init, worker_process_shutdown, worker_ready
 from kombu import Queue as KombuQueue
 
-from kortex import heap
+from kortex import heap, switching
 from kortex.config import Settings, load_settings
 from workers import pool
 from workers.broker import TRANSPORT
@@ -133,6 +133,13 @@ def _settle_heap_before_fork(sender: Any = None, **_: Any) -> None:
     collections then never walk (nor copy, page by page, out of the parent's memory)."""
     if app.conf.kortex_settings.settle_heap:
         heap.settle()  # kortex/heap.py
+
+
+@worker_init.connect
+def _switch_sooner(sender: Any = None, **_: Any) -> None:
+    """Before the pool's threads start (prefork children inherit it): a thread that wakes in
+    this worker waits at most ``switch_interval_ms`` for the GIL (kortex/switching.py)."""
+    switching.apply(app.conf.kortex_settings.switch_interval_ms)
 
 
 @worker_ready.connect
