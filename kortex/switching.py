@@ -5,11 +5,15 @@ database threads (api/deps.py), the turns worker's Celery threads, its event loo
 I/O threads (kortex/turns/engine.py). A thread that wakes (its SQL answered, a step handed
 over) must take the GIL from whichever thread is running Python, and CPython makes it wait
 for that thread's switch interval: 5 ms by default. A tenant's first event crosses four or
-five such hand-offs, so while another tenant floods the process each of them waited out
-most of an interval. With 1 ms (``switch_interval_ms``), tenant B's first event during
-tenant A's flood of 500 paced turns (``./dev bench --only fairness``, four runs each) came
-after 33-35 ms instead of 40-41 (idle: 16-17 ms); CPU per turn did not move (paced N=100:
-64.1 against 63.6 ms; zero-latency turns 36.0 against 36.4 ms).
+five such hand-offs.
+
+Measured with ``./dev bench --only fairness`` (tenant B's first event p50 while tenant A
+floods 500 paced turns; idle 15-19 ms), runs alternating between 1 and 5 ms: with another
+process on the host taking a fifth of a core (a /proc sampler left running), 32.5-34.7 ms at
+1 ms against 40.1-41.3 at 5 ms (five runs and three); on an otherwise quiet host no
+difference beyond the noise (34.9-39.8 against 35.6-46.8, medians 37.1 and 38.1, five
+pairs). CPU per turn did not move (sampler running; paced N=100: 64.1 against 63.6 ms; zero-latency turns
+36.0 against 36.4 ms). So it is the default: hosts are seldom quiet, and it costs nothing.
 """
 
 from __future__ import annotations
