@@ -12,8 +12,9 @@ floods 500 paced turns; idle 15-19 ms), runs alternating between 1 and 5 ms: wit
 process on the host taking a fifth of a core (a /proc sampler left running), 32.5-34.7 ms at
 1 ms against 40.1-41.3 at 5 ms (five runs and three); on an otherwise quiet host no
 difference beyond the noise (34.9-39.8 against 35.6-46.8, medians 37.1 and 38.1, five
-pairs). CPU per turn did not move (sampler running; paced N=100: 64.1 against 63.6 ms; zero-latency turns
-36.0 against 36.4 ms). So it is the default: hosts are seldom quiet, and it costs nothing.
+pairs). CPU per turn did not move (sampler running; paced N=100: 64.1 against 63.6 ms;
+zero-latency turns 36.0 against 36.4 ms). So it is the default: hosts are seldom quiet, and
+it costs nothing.
 """
 
 from __future__ import annotations
