@@ -9,7 +9,7 @@ five such hand-offs.
 
 Measured with ``./dev bench --only fairness`` (tenant B's first event p50 while tenant A
 floods 500 paced turns; idle 15-19 ms), runs alternating between 1 and 5 ms: with another
-process on the host taking a fifth of a core (a /proc sampler left running), 32.5-34.7 ms at
+process on the host taking a tenth of a core (a /proc sampler left running), 32.5-34.7 ms at
 1 ms against 40.1-41.3 at 5 ms (five runs and three); on an otherwise quiet host no
 difference beyond the noise (34.9-39.8 against 35.6-46.8, medians 37.1 and 38.1, five
 pairs). CPU per turn did not move (sampler running; paced N=100: 64.1 against 63.6 ms;
