@@ -11,7 +11,7 @@ import os
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_init, worker_process_init, worker_process_shutdown, worker_ready
+from celery.signals import worker_init, worker_process_shutdown
 from kombu import Queue as KombuQueue
 
 from kortex import heap, switching
@@ -140,21 +140,6 @@ def _switch_sooner(sender: Any = None, **_: Any) -> None:
     """Before the pool's threads start (prefork children inherit it): a thread that wakes in
     this worker waits at most ``switch_interval_ms`` for the GIL (kortex/switching.py)."""
     switching.apply(app.conf.kortex_settings.switch_interval_ms)
-
-
-@worker_ready.connect
-def _settle_heap(sender: Any = None, **_: Any) -> None:
-    """The worker has started (a threads or gevent pool runs its tasks in this process, and
-    built its pool and consumer since worker_init)."""
-    if app.conf.kortex_settings.settle_heap:
-        heap.settle()
-
-
-@worker_process_init.connect
-def _settle_child_heap(**_: Any) -> None:
-    """A prefork child, forked from a settled parent: it settles what it has added since."""
-    if app.conf.kortex_settings.settle_heap:
-        heap.settle()
 
 
 @worker_process_shutdown.connect

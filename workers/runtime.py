@@ -99,8 +99,12 @@ def _build_on_start(sender: Any = None, **_: Any) -> None:
     first message arrives: a fresh stack's first turn (after a deploy, say) waited for the
     pools, the engine and Celery's backend lookup (first event 346-354 ms, done 530-561 ms;
     since, 89-129 and 246-313 ms; later turns 24-100 ms). A prefork parent runs no task: its
-    children build theirs once forked (worker_process_init)."""
+    children build theirs once forked (worker_process_init). Either way the heap is settled
+    once the process has what it keeps (kortex/heap.py)."""
     if type(getattr(sender, "pool", None)).__module__ == "celery.concurrency.prefork":
+        from workers.app import app
+
+        _settle(app.conf.kortex_settings)  # its pool and consumer, built since worker_init
         return
     _build_soon()
 
@@ -118,10 +122,14 @@ def _build_soon() -> None:
     threading.Thread(target=build, name="kortex-build", daemon=True).start()
 
 
+def _settle(settings: Settings) -> None:
+    if settings.settle_heap:
+        heap.settle()
+
+
 def build() -> None:
-    """Build this process's container now (once built, it is settled with the rest of the
-    heap); if that fails (the database is down, say), the first task tries again and reports
-    what is wrong."""
+    """Build this process's container now, then settle the heap with it; if the build fails
+    (the database is down, say), the first task tries again and reports what is wrong."""
     from workers.app import app
 
     settings: Settings = app.conf.kortex_settings
@@ -130,9 +138,7 @@ def build() -> None:
     except Exception:
         log.warning("could not build this process's Kortex container at start; its first task will try again",
                     exc_info=True)
-        return
-    if settings.settle_heap:
-        heap.settle()
+    _settle(settings)
 
 
 @after_setup_logger.connect
