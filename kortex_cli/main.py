@@ -20,9 +20,12 @@ from kortex.config import Settings, load_settings
 from kortex.errors import KortexError
 from kortex_cli.postmortem import app as postmortem_app
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Kortex: an LLM that investigates "
-                  "production problems with read-only tools and answers with evidence.")
-admin = typer.Typer(no_args_is_help=True, help="Tenants and API keys.")
+# "markdown": a docstring's paragraphs are rewrapped to the terminal's width; Typer's rich mode
+# kept the source's line breaks, so a command's help broke off mid-sentence.
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode="markdown",
+                  help="Kortex: an LLM that investigates production problems with read-only tools and answers "
+                       "with evidence.")
+admin = typer.Typer(no_args_is_help=True, rich_markup_mode="markdown", help="Tenants and API keys.")
 app.add_typer(admin, name="admin")
 app.add_typer(postmortem_app, name="postmortem")
 console = Console(highlight=False)

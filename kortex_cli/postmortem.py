@@ -15,7 +15,7 @@ from rich.table import Table
 
 from kortex.errors import KortexError, NotFound
 
-app = typer.Typer(no_args_is_help=True, help="Batch post-mortems of past incidents.")
+app = typer.Typer(no_args_is_help=True, rich_markup_mode="markdown", help="Batch post-mortems of past incidents.")
 console = Console()
 ENDED = ("done", "failed", "skipped", "cancelled")
 POLL_S = 0.5

@@ -198,3 +198,18 @@ def _response(conn: socket.socket) -> bytes:
             break
         body += chunk
     return head + b"\r\n\r\n" + body
+
+
+@pytest.mark.parametrize("args, sentence", [
+    ([], "Run the watchdog process: fails expired turns and re-enqueues lost work. Safe to run more than one: "
+         "one leads at a time, another takes over when it dies."),
+    (["worker"], "One process per core: a turns worker streams up to turn.max_inflight_steps LLM steps at once "
+                 "on its event loop whatever its slots, so its slots only hand steps over; a tools worker runs one "
+                 "tool call per slot."),
+])
+def test_help_rewraps_a_docstring_to_the_terminal_instead_of_keeping_its_line_breaks(
+        args: list[str], sentence: str) -> None:
+    # Wide enough that only the docstring's own line breaks could split the sentence.
+    result = CliRunner().invoke(app, [*args, "--help"], env={"COLUMNS": "400"}, catch_exceptions=False)
+    assert result.exit_code == 0
+    assert any(sentence in line for line in result.output.splitlines()), result.output
