@@ -4,7 +4,7 @@ kortex/turns/follow.py decides to send (replay, live entries, a rebuilt or synth
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -55,7 +55,7 @@ class HeldStream(StreamingResponse):
                  headers: dict[str, str]) -> None:
         slots.take(tenant_id)  # RateLimited (429) past the tenant's cap, before any byte is sent
         super().__init__(body, media_type="text/event-stream", headers=headers)
-        self._release = lambda: slots.give_back(tenant_id)
+        self._release: Callable[[], None] = lambda: slots.give_back(tenant_id)
         metrics.SSE_OPEN.inc()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -84,13 +84,14 @@ def run(args: Any) -> dict[str, Any]:
         statements: list[int] = []
         latencies: list[float] = []
         try:
-            with TestClient(create_app(settings)) as client:
+            app = create_app(settings)
+            with TestClient(app) as client:
                 counter = [0]
 
                 def count(*_: Any) -> None:
                     counter[0] += 1
 
-                event.listen(client.app.state.kortex.db.engine, "before_cursor_execute", count)
+                event.listen(app.state.kortex.db.engine, "before_cursor_execute", count)
                 headers = {"Authorization": f"Bearer {key}"}
                 for n, sid in enumerate(sessions):
                     counter[0] = 0

@@ -36,7 +36,8 @@ def _p50_ms(fn: object, n: int) -> float:
 
 
 def run(report: Report, iterations: int = 3000) -> None:
-    settings = Settings(llm={"providers": {"anthropic": {"api_key": "bench"}, "openai": {"api_key": "bench"}}})
+    settings = Settings.model_validate({"llm": {"providers": {"anthropic": {"api_key": "bench"},
+                                                              "openai": {"api_key": "bench"}}}})
     registry = ProviderRegistry(settings, BUILTIN_PROVIDERS)
     router = Router(settings)
     history = _history()

@@ -10,7 +10,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -32,7 +32,7 @@ console = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
 
 
-def _fail(message: str, code: int = 1) -> None:
+def _fail(message: str, code: int = 1) -> NoReturn:
     err.print(f"[red]error:[/red] {message}", soft_wrap=True)  # one line, however narrow the terminal
     raise typer.Exit(code)
 

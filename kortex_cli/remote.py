@@ -62,7 +62,7 @@ class RemoteClient:
 
 def parse_sse(lines: Iterator[str]) -> Iterator[tuple[str, str | None, str]]:
     """(event, id, data) per SSE message; comments (heartbeats) are skipped."""
-    event, eid, data = "message", None, []
+    event, eid, data = "message", None, list[str]()
     for line in lines:
         if line == "":
             if data:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rich.console import Console
 from rich.markup import escape
@@ -20,7 +20,11 @@ from kortex.timeparse import utcnow
 from kortex.turns import chat
 from kortex_cli.render import EventPrinter
 
+if TYPE_CHECKING:
+    from kortex.keys import KeyInfo
+
 DEMO_TENANT = "demo"
+T = TypeVar("T")
 
 
 @contextlib.contextmanager
@@ -189,10 +193,10 @@ def issue_key(name: str, role: str = "admin") -> str:
     return _with_container(work)
 
 
-def list_keys(name: str) -> list[Any]:
+def list_keys(name: str) -> list[KeyInfo]:
     from kortex import keys
 
-    return _with_container(lambda k: keys.list_keys(k, keys.tenant_by_name(k, name).id))  # type: ignore[no-any-return]
+    return _with_container(lambda k: keys.list_keys(k, keys.tenant_by_name(k, name).id))
 
 
 def revoke_key(name: str, key_id: str) -> Any:
@@ -213,7 +217,7 @@ def set_tenant_disabled(name: str, disabled: bool) -> Any:
     return _with_container(lambda k: keys.set_tenant_disabled(k, name, disabled, by="cli"))
 
 
-def _with_container(work: Any) -> Any:
+def _with_container(work: Callable[[Kortex], T]) -> T:
     settings = load_settings()
     upgrade(settings.effective_database_url)
     k = Kortex.create(settings)

@@ -20,7 +20,7 @@ from typing import Any
 from kombu.transport import redis as kombu_redis
 
 
-class Channel(kombu_redis.Channel):  # type: ignore[misc]
+class Channel(kombu_redis.Channel):
     _kx_client: Any = None
     _kx_pool: Any = None
     no_ack_consumers: set[str] | None = None
@@ -54,7 +54,7 @@ class Channel(kombu_redis.Channel):  # type: ignore[misc]
         return self._kx_client
 
 
-class Transport(kombu_redis.Transport):  # type: ignore[misc]
+class Transport(kombu_redis.Transport):
     Channel = Channel
 
 

@@ -7,6 +7,7 @@ after one was made is 409; any decision after the proposal expired is 410."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -85,7 +86,7 @@ def get_proposal(proposal_id: str, k: KortexDep, tenant: TenantDep) -> ProposalO
     return ProposalOut.of(k.proposals.get(tenant.id, object_id(proposal_id, "proposal")))
 
 
-def _answer(decide: Any, response: Response) -> Any:
+def _answer(decide: Callable[[], DecisionOutcome], response: Response) -> ProposalOut | JSONResponse:
     try:
         outcome: DecisionOutcome = decide()
     except Conflict as exc:

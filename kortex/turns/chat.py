@@ -17,7 +17,9 @@ from kortex.errors import Conflict, InvalidInput, StreamError
 from kortex.messages import Usage
 from kortex.storage import audit, chats, posting, turns
 from kortex.storage.audit import AuditEntry
-from kortex.storage.records import MessageRecord, SessionRecord, TurnRecord
+from kortex.storage.records import MessageRecord as MessageRecord  # the records this door hands out
+from kortex.storage.records import SessionRecord as SessionRecord
+from kortex.storage.records import TurnRecord as TurnRecord
 from kortex.storage.turns import ONE_STATEMENT_WRITE
 from kortex.turns.admission import Admitted, past_busy_mark
 from kortex.turns.handoff import NOTHING, Handoff, StepDispatch
