@@ -1,5 +1,7 @@
 """Fairness: tenant B's trivial turns, one at a time, first while the stack is idle and then
 while tenant A floods it with paced turns (A's concurrent-turn limit raised to cover them).
+B's idle figure is taken on a warm stack (after ``WARMUP`` turns), before the flood and again
+once A's turns are over, the two sets together.
 
 B's figure is client POST -> first SSE event (and first text), p50 over its turns; the goal
 (issue 9) is B's p50 during the flood <= 1.5x idle. During the flood B samples two ways at once:
@@ -30,6 +32,12 @@ from bench.stack import BenchEnv, pct, progress
 
 B_TURN_LIMIT = 60.0
 STEADY_EVERY = 0.25  # seconds between two steady B turns during the flood
+# B's turns before its idle samples. A new stack's first turns are slower: after three warm-up
+# turns, B's first three idle samples took 10-11 ms and most after the tenth 5-7 ms (psycopg
+# prepares a statement after five uses on a connection; the processes' paths warm up). The idle
+# p50 swung 6.7-9.6 ms between runs of the same code; with these warm-up turns and the samples
+# after the flood, 7.2-8.0 ms over three runs.
+WARMUP = 20
 
 
 async def _b_turn(client: KortexClient, sid: str, timing: TurnTiming, limit: float) -> TurnTiming:
@@ -79,9 +87,10 @@ async def _measure(url: str, key_a: str, key_b: str, flood: int, samples: int, b
     async with session() as http:
         a = KortexClient(http, url, key_a)
         b = KortexClient(http, url, key_b)
-        for sid in await b.create_sessions("anthropic:bench-trivial", 3):  # warm-up
+        for sid in await b.create_sessions("anthropic:bench-trivial", WARMUP):
             await b.turn(sid, "warm up")
         idle = await _b_turns(b, await b.create_sessions("anthropic:bench-trivial", samples), None)
+        after_sessions = await b.create_sessions("anthropic:bench-trivial", samples)
         a_sessions = await a.create_sessions("anthropic:bench-paced", flood)
         b_sessions = await b.create_sessions("anthropic:bench-trivial", samples)
         steady_sessions = await b.create_sessions("anthropic:bench-trivial", steady)
@@ -96,7 +105,11 @@ async def _measure(url: str, key_a: str, key_b: str, flood: int, samples: int, b
                                               _b_steady(b, steady_sessions, stop, min(B_TURN_LIMIT, budget)))
         b_span = time.perf_counter() - started
         a_batch: Batch = await flood_task
-    return {"idle": idle, "during": during, "steady": spread, "a": a_batch, "b_span_s": b_span}
+        # Idle again once A's turns are over (not if the flood was cut short: they still run):
+        # the same stack, as warm as the flood found it.
+        after = [] if a_batch.timed_out else await _b_turns(b, after_sessions, None)
+    return {"idle": [*idle, *after], "idle_before": idle, "idle_after": after, "during": during, "steady": spread,
+            "a": a_batch, "b_span_s": b_span}
 
 
 def run(env: BenchEnv, report: Report, flood: int, samples: int, min_budget: float = 60.0, steady: int = 120) -> None:
@@ -109,6 +122,8 @@ def run(env: BenchEnv, report: Report, flood: int, samples: int, min_budget: flo
     cap = min(B_TURN_LIMIT, budget)
     figures = {
         "idle_first_event_p50_s": pct(_first(idle, "first_event", B_TURN_LIMIT), 0.5),
+        "idle_before_first_event_p50_s": pct(_first(got["idle_before"], "first_event", B_TURN_LIMIT), 0.5),
+        "idle_after_first_event_p50_s": pct(_first(got["idle_after"], "first_event", B_TURN_LIMIT), 0.5),
         "flood_first_event_p50_s": pct(_first(during, "first_event", cap), 0.5),
         "steady_first_event_p50_s": pct(_first(spread, "first_event", cap), 0.5),
         "steady_first_event_p90_s": pct(_first(spread, "first_event", cap), 0.9),
@@ -143,7 +158,11 @@ def run(env: BenchEnv, report: Report, flood: int, samples: int, min_budget: flo
     a_took = f", the last after {a_batch.wall:.1f} s" if a_batch.wall is not None else ""
     report.note("fairness", f"A flooded {flood} paced turns at once ({figures['a_finished']} finished within the "
                             f"flood's limit{a_took}); B sent {samples} trivial turns idle one at a time, then during the flood "
-                            f"{len(spread)} one every {STEADY_EVERY:g} s and {len(during)} one at a time")
+                            f"{len(spread)} one every {STEADY_EVERY:g} s and {len(during)} one at a time, then "
+                            f"{len(got['idle_after'])} idle again")
+    report.note("fairness", "B idle first event p50 before / after the flood: {} / {} ms".format(
+        *("-" if w is None else f"{w:.1f}" for w in (_ms(figures["idle_before_first_event_p50_s"]),
+                                                     _ms(figures["idle_after_first_event_p50_s"])))))
     waits = [_ms(figures[k]) for k in ("idle_posted_p50_s", "steady_posted_p50_s", "idle_opened_p50_s",
                                        "steady_opened_p50_s", "idle_first_event_p50_s", "steady_first_event_p50_s")]
     report.note("fairness", "B p50 idle / during the flood (steady): POST answered {} / {} ms, stream open {} / {} ms, "
