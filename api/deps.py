@@ -77,10 +77,16 @@ class AuthCache(TTLCache[str, Caller]):
     """Recently verified keys, so a stream of requests costs one database lookup per key and TTL.
     Only keys that authenticated are kept (a refused key is looked up every time), so a revoked
     key, or a key of a tenant since disabled, stops working within ``ttl`` seconds (30 s by
-    default; README, "Configuration")."""
+    default; README, "Configuration"). ``generation`` moves with every ``clear`` (a revocation):
+    a key verified under an older one may have been revoked since (api/revocation.py)."""
 
     def __init__(self, ttl: float = 30.0, size: int = 10_000) -> None:
         super().__init__(ttl, size)
+        self.generation = 0
+
+    def clear(self) -> None:
+        self.generation += 1
+        super().clear()
 
 
 class AcceptedTurns(TTLCache[tuple[str, str], TurnRecord]):
@@ -189,12 +195,15 @@ async def current_caller(
     if not key:
         raise AuthError("send 'Authorization: Bearer <api key>'")
     cache: AuthCache = request.app.state.auth_cache
+    # Read first: a key verified while a revocation clears the cache counts as verified before it.
+    generation = cache.generation
     digest = hashlib.sha256(key.encode()).hexdigest()
     caller = cache.get(digest)
     if caller is None:
         caller = await run_in_threadpool(authenticate, request.app.state.kortex, key)
         cache.put(digest, caller)
     request.state.caller = caller
+    request.state.auth_generation = generation
     logcontext.bind(tenant_id=caller.tenant.id)  # the rest of this request's records name its tenant
     return caller
 

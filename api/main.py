@@ -16,15 +16,15 @@ from fastapi import FastAPI
 from opentelemetry.trace import SpanKind
 from starlette.concurrency import run_in_threadpool
 
-from api import errors, openapi
+from api import errors, openapi, revocation
 from api.deps import AcceptedTurns, AuthCache, Lanes
+from api.revocation import OpenStreams
 from api.routes import health, ingest, keys, llm, metrics, postmortems, proposals, sessions, tools, turns
 from api.sse import StreamSlots
 from kortex import events, heap, logcontext, logsafe, switching, tracing
 from kortex.config import Settings, load_settings
 from kortex.container import Kortex, redis_factory
 from kortex.health import prepare_embedded
-from kortex.keys import revocation_epoch
 from kortex.stream.hub import StreamHub
 from kortex.turns.handoff import Handoff
 
@@ -120,21 +120,6 @@ def _setup_logging(settings: Settings) -> None:
         logcontext.configure(logging.getLogger(name))
 
 
-async def _watch_revocations(k: Kortex, cache: AuthCache, every: float = 1.0) -> None:
-    """Forget verified keys when a key is revoked or a tenant disabled anywhere (kortex/keys.py):
-    a revoked key stops working within about ``every`` seconds on every API process."""
-    seen: int | None = None
-    while True:
-        try:
-            epoch = await run_in_threadpool(revocation_epoch, k.redis, k.settings.redis_prefix)
-            if seen is not None and epoch != seen:
-                cache.clear()
-            seen = epoch
-        except Exception:  # Redis is down: keys still expire from the cache with its TTL
-            log.debug("could not read the key revocation epoch", exc_info=True)
-        await asyncio.sleep(every)
-
-
 def create_app(settings: Settings | None = None, *, dispatch: Callable[[Handoff], None] | None = None,
                embedded_worker: bool | None = None) -> FastAPI:
     settings = settings or load_settings()
@@ -168,7 +153,8 @@ def create_app(settings: Settings | None = None, *, dispatch: Callable[[Handoff]
         app.state.hub = hub
         app.state.auth_cache = AuthCache()
         app.state.accepted_turns = AcceptedTurns()
-        watcher = asyncio.create_task(_watch_revocations(k, app.state.auth_cache))
+        app.state.open_streams = OpenStreams()
+        watcher = asyncio.create_task(revocation.watch(k, app.state.auth_cache, app.state.open_streams))
         app.state.heartbeat = settings.turn.heartbeat
         app.state.stream_slots = StreamSlots(settings.turn.max_streams_per_tenant)
         app.state.lanes = Lanes(k.db.max_connections)

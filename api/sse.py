@@ -9,11 +9,12 @@ from collections.abc import AsyncIterator, Callable
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from api.revocation import REVOKED, StreamGate
 from kortex import metrics
 from kortex.container import Kortex
 from kortex.errors import RateLimited
 from kortex.stream.entries import Entry, entry_age, resume_id
-from kortex.stream.hub import StreamHub, SubscriptionOverflow
+from kortex.stream.hub import StreamHub, SubscriptionEnded, SubscriptionOverflow
 from kortex.turns.follow import TurnRecord, follow
 
 log = logging.getLogger(__name__)
@@ -51,11 +52,12 @@ class HeldStream(StreamingResponse):
     the body generator would leak when the client leaves before the first chunk, as a
     generator that never started runs no ``finally``.)"""
 
-    def __init__(self, body: AsyncIterator[str], *, slots: StreamSlots, tenant_id: str,
+    def __init__(self, body: AsyncIterator[str], *, slots: StreamSlots, tenant_id: str, gate: StreamGate,
                  headers: dict[str, str]) -> None:
         slots.take(tenant_id)  # RateLimited (429) past the tenant's cap, before any byte is sent
         super().__init__(body, media_type="text/event-stream", headers=headers)
         self._release: Callable[[], None] = lambda: slots.give_back(tenant_id)
+        self._gate = gate
         metrics.SSE_OPEN.inc()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -63,6 +65,7 @@ class HeldStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self._release()
+            self._gate.close()
             metrics.SSE_OPEN.dec()
 
 
@@ -86,12 +89,16 @@ def resume_point(last_event_id: str | None) -> str:
 
 
 async def turn_events(
-    k: Kortex, hub: StreamHub, turn: TurnRecord, last_event_id: str | None, heartbeat: float
+    k: Kortex, hub: StreamHub, turn: TurnRecord, last_event_id: str | None, heartbeat: float, gate: StreamGate
 ) -> AsyncIterator[str]:
-    """The turn's events as SSE text; what to send is kortex/turns/follow.py's to decide."""
+    """The turn's events as SSE text; what to send is kortex/turns/follow.py's to decide. Ends
+    when ``gate`` does (the key that opened the stream was revoked)."""
     yield "retry: 2000\n\n"
     try:
-        async for batch in follow(k, hub, turn, resume_point(last_event_id), heartbeat):
+        async for batch in follow(k, hub, turn, resume_point(last_event_id), heartbeat, watch=gate.watch):
+            if gate.ended:  # a replay from the database has no subscription to end
+                log.info("ending event stream of turn %s: %s", turn.id, REVOKED)
+                return
             if batch is None:
                 yield ": keepalive\n\n"
             elif batch:
@@ -101,6 +108,7 @@ async def turn_events(
                 if lag is not None and lag < 60:
                     metrics.STREAM_LAG.observe(lag)
                 yield format_entries(batch)[0]  # everything buffered in one socket write
-    except (SubscriptionOverflow, ConnectionError) as exc:
-        # The client reconnects with its Last-Event-ID and loses nothing.
+    except (SubscriptionOverflow, ConnectionError, SubscriptionEnded) as exc:
+        # The client reconnects with its Last-Event-ID and loses nothing (or, once its key was
+        # revoked, is refused).
         log.info("ending event stream of turn %s: %s", turn.id, exc)

@@ -11,6 +11,7 @@ Redis) only the process that made the change forgets at once; others within the 
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -165,6 +166,13 @@ def authenticate(k: Kortex, key: str) -> Caller:
         return tenants.authenticate(conn, key)
 
 
+def valid_key_ids(k: Kortex, key_ids: Collection[str]) -> set[str]:
+    """Those of ``key_ids`` that still authenticate (one query): what an API process checks its
+    open event streams against when keys are revoked anywhere."""
+    with k.db.connect() as conn:
+        return tenants.valid_key_ids(conn, key_ids)
+
+
 def tenant_by_name(k: Kortex, name: str) -> TenantRecord:
     with k.db.connect() as conn:
         tenant = tenants.get_tenant_by_name(conn, name)
@@ -174,4 +182,4 @@ def tenant_by_name(k: Kortex, name: str) -> TenantRecord:
 
 
 __all__ = ["MANAGERS", "Caller", "KeyInfo", "TenantRecord", "authenticate", "create_key", "epoch_key", "list_keys", "revocation_epoch", "revoke_key", "rotate_key",
-           "set_tenant_disabled", "tenant_by_name"]
+           "set_tenant_disabled", "tenant_by_name", "valid_key_ids"]

@@ -17,6 +17,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.deps import CallerDep, KortexDep, TenantDep, allowed, object_id
 from api.openapi import ERRORS
+from api.revocation import open_stream
 from kortex.access import Permission
 from kortex.errors import InvalidInput
 from kortex.postmortems import jobs
@@ -209,22 +210,29 @@ async def job_events(
     async def feed() -> AsyncIterator[bytes]:
         cursor = after
         until = time.monotonic() + MAX_FEED_S
-        while time.monotonic() < until:
-            page = await run_in_threadpool(jobs.progress, k, tenant.id, job_id, cursor)
-            for event in page.events:
-                item = page.items.get(event.item_id) if event.item_id else None
-                data = ItemOut.of(item).model_dump(mode="json") if item is not None else \
-                    JobOut.of(page.view).model_dump(mode="json")
-                yield _sse(event.kind, event.seq, data)
-                cursor = event.seq
-            if page.over:
-                return
-            if await request.is_disconnected():
-                return
-            if not page.events:
-                yield b": keepalive\n\n"
-                await asyncio.sleep(POLL_S)
-        # A feed held open longer than this ends; the client resumes with Last-Event-ID.
+        gate = open_stream(request)  # here: a feed that never starts has nothing to close
+        try:
+            while time.monotonic() < until and not gate.ended:
+                page = await run_in_threadpool(jobs.progress, k, tenant.id, job_id, cursor)
+                if gate.ended:  # revoked during the read
+                    break
+                for event in page.events:
+                    item = page.items.get(event.item_id) if event.item_id else None
+                    data = ItemOut.of(item).model_dump(mode="json") if item is not None else \
+                        JobOut.of(page.view).model_dump(mode="json")
+                    yield _sse(event.kind, event.seq, data)
+                    cursor = event.seq
+                if page.over:
+                    return
+                if await request.is_disconnected():
+                    return
+                if not page.events:
+                    yield b": keepalive\n\n"
+                    await asyncio.sleep(POLL_S)
+            # A feed held open longer than MAX_FEED_S ends; the client resumes with Last-Event-ID.
+            # One whose key was revoked ends too, and its reconnection is refused.
+        finally:
+            gate.close()
 
     return StreamingResponse(feed(), media_type="text/event-stream", headers=SSE_HEADERS)
 

@@ -9,6 +9,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from api.deps import AcceptedTurns, CallerDep, HubDep, KortexDep, TenantDep, allowed, object_id, remember
 from api.openapi import ERRORS
+from api.revocation import open_stream
 from api.schemas import CheckpointOut, RetryTurn, TurnAccepted, TurnOut
 from api.sse import HeldStream, resume_point, turn_events
 from kortex.access import Permission
@@ -94,5 +95,10 @@ async def stream_events(
     if turn.finished and after != START and await lane.run(tenant.id, nothing_left, k, turn, after):
         return Response(status_code=204)  # the client has every event: EventSource stops here
     heartbeat = request.app.state.heartbeat
-    return HeldStream(turn_events(k, hub, turn, last_event_id, heartbeat), slots=request.app.state.stream_slots,
-                      tenant_id=tenant.id, headers=SSE_HEADERS)
+    gate = open_stream(request)  # closed by HeldStream however the response ends
+    try:
+        return HeldStream(turn_events(k, hub, turn, last_event_id, heartbeat, gate),
+                          slots=request.app.state.stream_slots, tenant_id=tenant.id, gate=gate, headers=SSE_HEADERS)
+    except BaseException:  # refused (429): no stream to end
+        gate.close()
+        raise

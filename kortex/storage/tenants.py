@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
+from collections.abc import Collection
 from dataclasses import asdict, dataclass
 
 from sqlalchemy import select
@@ -72,6 +73,16 @@ def issue_api_key(conn: Connection, tenant_id: str, name: str = "default", role:
         )
     )
     return IssuedKey(tenant_id=tenant_id, key_id=key_id, key=f"kx_{key_id}_{secret}", role=role)
+
+
+def valid_key_ids(conn: Connection, key_ids: Collection[str]) -> set[str]:
+    """Those of ``key_ids`` that still authenticate: not revoked, their tenant not disabled."""
+    if not key_ids:
+        return set()
+    rows = conn.execute(select(api_keys.c.key_id).join(tenants, tenants.c.id == api_keys.c.tenant_id)
+                        .where(api_keys.c.key_id.in_(list(key_ids)), api_keys.c.revoked_at.is_(None),
+                               tenants.c.disabled.is_(False))).scalars()
+    return set(rows)
 
 
 def authenticate(conn: Connection, key: str) -> Caller:

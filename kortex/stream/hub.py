@@ -63,6 +63,10 @@ class SubscriptionOverflow(Exception):
     """A reader fell too far behind; it should reconnect with its last event id."""
 
 
+class SubscriptionEnded(Exception):
+    """The subscription was ended from outside: its reader may no longer read the stream."""
+
+
 def _raw(client: Redis) -> Redis:
     """The client, returning XREAD and XRANGE replies as Redis sent them (see entries_from_raw)."""
     setter = getattr(client, "set_response_callback", None)
@@ -125,6 +129,12 @@ class Subscription:
             self._fail(SubscriptionOverflow(f"reader of {self.key} is too far behind"))
         else:
             self._wake()
+
+    def end(self, reason: str) -> None:
+        """End this subscription now: what it buffered is dropped, and its reader's wait (now or
+        next) raises ``SubscriptionEnded``."""
+        self._items.clear()
+        self._fail(SubscriptionEnded(reason))
 
     def _fail(self, exc: BaseException) -> None:
         if not self._closed:

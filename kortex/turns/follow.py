@@ -14,7 +14,7 @@ The HTTP shell (api/sse.py) only formats what this yields. The decisions:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 
 from kortex.container import Kortex
@@ -22,7 +22,7 @@ from kortex.events import DoneEvent, done_status
 from kortex.messages import Usage
 from kortex.storage.records import TurnRecord
 from kortex.stream.entries import START, Entry, parse_id
-from kortex.stream.hub import StreamHub
+from kortex.stream.hub import StreamHub, Subscription
 from kortex.timeparse import utcnow
 from kortex.turns.chat import get_turn
 from kortex.turns.replay import replay_events
@@ -51,14 +51,17 @@ def closing_done(turn: TurnRecord, cursor: str) -> Entry:
     return Entry(id=f"{ms}-{seq + 1}", type="done", data=event.model_dump_json())
 
 
-async def follow(k: Kortex, hub: StreamHub, turn: TurnRecord, after: str, heartbeat: float
-                 ) -> AsyncIterator[list[Entry] | None]:
+async def follow(k: Kortex, hub: StreamHub, turn: TurnRecord, after: str, heartbeat: float,
+                 watch: Callable[[Subscription], None] | None = None) -> AsyncIterator[list[Entry] | None]:
     """Batches of entries in order, the last one ending with ``done``; None after ``heartbeat``
     seconds without any (a keepalive is due). ``turn`` was read just before the client's stream
     opened. Blocking reads run on the loop's default executor, never on the loop itself.
+    ``watch`` is given the live stream's subscription once it is open, so that the caller can
+    end it (``Subscription.end``: the reader's key was revoked).
 
     Raises the hub's ``SubscriptionOverflow`` or ``ConnectionError`` when it cannot keep up or
-    Redis goes away; the client reconnects with its last id and loses nothing."""
+    Redis goes away; the client reconnects with its last id and loses nothing. Raises
+    ``SubscriptionEnded`` once the subscription was ended from outside."""
     # An unfinished turn's stream is live (or not yet written): the hub waits for it, so only a
     # finished turn is checked for an expired stream (a new stream skips a Redis round trip and
     # a database read).
@@ -69,6 +72,8 @@ async def follow(k: Kortex, hub: StreamHub, turn: TurnRecord, after: str, heartb
         return
     cursor = after
     async with hub.subscribe(k.events.key(turn.id), after) as subscription:
+        if watch is not None:
+            watch(subscription)
         while True:
             entries = await subscription.get_many(timeout=heartbeat)
             if entries:

@@ -54,3 +54,17 @@ def test_a_disabled_tenant_is_refused_and_an_enabled_one_works_again(api_url, pg
     _refused_within(api_url, key, 5.0)
     _cli(pg_url, redis_prefix, "enable-tenant", "disabled-later")
     assert httpx.get(f"{api_url}/v1/tools", headers=auth(key)).status_code == 200
+
+
+def test_the_keys_of_open_streams_are_checked_in_one_query_on_postgresql(pg: Harness) -> None:
+    from kortex import keys
+
+    live, other = pg.tenant("stream-keys"), pg.tenant("stream-keys-off")
+    pg.api_key(live)  # admin keys stay, so the revocations below are allowed
+    pg.api_key(other)
+    kept, revoked, disabled = pg.api_key(live, role="chat"), pg.api_key(live, role="chat"), pg.api_key(other, role="chat")
+    keys.revoke_key(pg.k, live, revoked.split("_")[1], by="test")
+    keys.set_tenant_disabled(pg.k, "stream-keys-off", True, by="test")
+    asked = {kept.split("_")[1], revoked.split("_")[1], disabled.split("_")[1], "nosuchkey"}
+    assert keys.valid_key_ids(pg.k, asked) == {kept.split("_")[1]}
+    assert keys.valid_key_ids(pg.k, set()) == set()
