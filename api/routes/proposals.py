@@ -11,15 +11,16 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Header, Query, Response
+from fastapi import APIRouter, Depends, Query, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.deps import KortexDep, TenantDep, allowed, object_id
+from api.deps import CallerDep, KortexDep, TenantDep, allowed, object_id
 from api.errors import error_response
 from api.openapi import ERRORS
 from kortex.access import Permission
 from kortex.errors import Conflict
+from kortex.keys import Caller
 from kortex.proposals import DecisionOutcome, ProposalRecord
 
 router = APIRouter(prefix="/v1/proposals", tags=["proposals"], dependencies=[Depends(allowed(Permission.CHAT))], responses=ERRORS)
@@ -59,11 +60,9 @@ class DecisionIn(BaseModel):
     note: str | None = Field(None, max_length=1000, description="Why, for the audit trail")
 
 
-def operator(authorization: str | None) -> str:
-    """Who decided: the API key's public id (the secret part never leaves the auth check)."""
-    key = (authorization or "").partition(" ")[2].strip()
-    parts = key.split("_")
-    return f"api_key:{parts[1]}" if len(parts) >= 3 else "api_key:unknown"
+def operator(caller: Caller) -> str:
+    """Who decided: the public id of the API key the request authenticated with (never its secret)."""
+    return f"api_key:{caller.key_id}"
 
 
 @router.get("", response_model=ProposalList)
@@ -102,12 +101,11 @@ def _answer(decide: Callable[[], DecisionOutcome], response: Response) -> Propos
              responses={403: {"description": "the key's role may not decide"}, 404: {},
                         409: {"description": "already rejected"}, 410: {"description": "expired"}})
 def confirm(proposal_id: str, k: KortexDep, tenant: TenantDep, response: Response,
-            body: DecisionIn | None = None,
-            authorization: Annotated[str | None, Header(include_in_schema=False)] = None) -> ProposalOut | JSONResponse:
+            caller: CallerDep, body: DecisionIn | None = None) -> ProposalOut | JSONResponse:
     """An operator confirms a pending proposal (its action is then executed or recorded). Repeating it
     answers 200 again; the other decision is 409; an expired proposal is 410."""
     pid = object_id(proposal_id, "proposal")
-    return _answer(lambda: k.proposals.confirm(tenant.id, pid, by=operator(authorization),
+    return _answer(lambda: k.proposals.confirm(tenant.id, pid, by=operator(caller),
                                                note=body.note if body else None), response)
 
 
@@ -115,10 +113,9 @@ def confirm(proposal_id: str, k: KortexDep, tenant: TenantDep, response: Respons
              responses={403: {"description": "the key's role may not decide"}, 404: {},
                         409: {"description": "already confirmed"}, 410: {"description": "expired"}})
 def reject(proposal_id: str, k: KortexDep, tenant: TenantDep, response: Response,
-           body: DecisionIn | None = None,
-           authorization: Annotated[str | None, Header(include_in_schema=False)] = None) -> ProposalOut | JSONResponse:
+           caller: CallerDep, body: DecisionIn | None = None) -> ProposalOut | JSONResponse:
     """An operator rejects a pending proposal. Repeating it answers 200 again; the other decision is
     409; an expired proposal is 410."""
     pid = object_id(proposal_id, "proposal")
-    return _answer(lambda: k.proposals.reject(tenant.id, pid, by=operator(authorization),
+    return _answer(lambda: k.proposals.reject(tenant.id, pid, by=operator(caller),
                                               note=body.note if body else None), response)
