@@ -9,7 +9,8 @@ The cap measures what the model receives: redaction can lengthen strings (``pwd=
 
 Nothing raises out of ``ToolPipeline.run``: every failure is an ``is_error`` result with a
 code (``policy_denied``, ``invalid_json``, ``validation``, ``not_found``, ``timeout``,
-``upstream``, ``result_too_large``, ``internal``) and a message the model can act on. Every
+``upstream``, ``result_too_large``, ``internal``) and a message the model can act on (a long
+one cut, with ``truncated``, so an error fits the output cap like any result). Every
 tool fails in the shape of llm-ops-agent-tools.md, with the pipeline's code beside it:
 
     {"error": true, "message": "...", "code": "NOT_FOUND" | "INVALID_PARAMETER" | ...,
@@ -87,6 +88,30 @@ def _validation_message(exc: ValidationError) -> str:
 
 #: seconds after a call's deadline at which the database stops its queries (see _run_with_timeout)
 DB_GRACE = 0.25
+
+#: characters of an error message the model gets: enough to act on; upstream errors can quote
+#: whole responses (a Prometheus error string of megabytes), which bypassed the output cap
+MAX_ERROR_CHARS = 2000
+#: characters of a longer message scrubbed before the cut, so scrubbing costs the same however
+#: much the upstream sent. The last ``_SCRUB_EDGE`` of them are dropped as well: a secret cut at
+#: the window's edge (half a private key) may not look like one to the scrubber
+_SCRUB_WINDOW = 64 * 1024
+_SCRUB_EDGE = 16 * 1024
+_CUT = "…[truncated]"
+
+
+def _error_message(message: str, cap_bytes: int) -> tuple[str, bool]:
+    """``message`` scrubbed and bounded so an error result fits in ``cap_bytes`` of JSON; and
+    whether it was cut. At most 6 bytes a character once encoded (a control character's
+    ``\\uXXXX``), so an eighth of the cap in characters leaves room for the other fields."""
+    limit = min(MAX_ERROR_CHARS, cap_bytes // 8)
+    cut = len(message) > _SCRUB_WINDOW
+    text = scrub_text(message[:_SCRUB_WINDOW])
+    if cut:
+        text = text[:max(0, len(text) - _SCRUB_EDGE)]
+    if len(text) > limit:
+        text, cut = text[:limit], True
+    return (text + _CUT, True) if cut else (text, False)
 
 
 class ToolPipeline:
@@ -278,9 +303,13 @@ class ToolPipeline:
     ) -> ToolResult:
         elapsed_ms = int((time.monotonic() - started) * 1000)
         if error is not None and content is None:
-            # Messages can quote upstream responses or arguments: scrub them like any output.
-            content = {"error": True, "message": scrub_text(error[1]),
+            # Messages can quote upstream responses or arguments: scrubbed like any output, and
+            # capped like any output (the model sees them as the call's result).
+            message, cut = _error_message(error[1], self.result_cap_bytes)
+            content = {"error": True, "message": message,
                        "code": spec_code or SPEC_CODES.get(error[0], "INTERNAL_ERROR"), "error_code": error[0]}
+            if cut:
+                content["truncated"] = truncated = True
         result = ToolResult(
             call_id=call.id, name=call.name, content=content, is_error=error is not None,
             error_code=error[0] if error else None, truncated=truncated, elapsed_ms=elapsed_ms,

@@ -1,7 +1,8 @@
 """Reading a routed stream into the step's answer: its text published as it comes, its tool
 calls with ids unique in the conversation, its final chunk; a warning becomes a notice event
 (a slow first token, an anomaly and its fallback). The read races the step's hold, so a lost
-lease or a stopping process ends it at once."""
+lease or a stopping process ends it at once; an answer longer than ``llm.max_answer_chars``
+ends it too, as a failure."""
 
 from __future__ import annotations
 
@@ -43,18 +44,35 @@ def unique_calls(calls: list[ToolCall], taken: set[str]) -> tuple[ToolCall, ...]
     return tuple(out)
 
 
+def _too_long(routed: RoutedStream, limit: int) -> ProviderError:
+    """An answer past ``llm.max_answer_chars`` fails its step, and nothing of it is stored. Not
+    retryable: asking the same provider again would most likely run on the same way."""
+    last = routed.attempts[-1] if routed.attempts else None
+    return ProviderError(
+        f"the answer passed {limit} characters (llm.max_answer_chars); it was stopped and not kept",
+        provider=last.provider if last else "", model=last.model.id if last else "", code="stream_invalid",
+        detail=f"more than {limit} characters of text in one answer")
+
+
 async def consume(
     routed: RoutedStream, publisher: StepPublisher, taken: set[str], hold: StepHold, notes: Notes | None = None,
 ) -> tuple[str, tuple[ToolCall, ...], DoneChunk]:
     text: list[str] = []
     calls: list[ToolCall] = []
     done: DoneChunk | None = None
+    limit = routed.llm.max_answer_chars
+    size = 0
 
     async def read() -> None:
-        nonlocal done
+        nonlocal done, size
         async with aclosing(routed.stream()) as chunks:  # type: ignore[type-var]
             async for chunk in chunks:
                 if isinstance(chunk, TextChunk):
+                    size += len(chunk.text)
+                    if size > limit:
+                        # Leaving the loop closes the vendor's stream: a provider that ignores
+                        # max_tokens (or never stops) is cut off here, not at the step's time limit.
+                        raise _too_long(routed, limit)
                     text.append(chunk.text)
                     publisher.text(chunk.text)
                 elif isinstance(chunk, ToolCallChunk):

@@ -68,7 +68,10 @@ def _run_tool(k: Kortex, tenant_id: str, invocation_id: str, tool: str, hard_lim
         result = k.pipeline.run(invocations.tool_call_from_record(inv), ctx, audit=entries, on_progress=progress,
                                 policy=_policy(k, inv))
     outcome = result.error_code or "error" if result.is_error else "ok"
-    metrics.tool_done(inv.name, time.monotonic() - started, outcome)
+    # The name is the model's: one it made up would be a new label value, and a new series, each
+    # time (unbounded). Registered names are bounded by configuration.
+    label = inv.name if k.pipeline.registry.get(inv.name) is not None else "unknown"
+    metrics.tool_done(label, time.monotonic() - started, outcome)
     if current is not None:
         current.set_attribute("kortex.outcome", outcome)
         current.set_attribute("kortex.turn_id", inv.turn_id)

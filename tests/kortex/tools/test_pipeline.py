@@ -220,6 +220,41 @@ def test_error_messages_are_scrubbed_too() -> None:
     assert result.error_code == "upstream" and "abcdefghijklmnop" not in result.content["message"]
 
 
+def _raising(message: str, cap: int) -> ToolPipeline:
+    from kortex.errors import UpstreamError
+
+    def upstream(args: _Args, ctx: ToolContext) -> dict[str, Any]:
+        raise UpstreamError(message)
+
+    spec = ToolSpec(name="upstream", description="", input_model=_Args, run=upstream, redact=("x",))
+    registry = ToolRegistry([spec])
+    return ToolPipeline(registry, ToolPolicy.build(None, registry), result_cap_bytes=cap)
+
+
+@pytest.mark.parametrize("cap", [1024, 64 * 1024])
+@pytest.mark.parametrize("filler", ["x", "\x01", "€", "🔥"])  # 1 to 6 bytes a character in JSON
+def test_an_error_message_of_any_size_fits_the_output_cap(cap: int, filler: str) -> None:
+    """A Prometheus ``error`` string of megabytes is cut like any output, and says so."""
+    audit: list[AuditEntry] = []
+    result = run(_raising("bad_data: " + filler * 3_000_000, cap), "upstream", {"n": 1}, audit)
+    assert result.is_error and result.error_code == "upstream"
+    assert result.truncated and result.content["truncated"] is True
+    message = result.content["message"]
+    assert message.startswith("bad_data: " + filler * 10) and message.endswith("[truncated]")
+    assert len(json.dumps(result.content, separators=(",", ":"), ensure_ascii=False).encode()) <= cap
+    assert audit[0].payload["result_bytes"] <= cap
+
+
+def test_no_part_of_a_secret_cut_by_the_error_message_cap_reaches_the_model() -> None:
+    # Keys the scrubber shortens to a marker, then one whose end lies past what is scrubbed of a
+    # long message: unscrubbed, its first half would be left at the start of the cut message.
+    key = "-----BEGIN PRIVATE KEY-----\n" + "MIIEvQIBADANBgkqhkiG9w0BAQEFAASC" * 64 + "\n-----END PRIVATE KEY-----"
+    message = "upstream said: " + " ".join([key] * 31) + " " + key + " and more" * 100_000
+    result = run(_raising(message, 64 * 1024), "upstream", {"n": 1})
+    assert result.truncated and "MIIEvQIBADAN" not in result.content["message"]
+    assert result.content["message"].endswith("[truncated]")
+
+
 class _Gate(ToolInput):
     pass
 
