@@ -10,10 +10,20 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    SecretStr,
+    ValidationError,
+    field_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -23,7 +33,7 @@ from pydantic_settings import (
 
 from kortex.config_errors import describe_errors, did_you_mean
 from kortex.errors import ConfigError, InvalidInput
-from kortex.redaction import scrub_text
+from kortex.redaction import REDACTED, scrub_text
 from kortex.timeparse import parse_duration
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -66,9 +76,40 @@ def _seconds(value: Any) -> Any:
 Seconds = Annotated[float, BeforeValidator(_seconds)]
 Secret = Annotated[SecretStr | None, BeforeValidator(resolve_env_refs)]
 
+# scheme://user:password@host: the password runs to the last "@", as people write passwords
+# with "/" or "@" in them unescaped (and some URL parsers accept them).
+_URL_PASSWORD = re.compile(r"(?s)^([A-Za-z][A-Za-z0-9+.-]*://[^:/]*:)(.*)@")
+
+
+def mask_url(url: str | None) -> str | None:
+    """``url`` fit to show: the password of its user part and credential-named query parameters
+    (``?password=...``) replaced, ``postgresql://kortex:[REDACTED]@db/kortex``."""
+    if not url:
+        return url
+    return scrub_text(_URL_PASSWORD.sub(lambda m: m.group(1) + REDACTED + "@", url, count=1))
+
+
+# A URL that may carry a password stays a plain str for its consumers (SecretStr would make each
+# of them unwrap it); what shows it is masked instead: dumps through this serializer, reprs
+# through _masked_repr, which looks for it in a field's metadata.
+_MASKED = PlainSerializer(mask_url)
+URL = Annotated[str | None, _MASKED]
+EnvURL = Annotated[str | None, BeforeValidator(resolve_env_refs), _MASKED]
+
+
+def _masked_repr(model: BaseModel, args: Iterable[tuple[str | None, Any]]) -> Iterator[tuple[str | None, Any]]:
+    fields = type(model).model_fields
+    for name, value in args:
+        field = fields.get(name) if name else None
+        masked = field is not None and any(m is _MASKED for m in field.metadata)
+        yield name, mask_url(value) if masked and isinstance(value, str) else value
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    def __repr_args__(self) -> Iterable[tuple[str | None, Any]]:
+        return _masked_repr(self, super().__repr_args__())
 
 
 class ProviderSettings(_Section):
@@ -82,8 +123,8 @@ class ProviderSettings(_Section):
     temperature: float = Field(0.2, ge=0.0, le=2.0)
     timeout: Seconds = Field(60.0, gt=0)
     connect_timeout: Seconds = Field(5.0, gt=0)
-    base_url: Annotated[str | None, BeforeValidator(resolve_env_refs)] = None
-    endpoint: Annotated[str | None, BeforeValidator(resolve_env_refs)] = None  # ollama's name for base_url
+    base_url: EnvURL = None
+    endpoint: EnvURL = None  # ollama's name for base_url
     max_retries: int = Field(3, ge=0, le=10)
     # open streams to this provider at once, per process: as many as the step engine runs
     max_connections: int = Field(1000, ge=1, le=10_000)
@@ -107,10 +148,11 @@ class ProviderSettings(_Section):
     @field_validator("prices")
     @classmethod
     def _price_keys(cls, value: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
-        for model, price in value.items():
+        for n, price in enumerate(value.values(), 1):
             unknown = set(price) - {"input", "output", "cache_read", "cache_write"}
             if unknown or any(v < 0 for v in price.values()):
-                raise ValueError(f"prices.{model}: use non-negative 'input', 'output' and optionally "
+                # By position, not by name: configuration errors never quote what was written.
+                raise ValueError(f"model {n} of prices: use non-negative 'input', 'output' and optionally "
                                  "'cache_read', 'cache_write' (USD per million tokens)")
         return value
 
@@ -177,13 +219,21 @@ class GroundingSettings(_Section):
 
 def _vocabulary(check: Any, values: Any) -> Any:
     """Run the router's vocabulary check as a validator: its refusal becomes a ValueError, which
-    pydantic reports with the field's path like any other."""
+    pydantic reports with the field's path like any other. The router's text quotes the value;
+    here it names the entry by position instead, as a secret pasted on the wrong line would
+    otherwise be printed."""
     from kortex.errors import InvalidInput
 
-    try:
-        return [check(v) for v in values]
-    except InvalidInput as exc:
-        raise ValueError(exc.message) from None
+    out = []
+    for n, value in enumerate(values, 1):
+        try:
+            out.append(check(value))
+        except InvalidInput as exc:
+            message = exc.message.replace(repr(value), f"entry {n}")
+            if str(value) and re.search(rf"(?<![\w-]){re.escape(str(value))}(?![\w-])", message):
+                message = f"entry {n} is not accepted"  # quoted some other way: no words of it kept
+            raise ValueError(message) from None
+    return out
 
 
 class RoutedModelSettings(_Section):
@@ -264,9 +314,10 @@ class AnomalySettings(_Section):
     def _kinds(cls, value: dict[str, str]) -> dict[str, str]:
         from kortex.turns.anomalies import POLICY
 
-        unknown = sorted(set(value) - set(POLICY))
+        # By position, not by name: configuration errors never quote what was written.
+        unknown = [f"entry {n}{did_you_mean(kind, POLICY)}" for n, kind in enumerate(value, 1) if kind not in POLICY]
         if unknown:
-            raise ValueError(f"unknown anomaly kind(s) {', '.join(unknown)}; known: {', '.join(POLICY)}")
+            raise ValueError(f"unknown anomaly kind: {', '.join(unknown)}; known: {', '.join(POLICY)}")
         return value
 
 
@@ -331,7 +382,7 @@ class ToolPolicySettings(_Section):
 class PrometheusSettings(_Section):
     """``[telemetry.prometheus]``: where metrics come from when ``telemetry.metrics = "prometheus"``."""
 
-    url: Annotated[str | None, BeforeValidator(resolve_env_refs)] = None
+    url: EnvURL = None
     product_label: str = "product"       # the label that names the product (service)
     # Tenant scoping, one of them required: a label whose value is the tenant id, or the tenant
     # id as X-Scope-OrgID (Mimir, Cortex, Thanos), or an explicit statement that this
@@ -346,7 +397,7 @@ class PrometheusSettings(_Section):
 class LokiSettings(_Section):
     """``[telemetry.loki]``: where logs come from when ``telemetry.logs = "loki"``."""
 
-    url: Annotated[str | None, BeforeValidator(resolve_env_refs)] = None
+    url: EnvURL = None
     product_label: str = "product"
     level_label: str = "level"
     host_label: str = "host"
@@ -430,7 +481,7 @@ class TracingSettings(_Section):
     """OpenTelemetry spans for turns (kortex/tracing.py): off unless enabled; OTLP over HTTP."""
 
     enabled: bool = False
-    endpoint: str | None = None  # e.g. http://otel-collector:4318/v1/traces; else OTEL_EXPORTER_OTLP_* env
+    endpoint: URL = None  # e.g. http://otel-collector:4318/v1/traces; else OTEL_EXPORTER_OTLP_* env
     service_name: str = "kortex"
     sample_ratio: float = Field(1.0, ge=0.0, le=1.0)
 
@@ -473,9 +524,9 @@ class Settings(BaseSettings):
         env_prefix="KORTEX_", env_nested_delimiter="__", extra="ignore", validate_default=True
     )
 
-    database_url: str | None = None
-    redis_url: str | None = None
-    broker_url: str | None = None
+    database_url: URL = None
+    redis_url: URL = None
+    broker_url: URL = None
     redis_prefix: str = "kortex"
     secret_key: Secret = None  # signs paging cursors; set it in production (KORTEX_SECRET_KEY)
     home: Path = Field(default_factory=default_home)
@@ -496,6 +547,9 @@ class Settings(BaseSettings):
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     tracing: TracingSettings = Field(default_factory=TracingSettings)
     testing: TestingSettings = Field(default_factory=TestingSettings)
+
+    def __repr_args__(self) -> Iterable[tuple[str | None, Any]]:
+        return _masked_repr(self, super().__repr_args__())
 
     @field_validator("redis_prefix")
     @classmethod
@@ -562,6 +616,10 @@ def load_settings(**overrides: Any) -> Settings:
     except ConfigError:
         raise
     except ValidationError as exc:
-        raise ConfigError(f"invalid configuration: {describe_errors(exc, Settings)}") from exc
+        problem = describe_errors(exc, Settings)
     except Exception as exc:  # TOML decode errors, pydantic-settings parse errors
-        raise ConfigError(f"invalid configuration: {exc.__class__.__name__}: {scrub_text(str(exc))[:500]}") from exc
+        problem = f"{exc.__class__.__name__}: {scrub_text(str(exc))[:500]}"
+    # Raised outside the handlers, so the error has neither cause nor context: pydantic's text
+    # quotes every input (a misspelt ``apikey = "sk-..."``), and the traceback a server prints
+    # when its factory or app module fails to load would show it.
+    raise ConfigError(f"invalid configuration: {problem}")

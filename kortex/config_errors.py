@@ -4,6 +4,7 @@ meant, never the offending value (kortex/config.py reports through these)."""
 from __future__ import annotations
 
 import difflib
+import re
 import types
 import typing
 from typing import Any
@@ -39,7 +40,7 @@ def _model_at(root: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | 
 def describe_errors(exc: ValidationError, root: type[BaseModel], limit: int = 20) -> str:
     """Where and what, never the offending value: a misspelt key often holds a secret
     (``apikey = "sk-..."``), and pydantic's own text quotes every input."""
-    errors = exc.errors(include_input=False, include_url=False, include_context=False)
+    errors = exc.errors(include_url=False, include_context=False)
     parts = []
     for e in errors[:limit]:
         where = ".".join(str(p) for p in e["loc"]) or "(top level)"
@@ -48,7 +49,25 @@ def describe_errors(exc: ValidationError, root: type[BaseModel], limit: int = 20
             hint = did_you_mean(str(e["loc"][-1]), holder.model_fields) if holder else ""
             parts.append(f"{where}: unknown key{hint}")
         else:
-            parts.append(f"{where}: {e['msg']}")
+            # pydantic's own messages quote no input (its str() appends it); a validator's may
+            custom = e["type"] in ("value_error", "assertion_error")
+            parts.append(f"{where}: {_without(e['msg'], e.get('input')) if custom else e['msg']}")
     if len(errors) > limit:
         parts.append(f"... and {len(errors) - limit} more")
     return "; ".join(parts)
+
+
+def _without(message: str, value: Any) -> str:
+    """A validator's message with the input it failed on taken out, should it quote it (ours
+    name entries by position; this is for one that forgets)."""
+    if isinstance(value, str):
+        texts = [value]
+    elif isinstance(value, list | tuple | dict):  # a list's items, a table's keys
+        texts = [v for v in value if isinstance(v, str)]
+    else:
+        texts = []
+    for text in sorted(texts, key=len, reverse=True):
+        if len(text) >= 4:  # shorter: nothing worth hiding, and common words would be blanked
+            # whole words only: the known names a message lists often begin with a misspelt one
+            message = re.sub(rf"(?<![\w-]){re.escape(text)}(?![\w-])", "[value]", message)
+    return message

@@ -24,7 +24,7 @@ from kortex.llm.base import (
     UsageChunk,
 )
 from kortex.llm.convert import CallAssembler, from_user_turn, paired, result_text, wire_id
-from kortex.llm.failures import failure
+from kortex.llm.failures import failure, request_secrets
 from kortex.llm.http import SSEProvider
 from kortex.llm.vendor import VendorClient, api_path, clean_api_key
 from kortex.llm.wire import SSEvent
@@ -45,9 +45,10 @@ class AnthropicProvider(SSEProvider):
     def __init__(self, name: str, config: ProviderSettings, settings: Settings, api_key: str) -> None:
         super().__init__(name, config, settings)
         base = config.base_url or DEFAULT_BASE_URL
+        headers = {"x-api-key": api_key, "anthropic-version": API_VERSION, "accept": "text/event-stream"}
+        self.secrets = request_secrets(headers)  # the key may come from ANTHROPIC_API_KEY
         self.http = VendorClient(provider=name, base_url=base, config=config, transport=settings.llm.http_transport,
-                                 headers={"x-api-key": api_key, "anthropic-version": API_VERSION,
-                                          "accept": "text/event-stream"})
+                                 headers=headers)
         self.path = api_path(base, "/v1/messages")
 
     def body(self, request: CompletionRequest) -> dict[str, Any]:

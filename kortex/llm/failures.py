@@ -13,23 +13,28 @@ Translation (here for httpx; ``kortex/llm/transport.py`` does the same for aioht
 
 Vendor and network texts quote key fragments, account and request ids; they go in
 ``ProviderError.detail`` (scrubbed, bounded) for operators' logs, never into the message that
-reaches a client's event stream or a turn's error.
+reaches a client's event stream or a turn's error. Scrubbing by pattern misses a key of no known
+shape (``corp-llm-7f3a...``), and vendors do echo the key they refused: the credentials a
+request carried (``request_secrets``) are taken out literally as well, before any cut.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import httpx
 
 from kortex.errors import ProviderError
 from kortex.llm.base import TokenUsage
 from kortex.llm.retry import RETRYABLE_STATUS, parse_retry_after
-from kortex.redaction import scrub_text
+from kortex.redaction import REDACTED, is_secret_key, scrub_text
 
 MAX_DETAIL = 500
 MAX_ERROR_BODY = 16 * 1024
+# The shortest start of a credential taken out where a cut text ends with it: a few characters
+# of a key give nothing away, and fewer would blank the endings of ordinary words.
+MIN_SECRET_TAIL = 4
 _CODES = {401: "provider_auth", 403: "provider_auth", 404: "provider_not_found", 429: "rate_limited",
           529: "provider_overloaded", 503: "provider_overloaded"}
 
@@ -54,15 +59,45 @@ MESSAGES: dict[str, str] = {
 
 def failure(code: str, *, detail: str = "", provider: str = "", model: str = "", status: int | None = None,
             retryable: bool = False, retry_after: float | None = None,
-            usage: TokenUsage | None = None) -> ProviderError:
-    """A ``ProviderError`` whose message is ours; ``detail`` is scrubbed and cut here."""
-    return ProviderError(MESSAGES.get(code, MESSAGES["provider"]), code=code, detail=clean_detail(detail),
-                         provider=provider, model=model, status=status, retryable=retryable,
-                         retry_after=retry_after, usage=usage)
+            usage: TokenUsage | None = None, secrets: Iterable[str] = ()) -> ProviderError:
+    """A ``ProviderError`` whose message is ours; ``detail`` is scrubbed (``secrets`` literally,
+    then by pattern) and cut here."""
+    return ProviderError(MESSAGES.get(code, MESSAGES["provider"]), code=code,
+                         detail=clean_detail(detail, secrets), provider=provider, model=model, status=status,
+                         retryable=retryable, retry_after=retry_after, usage=usage)
 
 
-def clean_detail(text: str) -> str:
-    return scrub_text(" ".join(text.split()))[:MAX_DETAIL]
+def clean_detail(text: str, secrets: Iterable[str] = ()) -> str:
+    return scrub_text(without_secrets(" ".join(text.split()), secrets))[:MAX_DETAIL]
+
+
+def request_secrets(headers: Mapping[str, str]) -> tuple[str, ...]:
+    """The credentials among a request's headers (``authorization``, ``x-api-key``, ...): the
+    value, or its part after an auth scheme (``Bearer <key>``: the key)."""
+    found = set()
+    for name, value in headers.items():
+        if not is_secret_key(name):
+            continue
+        scheme, _, credential = value.strip().partition(" ")
+        secret = credential.strip() or scheme
+        if secret:
+            found.add(secret)
+    return tuple(sorted(found, key=len, reverse=True))
+
+
+def without_secrets(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with each of ``secrets`` replaced wherever it occurs, and where ``text`` was cut
+    inside one (it ends with a secret's first ``MIN_SECRET_TAIL`` or more characters), that
+    start too."""
+    for secret in sorted(secrets, key=len, reverse=True):  # a key inside a longer one: the longer first
+        if not secret:
+            continue
+        text = text.replace(secret, REDACTED)
+        for n in range(min(len(secret), len(text)), MIN_SECRET_TAIL - 1, -1):
+            if text.endswith(secret[:n]):
+                text = text[:-n] + REDACTED
+                break
+    return text
 
 
 def transport_error(exc: httpx.HTTPError, provider: str, model: str) -> ProviderError:
@@ -96,35 +131,49 @@ async def status_error(response: httpx.Response, provider: str, model: str) -> P
                 break
     except httpx.HTTPError:
         pass  # the status says enough
+    try:
+        sent = request_secrets(response.request.headers)
+    except RuntimeError:  # a response made without a request (none of ours)
+        sent = ()
     return status_failure(response.status_code, response.reason_phrase, response.headers,
-                          bytes(body[:MAX_ERROR_BODY]), provider, model)
+                          bytes(body[:MAX_ERROR_BODY]), provider, model, secrets=sent)
 
 
 def status_failure(status: int, reason: str, headers: Mapping[str, str], body: bytes, provider: str,
-                   model: str) -> ProviderError:
+                   model: str, *, secrets: Iterable[str] = ()) -> ProviderError:
     """An HTTP error status as a ``ProviderError``, whichever client read it; ``headers`` must
-    be case-insensitive (httpx's and aiohttp's are)."""
-    detail = vendor_message(body) or reason or "error"
+    be case-insensitive (httpx's and aiohttp's are). ``secrets``: the credentials the request
+    sent (``request_secrets``), which a vendor's error text may quote back."""
+    secrets = tuple(secrets)
+    detail = vendor_message(body, secrets) or reason or "error"
     retryable = status in RETRYABLE_STATUS
     code = _CODES.get(status) or ("provider_server_error" if status >= 500 else "provider_rejected")
     return failure(code, provider=provider, model=model, status=status, retryable=retryable, detail=detail,
-                   retry_after=parse_retry_after(headers) if retryable else None)
+                   retry_after=parse_retry_after(headers) if retryable else None, secrets=secrets)
 
 
-def vendor_message(body: bytes) -> str:
+def vendor_message(body: bytes, secrets: Iterable[str] = ()) -> str:
     """The human part of a vendor's error body (Anthropic ``error.message``, OpenAI
-    ``error.message``, Ollama ``error``), bounded."""
+    ``error.message``, Ollama ``error``), bounded; ``secrets`` are taken out before the cut, which
+    could otherwise leave the start of one."""
+    # as sent, and as a JSON body would spell them ("\\" and '"' escaped, "/" by some servers)
+    secrets = tuple({*secrets, *(json.dumps(s)[1:-1] for s in secrets),
+                     *(json.dumps(s)[1:-1].replace("/", "\\/") for s in secrets)})
+
+    def bounded(part: str) -> str:
+        return without_secrets(part, secrets)[:300]
+
     text = body.decode("utf-8", "replace").strip()
     try:
         parsed = json.loads(text)
     except ValueError:
-        return text[:300]
+        return bounded(text)
     if isinstance(parsed, dict):
         error = parsed.get("error", parsed)
         if isinstance(error, dict):
             kind, message = error.get("type"), error.get("message")
             if isinstance(message, str):
-                return (f"{kind}: {message}" if isinstance(kind, str) and kind else message)[:300]
+                return bounded(f"{kind}: {message}" if isinstance(kind, str) and kind else message)
         elif isinstance(error, str):
-            return error[:300]
-    return text[:300]
+            return bounded(error)
+    return bounded(text)

@@ -28,7 +28,7 @@ from kortex.llm.base import (
     UsageChunk,
     WarningChunk,
 )
-from kortex.llm.failures import failure
+from kortex.llm.failures import failure, without_secrets
 from kortex.llm.retry import RetryPolicy
 from kortex.llm.vendor import VendorClient, drain
 from kortex.llm.wire import sse_events
@@ -53,6 +53,11 @@ class HTTPProvider(Provider):
         self.name = name
         self.config = config
         self.settings = settings
+        # The credentials this provider sends, taken out of every failure's detail before it is
+        # logged or raised (a vendor echoes the key it refused, whatever its shape). A vendor
+        # whose key comes from elsewhere, or that sends more, sets them from its headers.
+        key = config.api_key.get_secret_value().strip() if config.api_key else ""
+        self.secrets: tuple[str, ...] = (key,) if key else ()
         self.retry = RetryPolicy.of(config)
         if config.model and not catalog.valid_id(config.model):
             raise ProviderUnavailable("model is not a valid model id (printable characters, no spaces)",
@@ -120,11 +125,14 @@ class HTTPProvider(Provider):
             except Exception as exc:  # a frame no check foresaw, or a bug: still this provider's failure
                 if not done:
                     log.exception("%s: unexpected failure while streaming", self.name)
-                error = failure("stream_invalid", detail=f"{exc.__class__.__name__}: {exc}")
+                error = failure("stream_invalid", detail=f"{exc.__class__.__name__}: {exc}", secrets=self.secrets)
                 cause = exc
             if done:  # the answer and its usage are whole; what broke afterwards changes nothing
                 log.debug("%s: ignored after the final chunk: %s", self.name, error.code)
                 return
+            # Failures made where the key is not known (a decoder reading an in-stream error)
+            # are cleaned here, before anything logs or keeps them.
+            error.detail = without_secrets(error.detail, self.secrets)
             error.provider = error.provider or self.name
             error.model = error.model or request.model or ""
             error.usage = spent + running.most(error.usage)

@@ -28,7 +28,7 @@ from kortex.llm.base import (
     UsageChunk,
 )
 from kortex.llm.convert import CallAssembler, from_user_turn, paired, result_text, wire_id
-from kortex.llm.failures import failure
+from kortex.llm.failures import failure, request_secrets
 from kortex.llm.http import SSEProvider
 from kortex.llm.vendor import VendorClient, api_path, clean_api_key
 from kortex.llm.wire import SSEvent
@@ -50,6 +50,7 @@ class OpenAIProvider(SSEProvider):
         headers = {"accept": "text/event-stream"}
         if api_key:
             headers["authorization"] = f"Bearer {api_key}"
+        self.secrets = request_secrets(headers)  # the key may come from OPENAI_API_KEY
         self.http = VendorClient(provider=name, base_url=base, headers=headers, config=config,
                                  transport=settings.llm.http_transport)
         self.path = api_path(base, "/v1/chat/completions")

@@ -24,7 +24,7 @@ from aiohttp.helpers import get_env_proxy_for_url
 from yarl import URL
 
 from kortex.errors import ProviderError
-from kortex.llm.failures import failure, status_failure
+from kortex.llm.failures import failure, request_secrets, status_failure
 
 #: what a transport failure can be raised as, from aiohttp's connector, parser or stream
 NETWORK_ERRORS = (aiohttp.ClientError, TimeoutError, ConnectionError)
@@ -70,7 +70,7 @@ async def _status_error(response: aiohttp.ClientResponse, provider: str, model: 
     except NETWORK_ERRORS:
         pass  # the status says enough
     return status_failure(response.status, response.reason or "", response.headers, bytes(body[:limit]),
-                          provider, model)
+                          provider, model, secrets=request_secrets(response.request_info.headers))
 
 
 def _stop_socket_timer(response: aiohttp.ClientResponse) -> bool:

@@ -1,11 +1,17 @@
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import traceback
 from pathlib import Path
 
 import pytest
 
-from kortex.config import load_settings
+from kortex.config import Settings, load_settings
 from kortex.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_toml_env_and_secret_references(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -118,3 +124,102 @@ def test_unknown_keys_are_refused_with_the_likely_one_named_and_no_value_shown(
     monkeypatch.delenv("KORTEX_TURN__DEADLIN")
     monkeypatch.setenv("KORTEX_SOMETHING_ELSE", "1")  # the prefix is shared at the top level: not ours to refuse
     assert load_settings().embedded
+
+
+def test_connection_urls_keep_their_password_for_consumers_and_hide_it_wherever_settings_show(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    urls = {"KORTEX_DATABASE_URL": "postgresql://kortex:DbPw-s3cret@db:5432/kortex",
+            "KORTEX_REDIS_URL": "redis://:RedisPw-s3cret@redis:6379/0",
+            "KORTEX_BROKER_URL": "amqp://kortex:Broker/Pw@s3cret@rabbit:5672//",  # unescaped / and @
+            "KORTEX_TELEMETRY__LOKI__URL": "http://reader:LokiPw-s3cret@loki:3100"}
+    for name, url in urls.items():
+        monkeypatch.setenv(name, url)
+    s = load_settings()
+    assert (s.database_url, s.redis_url, s.broker_url) == (
+        urls["KORTEX_DATABASE_URL"], urls["KORTEX_REDIS_URL"], urls["KORTEX_BROKER_URL"])
+    assert s.effective_database_url == urls["KORTEX_DATABASE_URL"] and s.telemetry.loki.url == urls[
+        "KORTEX_TELEMETRY__LOKI__URL"]
+    shown = "\n".join([repr(s), str(s), s.model_dump_json(), str(s.model_dump()), repr(s.telemetry),
+                       str(s.telemetry.loki), s.telemetry.model_dump_json()])
+    assert "s3cret" not in shown
+    assert "postgresql://kortex:[REDACTED]@db:5432/kortex" in shown  # where it points is still said
+    assert "redis://:[REDACTED]@redis:6379/0" in shown and "amqp://kortex:[REDACTED]@rabbit:5672//" in shown
+    query = Settings(database_url="postgresql://db/kortex?user=k&password=QueryPw-s3cret&sslmode=require")
+    assert "s3cret" not in repr(query) + query.model_dump_json() and "sslmode=require" in repr(query)
+    plain = Settings(database_url="sqlite:////var/lib/kortex.db", redis_url="redis://redis:6379/0")
+    assert "database_url='sqlite:////var/lib/kortex.db', redis_url='redis://redis:6379/0'" in repr(plain)
+
+
+SECRET = "corp-SECRETVALUE-1234"
+
+
+@pytest.mark.parametrize("toml", [
+    '[llm.providers.openai]\nmax_retries = "corp-SECRETVALUE-1234"\n',
+    '[llm.routing]\ncandidates = ["anthropic::claude-haiku-4-6", "corp-SECRETVALUE-1234"]\n',
+    '[llm.routing]\nrequired_capabilities = ["corp-SECRETVALUE-1234"]\n',
+    '[llm.routing.models."corp-SECRETVALUE-1234"]\ntier = "fast"\n',
+    '[llm.anomalies]\nactions = { "corp-SECRETVALUE-1234" = "retry" }\n',
+    '[llm.providers.openai]\nprices = { "corp-SECRETVALUE-1234" = { inptu = 1.0 } }\n',
+    '[llm.providers.openai]\ntimeout = "corp-SECRETVALUE-1234"\n',
+])
+def test_a_configuration_error_names_the_setting_and_never_carries_the_value(tmp_path: Path, toml: str) -> None:
+    (tmp_path / "kortex.toml").write_text(toml)
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    error = caught.value
+    # Nothing chained either: a server that fails to load prints the whole traceback.
+    assert error.__cause__ is None and error.__context__ is None
+    assert SECRET not in "".join(traceback.format_exception(error))
+    assert "invalid configuration: llm." in str(error)
+
+
+def test_a_validator_that_quotes_its_input_has_it_taken_out_of_the_description() -> None:
+    from pydantic import BaseModel, ValidationError, field_validator
+
+    from kortex.config_errors import describe_errors
+
+    class Section(BaseModel):
+        region: str
+        zones: list[str] = []
+
+        @field_validator("region", "zones")
+        @classmethod
+        def _careless(cls, value: object) -> object:
+            raise ValueError(f"{value!r} is not a region we know; try eu-west or eu-westish")
+
+    with pytest.raises(ValidationError) as caught:
+        Section(region=SECRET, zones=["eu-wes"])
+    text = describe_errors(caught.value, Section)
+    assert SECRET not in text and "region: Value error, '[value]' is not a region" in text
+    assert "try eu-west or eu-westish" in text  # a known name that starts like the input stays whole
+
+
+def test_an_unknown_anomaly_kind_is_named_by_position_with_the_likely_one(tmp_path: Path) -> None:
+    (tmp_path / "kortex.toml").write_text('[llm.anomalies]\nactions = { chain_depth = "escalate", cost_overun = "retry" }\n')
+    with pytest.raises(ConfigError, match=r"unknown anomaly kind: entry 2 \(did you mean 'cost_overrun'\?\)"):
+        load_settings()
+
+
+@pytest.mark.parametrize("entry", [
+    [sys.executable, "-m", "uvicorn", "--factory", "api.main:create_app", "--port", "0"],
+    [sys.executable, "-m", "celery", "-A", "workers.app", "inspect", "ping"],
+], ids=["api", "workers"])
+@pytest.mark.parametrize("source", ["toml", "env"])
+def test_servers_that_fail_on_a_bad_configuration_never_print_the_value(
+        tmp_path: Path, entry: list[str], source: str) -> None:
+    """The servers' own entry points, as deployed: they print the traceback of the failed load."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KORTEX_")}
+    env["XDG_DATA_HOME"] = str(tmp_path)
+    key = "sk-proj-ABCDEFGHIJKLMNOPQRSTUVWXYZ012345"
+    if source == "toml":
+        (tmp_path / "kortex.toml").write_text(
+            f'[llm.providers.openai]\napikey = "{key}"\nmax_retries = "{SECRET}"\n')
+        env["KORTEX_CONFIG"] = str(tmp_path / "kortex.toml")
+    else:
+        key = SECRET
+        env["KORTEX_LLM__PROVIDERS__OPENAI__APIKEY"] = key
+    run = subprocess.run(entry, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    said = run.stdout + run.stderr
+    assert run.returncode != 0
+    assert "llm.providers.openai.apikey: unknown key (did you mean 'api_key'?)" in said
+    assert key not in said and SECRET not in said and "input_value" not in said

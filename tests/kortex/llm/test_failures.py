@@ -68,6 +68,54 @@ def test_a_request_that_cannot_be_sent_is_not_retried_and_never_quotes_the_key(t
     assert "sk-secret" not in _everything_said(error)
 
 
+# A key of no shape the pattern scrubber knows, as corporate gateways issue them.
+PLAIN_KEY = "corp-llm-7f3a9b2c4d5e6f708192a3b4"
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+@pytest.mark.parametrize("echo", [
+    f"Incorrect API key provided {PLAIN_KEY}",
+    "x" * 264 + f" key {PLAIN_KEY} refused",  # the 300-character cut of a vendor message falls inside it
+    f"<html>401 Unauthorized: api key {PLAIN_KEY} not valid</html>",
+], ids=["message", "cut", "html"])
+def test_a_vendor_error_that_echoes_the_key_never_shows_it(
+        transport: str, fake: FakeLLM, vendor: str, echo: str, waits: list[float],
+        caplog: pytest.LogCaptureFixture) -> None:
+    fake.add(model_of(vendor), {"steps": [{"faults": [{"status": 401, "message": echo}]}]})
+    provider = make_provider(vendor, fake.url, transport=transport, api_key=PLAIN_KEY)
+    with caplog.at_level("DEBUG"), pytest.raises(ProviderError) as caught:
+        collect(provider, request(vendor))
+    error = caught.value
+    assert error.code == "provider_auth" and "REDACTED" in error.detail  # said what it was, without the key
+    assert PLAIN_KEY[:8] not in _everything_said(error) + caplog.text
+    assert "401" in caplog.text or "provider_auth" in caplog.text  # the failure is still logged
+
+
+@pytest.mark.parametrize("vendor", ["anthropic", "openai"])
+def test_a_key_from_the_environment_is_taken_out_of_errors_too(
+        fake: FakeLLM, vendor: str, waits: list[float], monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv(f"{vendor.upper()}_API_KEY", PLAIN_KEY)
+    fake.add(model_of(vendor), {"steps": [{"faults": [{"status": 403, "message": f"key {PLAIN_KEY} is disabled"}]}]})
+    provider = make_provider(vendor, fake.url, api_key=None)
+    with pytest.raises(ProviderError) as caught:
+        collect(provider, request(vendor))
+    assert fake.requests  # the key was sent: it came from the environment
+    assert PLAIN_KEY[:8] not in _everything_said(caught.value) + caplog.text
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+@pytest.mark.parametrize("pad", [0, 470], ids=["whole", "cut"])  # 470: the 500-character detail ends inside the key
+def test_an_in_stream_error_that_echoes_the_key_never_shows_it(
+        fake: FakeLLM, vendor: str, pad: int, waits: list[float], caplog: pytest.LogCaptureFixture) -> None:
+    message = "y" * pad + f" {PLAIN_KEY} is not allowed"
+    fake.add(model_of(vendor), {"steps": [{"stream_error": {"type": "permission_error", "message": message}}]})
+    provider = make_provider(vendor, fake.url, api_key=PLAIN_KEY, max_retries=0)
+    with pytest.raises(ProviderError) as caught:
+        collect(provider, request(vendor))
+    assert PLAIN_KEY[:8] not in _everything_said(caught.value) + caplog.text
+
+
 # -- what arrives after the final frame -------------------------------------------------------
 
 
