@@ -302,6 +302,13 @@ class RoutedStream:
                         attempt.first_token_ms = int((time.monotonic() - attempt.started) * 1000)
                     if isinstance(chunk, TextChunk):
                         if held:
+                            into.size += len(chunk.text)
+                            if into.size > self.llm.max_answer_chars:
+                                # Held text is memory the step's own cap (kortex/turns/consume.py)
+                                # never sees: a fast model that runs on escalates, like one that fails.
+                                raise ProviderError(
+                                    f"the answer passed {self.llm.max_answer_chars} characters (llm.max_answer_chars)",
+                                    provider=attempt.provider, model=model.id, code="stream_invalid")
                             into.held.append(chunk.text)
                         else:
                             self.text_streamed = True
@@ -341,6 +348,7 @@ class _Call:
 
     attempt: Attempt | None = None
     held: list[str] = field(default_factory=list)
+    size: int = 0  # characters held
     calls: list[ToolCallChunk] = field(default_factory=list)
     done: DoneChunk | None = None
 

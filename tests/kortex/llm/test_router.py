@@ -146,6 +146,17 @@ def test_frugal_escalates_to_the_full_model_without_showing_the_fast_attempt(fak
         assert fast.cost_usd > 0  # the escalated call was billed and is counted
 
 
+def test_a_fast_model_that_runs_past_the_answer_cap_is_cut_off_and_the_full_model_answers(fake: FakeLLM) -> None:
+    fake.add("gpt-4o-mini", {"steps": [{"text": ["x" * 600] * 4}]})  # 2,400 characters, held back
+    fake.add("gpt-5", {"steps": [{"text": ["The full ", "answer."]}]})
+    got, routed = run(registry(fake.url, default_provider="openai", mode="frugal", max_answer_chars=1000), None)
+    warning = next(c for c in got if isinstance(c, WarningChunk))
+    assert warning.code == "frugal_escalation" and "openai:gpt-5 answers instead" in warning.message
+    assert "".join(c.text for c in got if isinstance(c, TextChunk)) == "The full answer."
+    fast, full = routed.attempts
+    assert fast.fast and fast.error is not None and fast.error.code == "stream_invalid" and routed.answered is full
+
+
 def test_a_configured_default_model_is_not_pinned_so_frugal_still_applies(fake: FakeLLM) -> None:
     reg = registry(fake.url, default_model="anthropic:claude-opus-4-6", mode="frugal")
     [head, *_] = plan(reg, None)
