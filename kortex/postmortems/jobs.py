@@ -242,6 +242,11 @@ def advance(conn: Connection, tenant_id: str, job_id: str, now: datetime, tenant
     job = store.get_job(conn, tenant_id, job_id, lock=True)  # one advance of a job at a time
     if job.status not in ("queued", "running"):
         return NOTHING
+    # One advance of the tenant's jobs at a time too, or two of them each count the tenant's
+    # items in flight before either dispatches and together pass its cap. Always the job's
+    # row, then the tenant's: every caller (submit, start_item, on_end, sweep) holds at most
+    # the one job's row when it comes here, and takes no other lock after.
+    store.lock_tenant(conn, tenant_id)
     if job.max_usd is not None and store.spend(conn, tenant_id, job_id) >= job.max_usd:
         store.end_open_items(conn, tenant_id, job_id, "skipped", now,
                              {"code": "budget", "message": f"the job's max_usd ({job.max_usd:g}) was spent"},
@@ -279,6 +284,11 @@ def start_item(k: Kortex, tenant_id: str, item_id: str) -> Handoff:
             return NOTHING  # a duplicate delivery, or a cancel got there first
         # The job's row first, then the item's: the order cancel and advance lock them in.
         job = store.get_job(conn, tenant_id, item.job_id, lock=True)
+        # Read again under the job's lock: a second delivery that read the item before the
+        # first one committed finds it started here, and does nothing.
+        item = store.get_item(conn, tenant_id, item_id)
+        if item is None or item.status != "dispatched":
+            return NOTHING
         if job.status not in ("queued", "running"):
             store.end_item(conn, tenant_id, item_id, "cancelled", now, error={"code": "cancelled"},
                            from_status=("dispatched",))

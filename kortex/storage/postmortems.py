@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, exists, func, insert, select, update
+from sqlalchemy import and_, case, exists, func, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
@@ -76,15 +76,15 @@ def counts(conn: Connection, tenant_id: str, job_id: str) -> dict[str, int]:
 def spend(conn: Connection, tenant_id: str, job_id: str) -> float:
     """What the job has cost so far: its ended items' cost as settled, and its running items'
     turns as they stand (each step adds its calls' cost to its turn as it ends), so a budget
-    check before an LLM call sees every earlier call, and a deleted session takes nothing away."""
-    settled = conn.execute(select(func.coalesce(func.sum(_it.cost_usd), 0.0))
-                           .where(_it.job_id == job_id, _it.tenant_id == tenant_id, _it.status.not_in(OPEN))).scalar()
-    running = conn.execute(
-        select(func.coalesce(func.sum(turns.c.cost_usd), 0.0))
-        .select_from(postmortem_items.join(turns, turns.c.id == _it.turn_id))
-        .where(_it.job_id == job_id, _it.tenant_id == tenant_id, _it.status == "running")
-    ).scalar()
-    return float(settled or 0.0) + float(running or 0.0)
+    check before an LLM call sees every earlier call, and a deleted session takes nothing away.
+    One statement, so one snapshot: read in two, an item settling between them (running in the
+    first, ended in the second) was counted in neither, and the spend dipped."""
+    cost = case((_it.status.not_in(OPEN), _it.cost_usd),
+                (_it.status == "running", func.coalesce(turns.c.cost_usd, 0.0)), else_=0.0)
+    total = conn.execute(select(func.coalesce(func.sum(cost), 0.0))
+                         .select_from(postmortem_items.outerjoin(turns, turns.c.id == _it.turn_id))
+                         .where(_it.job_id == job_id, _it.tenant_id == tenant_id)).scalar()
+    return float(total or 0.0)
 
 
 def list_items(conn: Connection, tenant_id: str, job_id: str, *, after: int, limit: int,
@@ -259,13 +259,14 @@ def any_open(conn: Connection, tenant_id: str, job_id: str) -> bool:
 
 
 def open_refs(conn: Connection, tenant_id: str, refs: Sequence[str]) -> set[str]:
-    """Incident refs with an item still to do in one of the tenant's jobs that is not over."""
+    """Incident refs with an item still open in any of the tenant's jobs, whatever the job's
+    status: a job cancelled with ``running="finish"`` is over, but its running items still
+    write (and bill) their post-mortems. No item stays open for good in an ended job: a cancel
+    ends the items not started, and a running one is settled by its turn's end hook."""
     if not refs:
         return set()
-    rows = conn.execute(select(_it.incident_ref).select_from(postmortem_items.join(postmortem_jobs,
-                                                                                   _j.id == _it.job_id))
-                        .where(_it.tenant_id == tenant_id, _it.incident_ref.in_(refs), _it.status.in_(OPEN),
-                               _j.status.in_(("queued", "running")))).scalars()
+    rows = conn.execute(select(_it.incident_ref).where(_it.tenant_id == tenant_id, _it.incident_ref.in_(refs),
+                                                       _it.status.in_(OPEN))).scalars()
     return set(rows)
 
 

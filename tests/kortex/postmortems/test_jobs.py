@@ -153,6 +153,25 @@ def test_cancel_with_finish_lets_the_running_item_finish(h: Harness, tenant: str
     assert [e.kind for e in rest.events] == ["item_cancelled", "job_cancelled", "item_done"]
 
 
+def test_a_job_cancelled_with_finish_still_owns_its_running_incident(h: Harness, tenant: str) -> None:
+    """The item a cancel let finish is still being written (and billed): a new job for its
+    incident skips it as in progress rather than writing a second post-mortem beside it."""
+    first = jobs.submit(h.k, tenant, jobs.JobRequest(incident_ids=["INC-1101"]), by="test")
+    started = jobs.start_item(h.k, tenant, first.handoff.items[0].item_id)
+    jobs.cancel(h.k, tenant, first.view.job.id, running="finish", by="key:test")
+
+    second = jobs.submit(h.k, tenant, jobs.JobRequest(incident_ids=["INC-1101"]), by="test")
+    assert not second.handoff and second.view.job.status == "done"
+    [item] = jobs.list_items(h.k, tenant, second.view.job.id)
+    assert item.status == "skipped" and item.error["code"] == "in_progress", item.error
+    drive(h.k, started)
+    assert [p.item_id for p in jobs.postmortems_of(h.k, tenant, first.view.job.id)] == [first.handoff.items[0].item_id]
+    assert jobs.postmortems_of(h.k, tenant, second.view.job.id) == []
+    # Once it has finished, the incident is no longer busy: it has a post-mortem.
+    third = jobs.submit(h.k, tenant, jobs.JobRequest(incident_ids=["INC-1101"]), by="test")
+    assert [i.error["code"] for i in jobs.list_items(h.k, tenant, third.view.job.id)] == ["exists"]
+
+
 def test_a_job_never_locks_the_tenant_out_of_chat(harness_factory) -> None:
     from kortex.turns import chat
 
