@@ -43,6 +43,12 @@ def statements_until(deadline: float | None) -> Iterator[None]:
         _call_deadline.reset(token)
 
 
+def call_deadline() -> float | None:
+    """The monotonic deadline of the tool call running in this thread (``statements_until``), if
+    any: what other clients of a tool's upstreams bound their waits by too."""
+    return _call_deadline.get()
+
+
 def _remaining_ms(default_s: float) -> int:
     """Milliseconds a statement may run now: the default, or less when a call's deadline is nearer."""
     seconds = default_s

@@ -4,7 +4,8 @@ The tenant travels as ``X-Scope-OrgID`` (Loki's own multi-tenancy; turning it of
 explicit ``single_tenant``); the product, level, host
 and trace id are labels whose names are configurable. Pages come newest first with
 ``direction=backward``; Loki lines have no id, so a stable hash of the line stands in for one
-and the keyset is (timestamp to the microsecond, hash), as in the embedded store.
+and the keyset is (timestamp to the microsecond, hash), as in the embedded store. Answers are
+read within the tool call's deadline and a byte cap (``kortex.telemetry.http``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 import httpx
 
 from kortex.errors import ConfigError, UpstreamError
+from kortex.telemetry.http import DATA_CAP, BoundedClient
 from kortex.telemetry.logql import LogFilter, Matcher, to_logql
 from kortex.telemetry.sources import LEVELS, MAX_LOG_PAGE, LogLine, LogPage, LogQuery
 
@@ -32,7 +34,7 @@ class LokiLogs:
     def __init__(self, url: str, *, product_label: str = "product", level_label: str = "level",
                  host_label: str = "host", trace_label: str = "trace_id", org_id_from_tenant: bool = True,
                  single_tenant: bool = False, timeout: float = 10.0, bearer_token: str | None = None,
-                 transport: httpx.BaseTransport | None = None) -> None:
+                 transport: httpx.BaseTransport | None = None, max_bytes: int = DATA_CAP) -> None:
         if not (org_id_from_tenant or single_tenant):
             raise ConfigError("telemetry.loki: with org_id_from_tenant = false every tenant could read every other "
                               "tenant's logs; keep it true (X-Scope-OrgID: <tenant id>) or, if this Loki serves one "
@@ -42,10 +44,11 @@ class LokiLogs:
         self.org_id_from_tenant = org_id_from_tenant
         self.timeout = timeout
         headers = {"Authorization": f"Bearer {bearer_token}"} if bearer_token else {}
-        self._client = httpx.Client(base_url=url.rstrip("/"), timeout=timeout, headers=headers, transport=transport)
+        self._http = BoundedClient("loki", url.rstrip("/"), timeout=timeout, headers=headers, transport=transport,
+                                   max_bytes=max_bytes)
 
     def close(self) -> None:
-        self._client.close()
+        self._http.close()
 
     def logql(self, query: LogQuery) -> str:
         selector: dict[str, str] = {}
@@ -65,18 +68,15 @@ class LokiLogs:
 
     def _get(self, tenant_id: str, path: str, params: dict[str, Any]) -> Any:
         headers = {"X-Scope-OrgID": tenant_id} if self.org_id_from_tenant else {}
+        answer = self._http.get(path, params=params, headers=headers)
+        if answer.status >= 400:
+            raise UpstreamError(f"upstream: {answer.status} {answer.text[:200]}".strip() + answer.cut_note)
         try:
-            response = self._client.get(path, params=params, headers=headers)
-        except httpx.TimeoutException as exc:
-            raise UpstreamError(f"loki did not answer within {self.timeout:.0f}s") from exc
-        except httpx.HTTPError as exc:
-            raise UpstreamError(f"loki is unreachable: {exc.__class__.__name__}") from exc
-        if response.status_code >= 400:
-            raise UpstreamError(f"upstream: {response.status_code} {response.text[:200]}")
-        try:
-            body = response.json()
+            body = answer.json()
         except ValueError as exc:
             raise UpstreamError("loki answered with something that is not JSON") from exc
+        if not isinstance(body, dict):
+            raise UpstreamError("loki answered with JSON that is not an object")
         if body.get("status") != "success":
             raise UpstreamError(f"loki: {body.get('error') or body.get('status')}")
         return body.get("data") or {}

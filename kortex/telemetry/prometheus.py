@@ -6,7 +6,8 @@ tenant id), by ``X-Scope-OrgID: <tenant id>`` (``org_id_from_tenant``, for Mimir
 Thanos' receive/query frontends), or the deployment says it is ``single_tenant``. Queries are
 always ``query_range`` with a bounded number of steps, after counting the matching series;
 several series are averaged by Prometheus into the one series tools expect. Label values are
-escaped and label names checked, so no argument can change the query's shape.
+escaped and label names checked, so no argument can change the query's shape. Answers are read
+within the tool call's deadline and a byte cap (``kortex.telemetry.http``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 import httpx
 
 from kortex.errors import ConfigError, InvalidInput, UpstreamError
+from kortex.telemetry.http import DATA_CAP, BoundedClient
 from kortex.telemetry.sources import MAX_BUCKETS, MetricQuery, MetricSeries, Sample
 
 _LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
@@ -45,7 +47,8 @@ def unit_of(metric: str) -> str | None:
 class PrometheusMetrics:
     def __init__(self, url: str, *, product_label: str = "product", tenant_label: str | None = None,
                  org_id_from_tenant: bool = False, single_tenant: bool = False, timeout: float = 10.0,
-                 bearer_token: str | None = None, transport: httpx.BaseTransport | None = None) -> None:
+                 bearer_token: str | None = None, transport: httpx.BaseTransport | None = None,
+                 max_bytes: int = DATA_CAP) -> None:
         for name in (product_label, tenant_label):
             if name is not None and not _LABEL.match(name):
                 raise ValueError(f"invalid Prometheus label name {name!r}")
@@ -57,10 +60,11 @@ class PrometheusMetrics:
         self.org_id_from_tenant = org_id_from_tenant
         self.timeout = timeout
         headers = {"Authorization": f"Bearer {bearer_token}"} if bearer_token else {}
-        self._client = httpx.Client(base_url=self.url, timeout=timeout, headers=headers, transport=transport)
+        self._http = BoundedClient("prometheus", self.url, timeout=timeout, headers=headers, transport=transport,
+                                   max_bytes=max_bytes)
 
     def close(self) -> None:
-        self._client.close()
+        self._http.close()
 
     def selector(self, tenant_id: str, product: str, metric: str | None, labels: dict[str, str]) -> str:
         matchers: list[str] = []
@@ -78,19 +82,17 @@ class PrometheusMetrics:
 
     def _get(self, tenant_id: str, path: str, params: dict[str, Any] | list[tuple[str, Any]]) -> Any:
         headers = {"X-Scope-OrgID": tenant_id} if self.org_id_from_tenant else {}
+        answer = self._http.get(path, params=params, headers=headers)
         try:
-            response = self._client.get(path, params=params, headers=headers)
-        except httpx.TimeoutException as exc:
-            raise UpstreamError(f"prometheus did not answer within {self.timeout:.0f}s") from exc
-        except httpx.HTTPError as exc:
-            raise UpstreamError(f"prometheus is unreachable: {exc.__class__.__name__}") from exc
-        try:
-            body = response.json()
+            body = answer.json()
         except ValueError:
             body = {}
-        if response.status_code >= 400 or body.get("status") != "success":
-            detail = body.get("error") or response.reason_phrase
-            raise UpstreamError(f"upstream: {response.status_code} {body.get('errorType', '')} {detail}".strip())
+        if not isinstance(body, dict):
+            body = {}
+        if answer.status >= 400 or body.get("status") != "success":
+            detail = body.get("error") or answer.reason
+            raise UpstreamError(f"upstream: {answer.status} {body.get('errorType', '')} {detail}".strip()
+                                + answer.cut_note)
         return body.get("data")
 
     @staticmethod

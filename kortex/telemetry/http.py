@@ -1,0 +1,214 @@
+"""Bounded HTTP reads for the remote telemetry sources (Prometheus, Loki): every answer is
+read within a total time limit and up to a byte cap, and the connection is closed when either
+runs out.
+
+httpx's own timeout bounds each wait for the network, not a whole answer: a server sending a
+byte every half second keeps a call going for as long as it likes, and the tool pipeline cannot
+kill the thread it abandons (past 32 of them it refuses every call). And ``response.json()``
+holds the whole body in memory, however large. So answers are streamed here instead:
+
+- the time limit is the tool call's deadline (set by the pipeline around the call, see
+  ``kortex.tools.pipeline``) or the source's configured timeout, whichever comes first, and it
+  covers connecting, the headers and the body. Every socket wait of our transport is cut to
+  what is left of it, so even headers sent a byte at a time cannot stretch it; with any other
+  transport (a caller's, or httpx's own behind an environment proxy) the body is still checked
+  after each read, and a read waits no longer than the whole limit.
+- the byte cap is ``DATA_CAP`` for answers and ``ERROR_CAP`` for error answers (status >= 400),
+  whose first words say what went wrong; a ``Content-Length`` over the cap ends the call before
+  any of the body is read. The cap counts decoded bytes: one compressed read may still decode to
+  more than the cap (at most about a thousand times the read) before it is noticed.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from collections.abc import Iterable
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
+
+import httpcore
+import httpx
+
+from kortex.errors import UpstreamError
+
+# The pipeline sets it around every tool call (pipeline deadline + DB_GRACE) for the database's
+# statement timeouts; it is the only channel from ``ctx.deadline`` to a source, whose methods see
+# the tenant and the query only. The grace suits HTTP too: the pipeline answers "timeout" first,
+# and the source gives up a moment later rather than racing it with an upstream error.
+from kortex.storage.db import call_deadline
+
+#: an answer's body: bounded queries (MAX_BUCKETS points, a page of MAX_LOG_PAGE lines, a
+#: tenant's metric names) come nowhere near it unless something upstream is wrong
+DATA_CAP = 32 * 1024 * 1024
+#: an error answer's body: Prometheus and Loki say what went wrong in its first lines
+ERROR_CAP = 64 * 1024
+
+#: the monotonic time at which the request in flight on this thread must be over
+_deadline: ContextVar[float | None] = ContextVar("kortex_http_deadline", default=None)
+
+
+def _size(n: int) -> str:
+    return f"{n // (1024 * 1024)} MiB" if n >= 1024 * 1024 and n % (1024 * 1024) == 0 else f"{n // 1024} KiB"
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    status: int
+    reason: str
+    body: bytes
+    #: the cap an error body went past (``body`` then holds at most its beginning), or None
+    cut_at: int | None = None
+
+    @property
+    def cut_note(self) -> str:
+        """Words for an error message: why the body said less than it might have; or ""."""
+        return "" if self.cut_at is None else f" (error body over {_size(self.cut_at)}, not read whole)"
+
+    def json(self) -> Any:
+        """The body as JSON; ValueError when it is not (or was cut)."""
+        return json.loads(self.body)
+
+    @property
+    def text(self) -> str:
+        return self.body.decode("utf-8", errors="replace")
+
+
+class BoundedClient:
+    """GET requests against one base URL, each answer bounded in time and size; every failure is
+    an ``UpstreamError`` naming the source (``name``) and, for a limit, which one was hit."""
+
+    def __init__(self, name: str, base_url: str, *, timeout: float, headers: dict[str, str] | None = None,
+                 transport: httpx.BaseTransport | None = None, max_bytes: int = DATA_CAP,
+                 max_error_bytes: int = ERROR_CAP) -> None:
+        self.name = name
+        self.timeout = timeout
+        self.max_bytes = max_bytes
+        self.max_error_bytes = max_error_bytes
+        self._client = httpx.Client(base_url=base_url, timeout=timeout, headers=headers or {},
+                                    transport=deadline_transport() if transport is None else transport)
+
+    def close(self) -> None:
+        self._client.close()
+
+    def get(self, path: str, *, params: Any, headers: dict[str, str] | None = None) -> Answer:
+        start = time.monotonic()
+        limit, which = self.timeout, f"telemetry.{self.name}.timeout"
+        bound = call_deadline()
+        if bound is not None and bound - start < limit:
+            limit, which = bound - start, "the tool call's deadline"
+        if limit <= 0:
+            raise UpstreamError(f"{self.name} was not asked: the tool call's deadline has passed")
+        deadline = start + limit
+        token = _deadline.set(deadline)
+        try:
+            # Leaving the block closes the response; one not read to its end closes its connection.
+            with self._client.stream("GET", path, params=params, headers=headers, timeout=limit) as response:
+                return self._read(response, deadline, f"{limit:.1f}s ({which})")
+        except httpx.TimeoutException as exc:
+            raise UpstreamError(f"{self.name} did not answer within {limit:.1f}s ({which})") from exc
+        except httpx.HTTPError as exc:
+            raise UpstreamError(f"{self.name} is unreachable: {exc.__class__.__name__}") from exc
+        finally:
+            _deadline.reset(token)
+
+    def _read(self, response: httpx.Response, deadline: float, limit: str) -> Answer:
+        error = response.status_code >= 400
+        cap = self.max_error_bytes if error else self.max_bytes
+        declared = response.headers.get("content-length", "")
+        chunks: list[bytes] = []
+        size = 0
+        if not (declared.isdigit() and int(declared) > cap):
+            try:
+                for chunk in response.iter_bytes():
+                    chunks.append(chunk)
+                    size += len(chunk)
+                    if size > cap:
+                        break
+                    if time.monotonic() >= deadline:
+                        raise self._too_slow(limit)
+                else:
+                    return Answer(response.status_code, response.reason_phrase, b"".join(chunks))
+            except httpx.TimeoutException as exc:
+                raise self._too_slow(limit) from exc
+        if error:  # the status says enough; the start of the body, if read, says more
+            return Answer(response.status_code, response.reason_phrase, b"".join(chunks)[:cap], cut_at=cap)
+        raise UpstreamError(f"{self.name}'s answer is larger than {_size(cap)}, the most Kortex reads; the "
+                            "connection was closed. Narrow the query (a shorter time range, more labels)")
+
+    def _too_slow(self, limit: str) -> UpstreamError:
+        return UpstreamError(f"{self.name} was still sending its answer when its time limit of {limit} ran out; "
+                             "the connection was closed")
+
+
+def deadline_transport() -> httpx.BaseTransport | None:
+    """httpx's default transport, whose socket waits end at the deadline of the request in
+    flight (see ``_DeadlineBackend``). None (httpx's own choice) when the environment names a
+    proxy: a transport given to the client would turn the proxy off."""
+    if any(scheme != "no" for scheme in urllib.request.getproxies()):
+        return None
+    transport = httpx.HTTPTransport()
+    # httpx (0.28) offers no argument for httpcore's network backend (encode/httpx#3749 adds
+    # one), so it is swapped in on the pool, before any connection exists. Should httpx move
+    # it, the body checks in BoundedClient still hold; the header-drip test notices the loss.
+    pool: Any = getattr(transport, "_pool", None)
+    backend = getattr(pool, "_network_backend", None)
+    if isinstance(backend, httpcore.NetworkBackend):
+        pool._network_backend = _DeadlineBackend(backend)
+    return transport
+
+
+def _left(timeout: float | None, expired: type[Exception]) -> float | None:
+    """A socket wait's timeout, cut to what is left before this thread's request deadline."""
+    deadline = _deadline.get()
+    if deadline is None:
+        return timeout
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise expired("the request's time limit ran out")
+    return left if timeout is None else min(timeout, left)
+
+
+class _DeadlineStream(httpcore.NetworkStream):
+    def __init__(self, stream: httpcore.NetworkStream) -> None:
+        self._stream = stream
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._stream.read(max_bytes, _left(timeout, httpcore.ReadTimeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._stream.write(buffer, _left(timeout, httpcore.WriteTimeout))
+
+    def close(self) -> None:
+        self._stream.close()
+
+    def start_tls(self, ssl_context: Any, server_hostname: str | None = None,
+                  timeout: float | None = None) -> httpcore.NetworkStream:
+        return _DeadlineStream(self._stream.start_tls(ssl_context, server_hostname,
+                                                      _left(timeout, httpcore.ConnectTimeout)))
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._stream.get_extra_info(info)
+
+
+class _DeadlineBackend(httpcore.NetworkBackend):
+    """Connections whose every wait (connect, TLS, each read and write) ends by the deadline of
+    the request using them: a per-wait timeout alone restarts with every byte."""
+
+    def __init__(self, backend: httpcore.NetworkBackend) -> None:
+        self._backend = backend
+
+    def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
+                    socket_options: Iterable[Any] | None = None) -> httpcore.NetworkStream:
+        return _DeadlineStream(self._backend.connect_tcp(host, port, _left(timeout, httpcore.ConnectTimeout),
+                                                         local_address, socket_options))
+
+    def connect_unix_socket(self, path: str, timeout: float | None = None,
+                            socket_options: Iterable[Any] | None = None) -> httpcore.NetworkStream:
+        return _DeadlineStream(self._backend.connect_unix_socket(path, _left(timeout, httpcore.ConnectTimeout),
+                                                                 socket_options))
+
+    def sleep(self, seconds: float) -> None:
+        self._backend.sleep(seconds)
