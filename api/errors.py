@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -25,6 +26,16 @@ from kortex.errors import (
 )
 
 log = logging.getLogger(__name__)
+
+def _detail(error: Any) -> dict[str, Any]:
+    """One refused part of a request: ``field`` and ``message``, as every other 422 names them
+    (``filter.product``, a header's or a query parameter's name), beside pydantic's ``loc``
+    and ``msg``."""
+    loc = [str(p) for p in error.get("loc", ())]
+    where = loc[1:] if len(loc) > 1 and loc[0] in ("body", "query", "path", "header", "cookie") else loc
+    msg = str(error.get("msg", ""))
+    return {"field": ".".join(where) or "body", "message": msg, "loc": loc, "msg": msg}
+
 
 STATUS: tuple[tuple[type[KortexError], int], ...] = (
     (NotFound, 404),
@@ -64,7 +75,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        details = [{"loc": [str(p) for p in e.get("loc", ())], "msg": e.get("msg", "")} for e in exc.errors()[:20]]
+        details = [_detail(e) for e in exc.errors()[:20]]
         return error_response(422, "validation", "the request is not valid", details)
 
     @app.exception_handler(StarletteHTTPException)

@@ -74,7 +74,7 @@ class _TooLarge(Exception):
     pass
 
 
-_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}\Z")
 
 
 class RequestIds:

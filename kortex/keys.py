@@ -11,6 +11,7 @@ Redis) only the process that made the change forgets at once; others within the 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
@@ -35,6 +36,8 @@ from kortex.timeparse import utcnow
 log = logging.getLogger(__name__)
 
 MAX_KEY_NAME = 200
+#: a key's public id, as ``kortex.ids`` makes them
+KEY_ID = re.compile(r"^[0-9a-f]{12}\Z")
 #: roles that may manage keys: a tenant keeps at least one active key with one of them
 MANAGERS = frozenset(role for role, perms in ROLES.items() if Permission.KEYS in perms)
 
@@ -124,6 +127,8 @@ def revoke_key(k: Kortex, tenant_id: str, key_id: str, *, by: str) -> KeyInfo:
 def rotate_key(k: Kortex, tenant_id: str, key_id: str, *, by: str) -> tuple[KeyInfo, str]:
     """Replace a key: a new one with its name and role, and the old one revoked, in one
     transaction (so rotating the last admin key is allowed: another takes its place)."""
+    if not KEY_ID.match(key_id):  # cannot exist (and a NUL would reach the database as an outage)
+        raise NotFound("API key not found")
     with k.db.begin() as conn:
         old = conn.execute(select(*_COLUMNS).where(api_keys.c.tenant_id == tenant_id, api_keys.c.key_id == key_id)
                            .with_for_update()).first()

@@ -22,6 +22,7 @@ from kortex.access import Permission
 from kortex.errors import Conflict
 from kortex.keys import Caller
 from kortex.proposals import DecisionOutcome, ProposalRecord
+from kortex.text import Storable
 
 router = APIRouter(prefix="/v1/proposals", tags=["proposals"], dependencies=[Depends(allowed(Permission.CHAT))], responses=ERRORS)
 
@@ -57,7 +58,7 @@ class ProposalList(BaseModel):
 
 class DecisionIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    note: str | None = Field(None, max_length=1000, description="Why, for the audit trail")
+    note: Storable | None = Field(None, max_length=1000, description="Why, for the audit trail")
 
 
 def operator(caller: Caller) -> str:

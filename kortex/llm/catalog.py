@@ -16,7 +16,7 @@ from kortex.config import ProviderSettings
 from kortex.llm.base import ModelInfo, Tier
 
 DEFAULT_CONTEXT = 128_000
-_MODEL_ID = re.compile(r"^[\x21-\x7e]{1,200}$")  # printable ASCII, no spaces
+_MODEL_ID = re.compile(r"^[\x21-\x7e]{1,200}\Z")  # printable ASCII, no spaces
 
 ANTHROPIC: tuple[ModelInfo, ...] = (
     ModelInfo(id="claude-opus-4-6", display_name="Claude Opus 4.6 (1M context)", context_tokens=1_000_000,

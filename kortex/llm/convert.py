@@ -14,7 +14,7 @@ from kortex.llm.failures import failure
 from kortex.messages import AssistantMessage, Message, ToolCall, ToolMessage, ToolResult, UserMessage
 from kortex.redaction import scrub, scrub_text
 
-_SAFE_ID = re.compile(r"^[A-Za-z0-9_-]{1,40}$")
+_SAFE_ID = re.compile(r"^[A-Za-z0-9_-]{1,40}\Z")
 MAX_ARGUMENT_BYTES = 256 * 1024  # streamed argument text of one call
 MAX_CALLS = 64  # tool calls in one answer (the step runs at most llm.max_tool_calls_per_step of them)
 

@@ -46,7 +46,7 @@ TIER_ORDER: tuple[Tier, ...] = ("fast", "balanced", "powerful")
 Complexity = Literal["simple", "moderate", "complex"]
 TIER_FOR: dict[Complexity, Tier] = {"simple": "fast", "moderate": "balanced", "complex": "powerful"}
 Position = Literal["plan", "digest", "answer"]
-_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,39}::[\x21-\x7e]{1,200}$")
+_KEY = re.compile(r"^[a-z][a-z0-9_-]{0,39}::[\x21-\x7e]{1,200}\Z")
 
 
 def canonical(capability: str) -> str:

@@ -43,7 +43,7 @@ from kortex.messages import AssistantMessage, ToolCall, UserMessage
 from kortex.prompts import REGROUND_MARK
 
 BUILTIN_SCRIPTS = Path(__file__).resolve().parent.parent / "testing" / "scripts"
-_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
+_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,100}\Z")
 
 
 class ScriptCall(BaseModel):

@@ -37,6 +37,7 @@ from kortex.storage import chats, invocations, posting, turns
 from kortex.storage import postmortems as store
 from kortex.storage.records import ItemRecord, JobRecord, PostmortemRecord, TurnRecord
 from kortex.telemetry.sources import Incident
+from kortex.text import Storable, check_no_nul
 from kortex.timeparse import isoformat, utcnow
 from kortex.turns.handoff import NOTHING, Handoff, ItemDispatch, StepDispatch
 from kortex.turns.profiles import TurnEnd
@@ -54,17 +55,19 @@ TEMPLATES: dict[str, str] = {
     "brief": "Keep the summary to three sentences, the timeline to the five entries that matter most, and at "
              "most three action items.",
 }
+#: also a path parameter's pattern (pydantic's regex engine, where ``$`` is the very end):
+#: Python code must ``fullmatch`` it, as its ``$`` also matches before a final newline
 INCIDENT_REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,63}$")
-_SPAN = re.compile(r"^\d+\s*[a-z]+$")
+_SPAN = re.compile(r"^\d+\s*[a-z]+\Z")
 
 
 class JobFilter(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    product: str | None = Field(None, min_length=1, max_length=200)
+    product: Storable | None = Field(None, min_length=1, max_length=200)
     severity: Literal["info", "warn", "error", "critical"] | None = None
-    since: str = Field(description="Incidents that opened at or after this: ISO 8601, or '30d' for 30 days ago")
-    until: str | None = Field(None, description="... and before this (default: now)")
+    since: Storable = Field(description="Incidents that opened at or after this: ISO 8601, or '30d' for 30 days ago")
+    until: Storable | None = Field(None, description="... and before this (default: now)")
 
 
 class JobRequest(BaseModel):
@@ -74,7 +77,7 @@ class JobRequest(BaseModel):
 
     incident_ids: list[str] | None = Field(None, min_length=1, max_length=MAX_ITEMS)
     filter: JobFilter | None = None
-    model: str | None = Field(None, min_length=1, max_length=200)
+    model: Storable | None = Field(None, min_length=1, max_length=200)
     max_usd: float | None = Field(None, gt=0, le=100_000)
     concurrency: int = Field(4, ge=1, le=MAX_CONCURRENCY)
     template: str = Field("default", max_length=64)
@@ -85,7 +88,7 @@ class JobRequest(BaseModel):
     def _refs(cls, value: list[str] | None) -> list[str] | None:
         if value is None:
             return None
-        bad = [v for v in value if not INCIDENT_REF.match(v)]
+        bad = [v for v in value if not INCIDENT_REF.fullmatch(v)]
         if bad:
             raise ValueError(f"not incident ids: {', '.join(repr(b[:70]) for b in bad[:5])}")
         return list(dict.fromkeys(value))  # the same incident twice is one item
@@ -167,6 +170,7 @@ def submit(k: Kortex, tenant_id: str, request: JobRequest, *, idempotency_key: s
            by: str | None = None) -> Submitted:
     """Store a job and its items and dispatch the first ones. With ``idempotency_key``, the same
     request again answers the job it made; a different request with that key is a Conflict."""
+    check_no_nul(idempotency_key, "Idempotency-Key")
     if request.model is not None:
         k.providers.resolve(request.model)  # unknown or unavailable: a 4xx now, not a failed item later
     digest = _request_hash(request)

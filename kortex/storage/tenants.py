@@ -18,8 +18,8 @@ from kortex.storage.records import TenantRecord
 from kortex.storage.schema import api_keys, tenants
 from kortex.timeparse import utcnow
 
-_KEY = re.compile(r"^kx_([0-9a-f]{12})_([A-Za-z0-9]{20,80})$")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._-]{0,199}$")
+_KEY = re.compile(r"^kx_([0-9a-f]{12})_([A-Za-z0-9]{20,80})\Z")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._-]{0,199}\Z")
 
 
 def hash_secret(secret: str) -> str:

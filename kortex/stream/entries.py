@@ -9,9 +9,9 @@ from typing import Any
 
 from kortex.errors import InvalidInput
 
-_ID = re.compile(r"^(\d{1,20})-(\d{1,20})$")
+_ID = re.compile(r"^(\d{1,20})-(\d{1,20})\Z")
 _MAX = 2**64 - 1  # Redis rejects larger parts, and one bad id would break a shared XREAD
-_SHAPE = re.compile(r"^\d+-\d+$")
+_SHAPE = re.compile(r"^\d+-\d+\Z")
 
 START = "0-0"
 

@@ -25,7 +25,7 @@ from kortex.storage.schema import telemetry_metrics
 from kortex.telemetry.sources import MAX_BUCKETS, MetricQuery, MetricSeries, Sample
 
 _MAX_ROWS = MAX_BUCKETS + 1  # ceil(span / step), plus one for rounding at the edge
-_LABEL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+_LABEL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}\Z")
 
 
 def labels_key(labels: dict[str, Any] | None) -> str:

@@ -23,8 +23,8 @@ from kortex.errors import ConfigError, InvalidInput, UpstreamError
 from kortex.telemetry.http import DATA_CAP, BoundedClient
 from kortex.telemetry.sources import MAX_BUCKETS, MetricQuery, MetricSeries, Sample
 
-_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
-_METRIC = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*\Z")
+_METRIC = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
 UNSCOPED = ("telemetry.prometheus: every tenant could read every other tenant's metrics; set tenant_label "
             "(a label whose value is the tenant id), org_id_from_tenant = true (Mimir, Cortex, Thanos: "
             "X-Scope-OrgID) or, if this Prometheus serves one tenant only, single_tenant = true")

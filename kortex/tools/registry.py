@@ -10,7 +10,7 @@ from kortex.tools.policy import ToolPolicy
 from kortex.tools.spec import ToolSpec
 
 # OpenAI allows only [a-zA-Z0-9_-]{1,64}; the other vendors accept that subset too.
-_NAME = re.compile(r"^[a-zA-Z][a-zA-Z0-9_-]{0,63}$")
+_NAME = re.compile(r"^[a-zA-Z][a-zA-Z0-9_-]{0,63}\Z")
 
 
 class ToolRegistry:

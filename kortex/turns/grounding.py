@@ -26,7 +26,7 @@ from typing import Any
 from kortex.messages import AssistantMessage, Message, ToolMessage, UserMessage
 
 _BRACKETS = re.compile(r"\[([^\[\]\n]{1,300})\](?!\()")
-_ID_SHAPE = re.compile(r"^(?:call|toolu|tool|fc)_[A-Za-z0-9_\-]{2,120}$")
+_ID_SHAPE = re.compile(r"^(?:call|toolu|tool|fc)_[A-Za-z0-9_\-]{2,120}\Z")
 _SPLIT = re.compile(r"[\s,;]+")
 # 1,234.5 · 2.60 · v2.14.0 · 99.9% · 503 · 9.3x · 200ms (a unit may follow; not inside a word or an id)
 _NUMBER = re.compile(r"(?<![\w.\-/])v?(\d{1,3}(?:,\d{3})+|\d+)((?:\.\d+)*)(?![\d])")

@@ -3,6 +3,7 @@ creation and ingest answer 429 with Retry-After."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -57,8 +58,42 @@ def check_nul_and_range(client: TestClient, key: str) -> None:
     assert_422(events, "Last-Event-ID")
 
 
+def check_more_bad_input(client: TestClient, h: Harness, tenant: str) -> None:
+    """More of the same, shared with the PostgreSQL run: each of these was a 503 there (the NUL
+    reached the database) or, with a trailing newline that ``$`` lets through, a 404."""
+    from kortex.proposals import NewProposal
+
+    key = h.api_key(tenant)
+    pid = h.k.proposals.propose(tenant, NewProposal(action="restart", product="checkout", params={},
+                                                    rationale="r", blast_radius="one host", reversible=True),
+                                session_id=None, turn_id=str(uuid.uuid4()), call_id="c").id
+    for verb in ("confirm", "reject"):
+        assert_422(client.post(f"/v1/proposals/{pid}/{verb}", json={"note": "a\x00b"}, headers=bearer(key)), "note")
+    assert client.get(f"/v1/proposals/{pid}", headers=bearer(key)).json()["status"] == "pending"
+    job = client.post("/v1/postmortems", json={"filter": {"since": "1d", "product": "a\x00b"}}, headers=bearer(key))
+    assert_422(job, "filter.product")
+    assert_422(client.post("/v1/postmortems", json={"incident_ids": ["INC-1\n"]}, headers=bearer(key)), "incident_ids")
+    assert_422(client.post("/v1/postmortems", json={"incident_ids": ["INC-1"], "model": "a\x00"}, headers=bearer(key)),
+               "model")
+    for key_id in ("a%00b", "%00", "0123456789ab%0A"):
+        assert client.post(f"/v1/keys/{key_id}/rotate", headers=bearer(key)).status_code == 404
+
+
 def test_nul_bytes_and_out_of_range_positions_are_422_naming_the_field(client: TestClient, harness: Harness) -> None:
     check_nul_and_range(client, harness.api_key(harness.tenant("acme")))
+    check_more_bad_input(client, harness, harness.tenant("acme"))
+
+
+def test_a_nul_in_a_post_mortem_jobs_idempotency_key_is_refused_naming_it(harness: Harness) -> None:
+    # A header cannot carry NUL over HTTP/1.1 (uvicorn refuses it with 400), but another server
+    # or a caller in process could pass it on.
+    from kortex.errors import InvalidInput
+    from kortex.postmortems import jobs
+
+    with pytest.raises(InvalidInput) as refused:
+        jobs.submit(harness.k, harness.tenant("acme"), jobs.JobRequest(incident_ids=["INC-1"]),
+                    idempotency_key="a\x00b")
+    assert refused.value.details == [{"field": "Idempotency-Key", "message": "contains a NUL character"}]
 
 
 def test_refused_requests_do_not_use_up_the_turn_rate(tight: tuple[TestClient, Harness]) -> None:

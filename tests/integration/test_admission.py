@@ -15,7 +15,7 @@ from kortex.errors import RateLimited
 from kortex.storage.schema import turns as turns_table
 from kortex.turns import chat
 from kortex.turns.cancel import cancel
-from tests.api.test_admission import check_nul_and_range
+from tests.api.test_admission import check_more_bad_input, check_nul_and_range
 from tests.conftest import Harness
 
 pytestmark = pytest.mark.integration
@@ -24,6 +24,7 @@ pytestmark = pytest.mark.integration
 def test_nul_bytes_and_out_of_range_numbers_are_422_on_postgresql(pg: Harness) -> None:
     with TestClient(create_app(pg.settings, dispatch=lambda handoff: None, embedded_worker=False)) as client:
         check_nul_and_range(client, pg.api_key(pg.tenant("nul-tenant")))
+        check_more_bad_input(client, pg, pg.tenant("nul-tenant"))
 
 
 def test_the_concurrent_turn_cap_holds_under_concurrent_posts(pg: Harness) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kortex.errors import InvalidInput
-from kortex.stream.entries import START, Entry, entries_from_raw, resume_id
+from kortex.stream.entries import START, Entry, entries_from_raw, parse_id, resume_id
 
 
 def test_raw_entries_keep_type_and_body_and_skip_other_fields() -> None:
@@ -23,10 +23,16 @@ def test_raw_entries_keep_type_and_body_and_skip_other_fields() -> None:
 
 @pytest.mark.parametrize("value, expected", [
     (None, START), ("", START), ("nonsense", START), ("1-2-3", START), ("12-3", "12-3"),
+    ("1-2\n", START),  # not an id (``$`` matched before a final newline, and Redis refused it: 503)
     ("18446744073709551615-18446744073709551614", "18446744073709551615-18446744073709551614"),
 ])
 def test_resume_points(value: str | None, expected: str) -> None:
     assert resume_id(value) == expected
+
+
+def test_an_id_with_a_final_newline_is_not_an_id() -> None:
+    with pytest.raises(ValueError):
+        parse_id("1-2\n")
 
 
 @pytest.mark.parametrize("value", ["18446744073709551615-18446744073709551615", "99999999999999999999-0",
