@@ -49,6 +49,14 @@ MAX_ERRORS = 50
 FUTURE_SKEW = timedelta(minutes=5)
 MAX_AGE = timedelta(days=400)
 MAX_JSON_BYTES = 8 * 1024
+#: The largest value of an INTEGER column (32-bit on PostgreSQL; SQLite would take more, so
+#: without this bound a batch that passes in tests fails on the real database).
+INT32_MAX = 2**31 - 1
+#: Bounds on floats: far beyond any real figure, far below where the tools' sums and averages
+#: overflow to infinity (which JSON cannot carry).
+MAX_MS = 86_400_000.0  # a day, as the span duration's bound
+MAX_USD = 1e9
+MAX_METRIC = 1e18  # room for large byte counters
 
 # The tools' argument types use the same patterns (sources.py): what is stored can be asked about.
 Name = Annotated[str, Field(min_length=1, max_length=200, pattern=PRODUCT_PATTERN)]
@@ -58,20 +66,43 @@ UserId = Annotated[str, Field(min_length=1, max_length=ID_MAX, pattern=ID_PATTER
 DeploymentId = Annotated[str, Field(min_length=3, max_length=200, pattern=DEPLOYMENT_PATTERN)]
 
 
+class _FieldError(Exception):
+    """An item's error that pydantic cannot place (it spans fields, or is found after validation)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field, self.message = field, message
+
+
 def _aware(value: datetime) -> datetime:
     if value.tzinfo is None:
         raise ValueError("timestamp needs a time zone, e.g. 2026-04-07T14:31:02Z")
-    return ensure_utc(value)
+    try:
+        return ensure_utc(value)
+    except OverflowError:  # 0001-01-01T00:00:00+01:00 is in year 0 in UTC; pydantic turns only ValueError into
+        # a validation error naming the field, anything else into a 500
+        raise ValueError("timestamp is out of range") from None
 
 
 def _small_json(value: dict[str, Any] | None) -> dict[str, Any] | None:
-    if value is not None and len(json.dumps(value, default=str)) > MAX_JSON_BYTES:
+    if value is None:
+        return None
+    try:
+        # PostgreSQL's jsonb refuses the NaN and Infinity that Python's json writes by default.
+        size = len(json.dumps(value, default=str, allow_nan=False))
+    except ValueError:
+        raise ValueError("contains a non-finite number (NaN or Infinity)") from None
+    if size > MAX_JSON_BYTES:
         raise ValueError(f"larger than {MAX_JSON_BYTES} bytes as JSON")
     return value
 
 
 Timestamp = Annotated[datetime, AfterValidator(_aware)]
 SmallJSON = Annotated[dict[str, Any] | None, AfterValidator(_small_json)]
+Count = Annotated[int, Field(ge=0, le=INT32_MAX)]
+Millis = Annotated[float, Field(ge=0, le=MAX_MS, allow_inf_nan=False)]
+USD = Annotated[float, Field(ge=0, le=MAX_USD, allow_inf_nan=False)]
+Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
 
 
 class _Item(BaseModel):
@@ -109,6 +140,8 @@ class MetricItem(_Item):
     def _finite(cls, value: float) -> float:
         if not math.isfinite(value):
             raise ValueError("value must be a finite number")
+        if abs(value) > MAX_METRIC:
+            raise ValueError(f"value must be between -{MAX_METRIC:g} and {MAX_METRIC:g}")
         return value
 
     def row(self) -> dict[str, Any]:
@@ -140,7 +173,7 @@ class DeployItem(_Item):
     version: str = Field(min_length=1, max_length=100)
     actor: str = Field("", max_length=200)
     host: str = Field("", max_length=200)
-    duration_s: float | None = Field(None, ge=0, le=86_400)
+    duration_s: float | None = Field(None, ge=0, le=86_400, allow_inf_nan=False)
     status: Literal["ok", "failed", "in_progress"] = "ok"
     commit: str | None = Field(None, max_length=64)
     rolled_back: bool = False
@@ -163,7 +196,7 @@ class IncidentItem(_Item):
 
     def row(self) -> dict[str, Any]:
         if self.closed_at is not None and self.closed_at < self.opened_at:
-            raise ValueError("closed_at is before opened_at")
+            raise _FieldError("closed_at", "closed_at is before opened_at")
         return self.model_dump()
 
 
@@ -187,13 +220,13 @@ class LLMDeploymentItem(_Item):
     model_id: LongId
     backend_id: LongId
     status: Literal["healthy", "degraded", "down"]
-    latency_p50_ms: float | None = Field(None, ge=0)
-    latency_p95_ms: float | None = Field(None, ge=0)
-    error_rate: float | None = Field(None, ge=0, le=1)
-    queue_depth: int | None = Field(None, ge=0)
-    cost_per_1k_tokens: float | None = Field(None, ge=0)
-    rate_limit_remaining: int | None = Field(None, ge=0)
-    sample_count: int = Field(0, ge=0)
+    latency_p50_ms: Millis | None = None
+    latency_p95_ms: Millis | None = None
+    error_rate: Fraction | None = None
+    queue_depth: Count | None = None
+    cost_per_1k_tokens: USD | None = None
+    rate_limit_remaining: Count | None = None
+    sample_count: Count = 0
     updated_at: Timestamp
 
     def row(self) -> dict[str, Any]:
@@ -203,8 +236,8 @@ class LLMDeploymentItem(_Item):
 class LLMUserItem(_Item):
     user_id: UserId
     tier: Literal["premium", "standard", "budget"]
-    latency_sla_ms: int | None = Field(None, ge=1)
-    daily_budget_usd: float | None = Field(None, ge=0)
+    latency_sla_ms: Annotated[int, Field(ge=1, le=INT32_MAX)] | None = None
+    daily_budget_usd: USD | None = None
 
     def row(self) -> dict[str, Any]:
         return self.model_dump()
@@ -218,12 +251,12 @@ class LLMRequestItem(_Item):
     model_id: LongId
     backend_id: LongId
     task_type: str = Field("", max_length=50, pattern=f"^$|{ID_PATTERN}")
-    input_tokens: int = Field(0, ge=0)
-    output_tokens: int = Field(0, ge=0)
-    cost_usd: float = Field(0.0, ge=0)
-    latency_ms: int = Field(ge=0)
+    input_tokens: Count = 0
+    output_tokens: Count = 0
+    cost_usd: USD = 0.0
+    latency_ms: Count
     status: Literal["success", "error", "timeout"]
-    quality_score: float | None = Field(None, ge=0, le=1)
+    quality_score: Fraction | None = None
     router_version: str | None = Field(None, max_length=50)
     experiment_id: str | None = Field(None, max_length=100)
     routing: SmallJSON = None
@@ -254,12 +287,6 @@ def kind_spec(kind: str) -> tuple[type[_Item], Table, tuple[str, ...] | None, st
         return KINDS[kind]
     except KeyError:
         raise InvalidInput(f"unknown ingest kind {kind!r}; use one of {', '.join(KINDS)}") from None
-
-
-class _FieldError(Exception):
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field, self.message = field, message
 
 
 def _nul_at(value: Any, path: str = "") -> str | None:
@@ -301,9 +328,9 @@ def validate_batch(kind: str, items: Sequence[Any], *, now: datetime) -> list[di
             for name in times:
                 value = getattr(item, name)
                 if value is not None and value > now + FUTURE_SKEW:
-                    raise ValueError(f"{name} is in the future ({value.isoformat()})")
+                    raise _FieldError(name, f"{name} is in the future ({value.isoformat()})")
                 if value is not None and value < now - MAX_AGE:
-                    raise ValueError(f"{name} is older than {MAX_AGE.days} days")
+                    raise _FieldError(name, f"{name} is older than {MAX_AGE.days} days")
             rows.append(item.row())
         except ValidationError as exc:
             for err in exc.errors()[:5]:

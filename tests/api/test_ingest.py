@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 from fastapi.testclient import TestClient
@@ -63,14 +64,36 @@ def test_a_batch_with_bad_items_is_rejected_whole_naming_them(client: TestClient
         by_index.setdefault(detail["index"], []).append(detail)
     assert sorted(by_index) == [1, 2, 3, 4, 5, 6]
     assert by_index[1][0]["field"] == "level" and "time zone" in by_index[2][0]["message"]
-    assert "future" in by_index[3][0]["message"] and by_index[5][0]["field"] == "secret_field"
+    assert "future" in by_index[3][0]["message"] and by_index[3][0]["field"] == "ts"
+    assert by_index[5][0]["field"] == "secret_field"
     assert harness.call(tenant, "get_logs", {"product": "billing", "time_range": "last 1h"}) \
         .content["total_matches"] == 0
     nan = {"product": "b", "metric": "m", "ts": isoformat(now), "value": "NaN"}
     assert client.post("/v1/ingest/metrics", json={"items": [nan]}, headers=bearer(key)).status_code == 422
     closed_early = {"ref": "INC-1", "title": "t", "opened_at": isoformat(now), "closed_at": isoformat(
         now - timedelta(hours=1))}
-    assert client.post("/v1/ingest/incidents", json={"items": [closed_early]}, headers=bearer(key)).status_code == 422
+    refused = client.post("/v1/ingest/incidents", json={"items": [closed_early]}, headers=bearer(key))
+    assert refused.status_code == 422 and refused.json()["error"]["details"][0]["field"] == "closed_at"
+
+
+def test_a_timestamp_that_leaves_the_calendar_in_utc_is_a_422_naming_it(client: TestClient, harness: Harness) -> None:
+    key = harness.api_key(harness.tenant("acme"))
+    for moment in ("0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59-01:00"):
+        item = {"product": "billing", "ts": moment, "level": "info", "message": "m"}
+        response = client.post("/v1/ingest/logs", json={"items": [item]}, headers=bearer(key))
+        assert response.status_code == 422, response.json()
+        assert response.json()["error"]["details"][0]["field"] == "ts"
+
+
+def test_non_finite_numbers_are_a_422_naming_the_field(client: TestClient, harness: Harness) -> None:
+    key = harness.api_key(harness.tenant("acme"))
+    user = {"user_id": "u1", "tier": "premium", "daily_budget_usd": "__X__"}
+    for literal in ("Infinity", "1e400", "NaN"):  # what Python's JSON parser lets through
+        body = json.dumps({"items": [user]}).replace('"__X__"', literal)
+        response = client.post("/v1/ingest/llm-users", content=body.encode(),
+                               headers={**bearer(key), "Content-Type": "application/json"})
+        assert response.status_code == 422, (literal, response.json())
+        assert response.json()["error"]["details"][0]["field"] == "daily_budget_usd"
 
 
 def test_limits_kinds_and_auth(client: TestClient, harness: Harness) -> None:
