@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import bindparam, delete, func, select, tuple_
+from sqlalchemy import ColumnElement, bindparam, delete, func, literal, select, tuple_
 from sqlalchemy.engine import Connection
 
 from kortex.errors import Conflict, NotFound
@@ -18,6 +18,13 @@ from kortex.storage.schema import chat_messages, chat_sessions, stream_outbox, t
 from kortex.timeparse import utcnow
 
 INSERT_MESSAGE = chat_messages.insert()
+
+
+def _row(columns: Sequence[ColumnElement[Any]], values: Iterable[Any]) -> ColumnElement[Any]:
+    """``values`` as a row to compare with the row of ``columns`` (keyset paging), each bound with
+    its column's type. Bound by their Python types, an id is a varchar that PostgreSQL will not
+    compare with a uuid column, and a datetime skips the column's conversion to UTC."""
+    return tuple_(*(literal(v, type_=c.type) for c, v in zip(columns, values, strict=True)))
 
 
 def create_session(
@@ -50,7 +57,7 @@ def list_sessions(conn: Connection, tenant_id: str, *, before: tuple[datetime, s
     order = (chat_sessions.c.created_at, chat_sessions.c.id)
     query = select(chat_sessions).where(chat_sessions.c.tenant_id == tenant_id)
     if before is not None:
-        query = query.where(tuple_(*order) < tuple_(*before))
+        query = query.where(tuple_(*order) < _row(order, before))
     rows = conn.execute(query.order_by(*(c.desc() for c in order)).limit(limit)).all()
     return [SessionRecord.from_row(r) for r in rows]
 
@@ -92,7 +99,7 @@ def list_messages(
         chat_messages.c.tenant_id == tenant_id, chat_messages.c.session_id == session_id
     )
     if after is not None:
-        query = query.where(tuple_(*order) > tuple_(*after))
+        query = query.where(tuple_(*order) > _row(order, after))
     rows = (conn.execute(query.order_by(*order).limit(limit))).all()
     return [MessageRecord.from_row(r) for r in rows]
 
@@ -187,11 +194,10 @@ def copy_conversation(conn: Connection, tenant_id: str, source_id: str, target_i
     Returns how many turns were copied."""
     source_turns = conn.execute(select(turns).where(turns.c.tenant_id == tenant_id, turns.c.session_id == source_id,
                                                     turns.c.turn_no <= upto[0]).order_by(turns.c.turn_no)).all()
-    order = tuple_(chat_messages.c.turn_no, chat_messages.c.step, chat_messages.c.ord)
+    order = (chat_messages.c.turn_no, chat_messages.c.step, chat_messages.c.ord)
     messages = conn.execute(select(chat_messages).where(
         chat_messages.c.tenant_id == tenant_id, chat_messages.c.session_id == source_id,
-        order <= tuple_(*(bindparam(f"p_{i}", v) for i, v in enumerate(upto)))).order_by(
-        chat_messages.c.turn_no, chat_messages.c.step, chat_messages.c.ord)).all()
+        tuple_(*order) <= _row(order, upto)).order_by(*order)).all()
     copied = {m.turn_no for m in messages}
     whole = {t.turn_no for t in source_turns if t.turn_no < upto[0] or _ends_at(messages, t.turn_no)}
     ids: dict[str, str] = {}

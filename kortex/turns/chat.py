@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
 import logging
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -13,10 +13,11 @@ from sqlalchemy.engine import Connection
 
 from kortex import budget
 from kortex.container import Kortex
-from kortex.errors import Conflict, InvalidInput, StreamError
+from kortex.errors import Conflict, InvalidInput, ProviderError, StreamError
 from kortex.messages import Usage
 from kortex.storage import audit, chats, posting, turns
 from kortex.storage.audit import AuditEntry
+from kortex.storage.posting import NewTurn
 from kortex.storage.records import MessageRecord as MessageRecord  # the records this door hands out
 from kortex.storage.records import SessionRecord as SessionRecord
 from kortex.storage.records import TurnRecord as TurnRecord
@@ -46,35 +47,60 @@ def _no_nul(value: str | None, field: str) -> None:
                            details=[{"field": field, "message": "contains a NUL character"}])
 
 
-def _check_model(k: Kortex, model: str | None) -> str | None:
+def check_model(k: Kortex, model: str | None, field: str = "model") -> str | None:
+    """``model`` stripped, once it names a model that can take a turn now (or ``auto``); every
+    refusal is a 4xx whose details name ``field``."""
     if model is None:
         return None
-    _no_nul(model, "model")
+    _no_nul(model, field)
     model = model.strip()
     if not model or len(model) > 200:
-        raise InvalidInput("model must be 1-200 characters, e.g. 'offline:analyst'")
+        raise InvalidInput(f"{field} must be 1-200 characters, e.g. 'offline:analyst'",
+                           details=[{"field": field, "message": "must be 1-200 characters"}])
     if model == AUTO:  # each step's model is chosen by the router (kortex/turns/routed.py)
         return model
-    k.providers.resolve(model)  # unknown or unavailable models fail here, as a 4xx
+    try:
+        k.providers.resolve(model)  # unknown or unavailable models fail here, as a 4xx
+    except (InvalidInput, ProviderError) as exc:
+        # The registry knows models, not requests: the field is named here, its code kept
+        # (ProviderError takes no details when raised, hence set on the way through).
+        if exc.details is None:
+            exc.details = [{"field": field, "message": exc.message}]
+        raise
     return model
 
 
-def create_session(k: Kortex, tenant_id: str, name: str | None, model: str | None = None) -> SessionRecord:
+def session_name(name: str | None, default: str) -> str:
+    """The name a caller gave a new session, stripped, or ``default`` when it gave none."""
     _no_nul(name, "name")
-    name = (name or "").strip() or "untitled"
+    name = (name or "").strip()
     if len(name) > MAX_NAME:
-        raise InvalidInput(f"name is longer than {MAX_NAME} characters")
-    model = _check_model(k, model)
-    budget_settings = k.settings.llm.budget
-    quota = budget.Quota(k.redis, k.settings.redis_prefix, "sessions", budget_settings.sessions_per_minute,
-                         "new sessions")
-    window = quota.take(tenant_id)  # after validation: a refused request costs no quota
+        raise InvalidInput(f"name is longer than {MAX_NAME} characters",
+                           details=[{"field": "name", "message": f"longer than {MAX_NAME} characters"}])
+    return name or default
+
+
+@contextmanager
+def counting_session(k: Kortex, tenant_id: str) -> Iterator[None]:
+    """Count a new session against the tenant's ``sessions_per_minute`` (RateLimited past it),
+    and give the count back if the block fails: a session not made costs no quota. Enter it
+    after validation, so a refused request costs none either. Every way to make a session
+    (create, fork, retry) counts here."""
+    settings = k.settings.llm.budget
+    quota = budget.Quota(k.redis, k.settings.redis_prefix, "sessions", settings.sessions_per_minute, "new sessions")
+    window = quota.take(tenant_id)
     try:
-        with k.db.begin() as conn:
-            return chats.create_session(conn, tenant_id, name, model)
+        yield
     except BaseException:
         quota.give_back(tenant_id, window)
         raise
+
+
+def create_session(k: Kortex, tenant_id: str, name: str | None, model: str | None = None) -> SessionRecord:
+    name = session_name(name, "untitled")
+    model = check_model(k, model)
+    with counting_session(k, tenant_id), k.db.begin() as conn:
+        return chats.create_session(conn, tenant_id, name, model)
 
 
 def get_session(k: Kortex, tenant_id: str, session_id: str) -> tuple[SessionRecord, Usage]:
@@ -101,26 +127,34 @@ class SessionPage:
 def list_sessions(k: Kortex, tenant_id: str, *, before: str | None = None, limit: int = 50) -> SessionPage:
     """The tenant's sessions, newest first, a page at a time (keyset: stable while sessions are
     created, unlike an offset)."""
+    position = _session_cursor(k, tenant_id, before)
     with k.db.connect() as conn:
-        rows = chats.list_sessions(conn, tenant_id, before=_session_cursor(before), limit=limit)
+        rows = chats.list_sessions(conn, tenant_id, before=position, limit=limit)
     last = rows[-1] if len(rows) == limit else None
     token = None
     if last is not None:
-        token = base64.urlsafe_b64encode(f"{last.created_at.isoformat()}|{last.id}".encode()).decode().rstrip("=")
+        token = k.cursors.encode({"at": last.created_at.isoformat(), "id": last.id},
+                                 _session_pages(tenant_id))
     return SessionPage(sessions=rows, next_before=token)
 
 
-def _session_cursor(token: str | None) -> tuple[datetime, str] | None:
+def _session_pages(tenant_id: str) -> dict[str, str]:
+    return {"pages": "sessions", "tenant": tenant_id}
+
+
+def _session_cursor(k: Kortex, tenant_id: str, token: str | None) -> tuple[datetime, str] | None:
+    # Signed (and bound to the tenant), so only a page's own next_before is taken: a made-up
+    # position (any date, an id that is no uuid) is the caller's mistake, refused here rather
+    # than sent to the database, where it could only fail as an outage or page nothing.
     if token is None:
         return None
     try:
-        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
-        at, session_id = raw.split("|")
-        when = datetime.fromisoformat(at)
+        position = k.cursors.decode(token, _session_pages(tenant_id))
+        when = datetime.fromisoformat(position["at"])
         if when.tzinfo is None:
             raise ValueError("naive")
-        return when, str(uuid.UUID(session_id))
-    except (ValueError, UnicodeDecodeError, binascii.Error):
+        return when, str(uuid.UUID(position["id"]))
+    except (InvalidInput, ValueError, KeyError, TypeError):
         raise InvalidInput("before must be a next_before value from an earlier page", code="validation",
                            details=[{"field": "before", "message": "not a page cursor"}]) from None
 
@@ -153,6 +187,50 @@ def post_message(
     idempotency_key: str | None = None,
 ) -> PostedTurn:
     """Store the user message and a queued turn; the caller enqueues ``handoff`` afterwards."""
+    model = _check_post(k, content, model, idempotency_key)
+    admission = _Admission(k, tenant_id)
+    # Where the turn is written in one statement (PostgreSQL), that statement is the whole
+    # change: autocommit spares the BEGIN and COMMIT round trips of a transaction that would
+    # hold nothing else (the admission read before it changes nothing).
+    one_statement = k.db.dialect in ONE_STATEMENT_WRITE
+    try:
+        for attempt in range(2):
+            try:
+                with k.db.connect() if one_statement else k.db.begin() as conn:
+                    new = admission.create_turn(conn, session_id, content, model, idempotency_key)
+                break
+            except Conflict as exc:
+                # Two identical requests raced on the Idempotency-Key: the loser reads the winner's turn.
+                if exc.code != "integrity" or idempotency_key is None or attempt:
+                    raise
+                admission.give_back()  # the loser created nothing: give its count and slot back before it replays
+    except BaseException:
+        admission.give_back()  # counted, then the transaction failed: no turn was created
+        raise
+    return admission.posted(new)
+
+
+def start_session(k: Kortex, tenant_id: str, make: Callable[[Connection], str], content: str, *,
+                  model: str | None = None) -> tuple[SessionRecord, PostedTurn]:
+    """A new session, made by ``make`` (which returns its id), with ``content`` posted to it, in
+    one transaction: whatever refuses the post (the model, the content, a budget or a rate)
+    leaves no session behind. Counted against ``sessions_per_minute`` like any new session."""
+    model = _check_post(k, content, model, None)
+    admission = _Admission(k, tenant_id)
+    with counting_session(k, tenant_id):
+        try:
+            with k.db.begin() as conn:
+                session_id = make(conn)
+                new = admission.create_turn(conn, session_id, content, model, None)
+                session = chats.get_session(conn, tenant_id, session_id)
+        except BaseException:
+            admission.give_back()
+            raise
+    return session, admission.posted(new)
+
+
+def _check_post(k: Kortex, content: str, model: str | None, idempotency_key: str | None) -> str | None:
+    """Everything about a post that needs no lookup but the model's; returns the model."""
     if not content or not content.strip():
         raise InvalidInput("content must not be empty")
     _no_nul(content, "content")
@@ -162,56 +240,51 @@ def post_message(
         raise InvalidInput(f"content is longer than {limit} characters")
     if idempotency_key is not None and not (0 < len(idempotency_key) <= MAX_IDEMPOTENCY_KEY):
         raise InvalidInput(f"Idempotency-Key must be 1-{MAX_IDEMPOTENCY_KEY} characters")
-    model = _check_model(k, model)
-    budget_settings = k.settings.llm.budget
-    cap = budget_settings.max_concurrent_turns_per_tenant
+    return check_model(k, model)
 
-    taken: list[tuple[str, Admitted]] = []  # the new turn's slot and count, once admitted
 
-    def admit(conn: Connection, state: posting.Admission) -> None:
+class _Admission:
+    """A new turn's budget checks and its slot and count in Redis, and giving those back when
+    the turn is not created after all."""
+
+    def __init__(self, k: Kortex, tenant_id: str) -> None:
+        self.k, self.tenant_id = k, tenant_id
+        self.taken: list[tuple[str, Admitted]] = []  # the new turn's slot and count, once admitted
+
+    def create_turn(self, conn: Connection, session_id: str, content: str, model: str | None,
+                    idempotency_key: str | None) -> NewTurn:
+        return posting.create_turn(
+            conn, tenant_id=self.tenant_id, session_id=session_id, content=content, model=model,
+            deadline=timedelta(seconds=self.k.settings.turn.deadline), idempotency_key=idempotency_key,
+            admit=self._admit,
+        )
+
+    def _admit(self, conn: Connection, state: posting.Admission) -> None:
+        budget_settings = self.k.settings.llm.budget
         spent = state.spent
         budget.check_spend(budget_settings, spent)
         # The slot and this minute's count in one atomic step, taken last, once every other check
         # has passed: a refused request costs no rate (kortex/turns/admission.py).
         per_minute = budget.Limits.of(budget_settings, spent.tenant_settings).turns_per_minute
-        taken.append((state.turn_id, k.slots.take(tenant_id, state.turn_id, cap, per_minute)))
+        self.taken.append((state.turn_id, self.k.slots.take(self.tenant_id, state.turn_id,
+                                                            budget_settings.max_concurrent_turns_per_tenant,
+                                                            per_minute)))
 
-    def give_back() -> None:
-        while taken:
-            turn_id, admitted = taken.pop()
+    def give_back(self) -> None:
+        while self.taken:
+            turn_id, admitted = self.taken.pop()
             if admitted.window is not None:
-                k.slots.refund(tenant_id, admitted.window)
-            k.slots.give_back(tenant_id, turn_id)
+                self.k.slots.refund(self.tenant_id, admitted.window)
+            self.k.slots.give_back(self.tenant_id, turn_id)
 
-    # Where the turn is written in one statement (PostgreSQL), that statement is the whole
-    # change: autocommit spares the BEGIN and COMMIT round trips of a transaction that would
-    # hold nothing else (the admission read before it changes nothing).
-    one_statement = k.db.dialect in ONE_STATEMENT_WRITE
-    try:
-        for attempt in range(2):
-            try:
-                with k.db.connect() if one_statement else k.db.begin() as conn:
-                    new = posting.create_turn(
-                        conn, tenant_id=tenant_id, session_id=session_id, content=content, model=model,
-                        deadline=timedelta(seconds=k.settings.turn.deadline),
-                        idempotency_key=idempotency_key, admit=admit,
-                    )
-                break
-            except Conflict as exc:
-                # Two identical requests raced on the Idempotency-Key: the loser reads the winner's turn.
-                if exc.code != "integrity" or idempotency_key is None or attempt:
-                    raise
-                give_back()  # the loser created nothing: give its count and slot back before it replays
-    except BaseException:
-        give_back()  # counted, then the transaction failed: no turn was created
-        raise
-    turn = new.turn
-    queued_step0 = turn.status == "queued" and turn.step == 0
-    # A retried request re-enqueues a turn nobody picked up yet: harmless (the step claim is a
-    # compare-and-set) and it heals a first attempt whose enqueue failed.
-    busy = bool(taken) and past_busy_mark(taken[-1][1].live, k.settings.turn.busy_tenant_turns)
-    handoff = Handoff(steps=(StepDispatch(tenant_id, turn.id, 0, busy=busy),)) if queued_step0 else NOTHING
-    return PostedTurn(turn=turn, created=new.created, handoff=handoff)
+    def posted(self, new: NewTurn) -> PostedTurn:
+        turn = new.turn
+        queued_step0 = turn.status == "queued" and turn.step == 0
+        # A retried request re-enqueues a turn nobody picked up yet: harmless (the step claim is a
+        # compare-and-set) and it heals a first attempt whose enqueue failed.
+        busy = bool(self.taken) and past_busy_mark(self.taken[-1][1].live, self.k.settings.turn.busy_tenant_turns)
+        handoff = Handoff(steps=(StepDispatch(self.tenant_id, turn.id, 0, busy=busy),)) if queued_step0 else NOTHING
+        return PostedTurn(turn=turn, created=new.created, handoff=handoff)
 
 
 def get_turn(k: Kortex, tenant_id: str, turn_id: str) -> TurnRecord:

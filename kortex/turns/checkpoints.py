@@ -21,6 +21,8 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime
 
+from sqlalchemy.engine import Connection
+
 from kortex.container import Kortex
 from kortex.errors import Conflict, InvalidInput, NotFound
 from kortex.storage import chats
@@ -93,21 +95,24 @@ def _find(k: Kortex, tenant_id: str, session_id: str, wanted: str) -> tuple[Chec
 
 
 def fork(k: Kortex, tenant_id: str, session_id: str, checkpoint: str, name: str | None = None) -> SessionRecord:
-    """A new session whose history is this one's up to ``checkpoint``."""
+    """A new session whose history is this one's up to ``checkpoint``; a new session like any
+    other, so counted against ``sessions_per_minute``."""
+    label = chat.session_name(name, "")  # "": the source's name, read with it
     point, _ = _find(k, tenant_id, session_id, checkpoint)
-    return _fork_at(k, tenant_id, session_id, point.position, name)
+    with chat.counting_session(k, tenant_id), k.db.begin() as conn:
+        return chats.get_session(conn, tenant_id, _fork_in(conn, tenant_id, session_id, point.position, label))
 
 
-def _fork_at(k: Kortex, tenant_id: str, session_id: str, upto: tuple[int, int, int] | None,
-             name: str | None) -> SessionRecord:
-    with k.db.begin() as conn:
-        source = chats.get_session(conn, tenant_id, session_id)
-        label = (name or f"{source.name} (fork)").strip()[:chat.MAX_NAME] or "fork"
-        target = chats.create_session(conn, tenant_id, label, source.model)
-        if upto is not None:
-            chats.copy_conversation(conn, tenant_id, session_id, target.id, upto,
-                                    cut_error={"code": "forked", "message": "the fork ends inside this turn"})
-        return chats.get_session(conn, tenant_id, target.id)
+def _fork_in(conn: Connection, tenant_id: str, session_id: str, upto: tuple[int, int, int] | None,
+             name: str) -> str:
+    """Make the fork in the caller's transaction; returns its id."""
+    source = chats.get_session(conn, tenant_id, session_id)
+    label = name or f"{source.name} (fork)"[:chat.MAX_NAME]
+    target = chats.create_session(conn, tenant_id, label, source.model)
+    if upto is not None:
+        chats.copy_conversation(conn, tenant_id, session_id, target.id, upto,
+                                cut_error={"code": "forked", "message": "the fork ends inside this turn"})
+    return target.id
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +124,8 @@ class Retried:
 def retry(k: Kortex, tenant_id: str, turn_id: str, *, checkpoint: str | None = None,
           model: str | None = None) -> Retried:
     """Run ``turn_id`` again as a new turn of a fork: from ``checkpoint`` (default: the turn's
-    start), with ``model`` (default: the turn's)."""
+    start), with ``model`` (default: the turn's). The fork and the turn are made together: a
+    refused turn leaves no fork."""
     turn = chat.get_turn(k, tenant_id, turn_id)
     if not turn.finished:
         raise Conflict("the turn is still running; retry it once it has ended (or cancel it)", code="turn_in_progress")
@@ -127,18 +133,16 @@ def retry(k: Kortex, tenant_id: str, turn_id: str, *, checkpoint: str | None = N
     if point.turn_no > turn.turn_no:
         raise InvalidInput("the checkpoint is after this turn; retry a later turn, or fork")
     question = _question(k, tenant_id, turn)
+    upto: tuple[int, int, int] | None = point.position
+    content = question  # an earlier turn's checkpoint: the question asked at that point of the conversation
     if point.turn_no == turn.turn_no and point.step is None:
         # From the turn's start: the conversation before it, and its question asked again.
         parent = next((c for c in found if c.id == point.parent_id), None)
-        session = _fork_at(k, tenant_id, turn.session_id, parent.position if parent else None, None)
-        content = question
+        upto = parent.position if parent else None
     elif point.turn_no == turn.turn_no:
-        session = _fork_at(k, tenant_id, turn.session_id, point.position, None)
         content = CONTINUE.format(question=question)
-    else:  # an earlier turn's checkpoint: the question asked at that point of the conversation
-        session = _fork_at(k, tenant_id, turn.session_id, point.position, None)
-        content = question
-    posted = chat.post_message(k, tenant_id, session.id, content, model=model or turn.model)
+    session, posted = chat.start_session(k, tenant_id, lambda conn: _fork_in(conn, tenant_id, turn.session_id, upto, ""),
+                                         content, model=model or turn.model)
     return Retried(session=session, posted=posted)
 
 
