@@ -22,6 +22,7 @@ from kortex.storage.records import MessageRecord as MessageRecord  # the records
 from kortex.storage.records import SessionRecord as SessionRecord
 from kortex.storage.records import TurnRecord as TurnRecord
 from kortex.storage.turns import ONE_STATEMENT_WRITE
+from kortex.text import check_no_nul
 from kortex.turns.admission import Admitted, past_busy_mark
 from kortex.turns.handoff import NOTHING, Handoff, StepDispatch
 from kortex.turns.routed import AUTO
@@ -39,20 +40,12 @@ class PostedTurn:
     handoff: Handoff
 
 
-def _no_nul(value: str | None, field: str) -> None:
-    # PostgreSQL text and jsonb cannot hold NUL; caught here it is the caller's mistake (422),
-    # caught by the driver it would look like an outage (503).
-    if value is not None and "\x00" in value:
-        raise InvalidInput(f"{field} must not contain NUL (\\u0000) characters", code="validation",
-                           details=[{"field": field, "message": "contains a NUL character"}])
-
-
 def check_model(k: Kortex, model: str | None, field: str = "model") -> str | None:
     """``model`` stripped, once it names a model that can take a turn now (or ``auto``); every
     refusal is a 4xx whose details name ``field``."""
     if model is None:
         return None
-    _no_nul(model, field)
+    check_no_nul(model, field)
     model = model.strip()
     if not model or len(model) > 200:
         raise InvalidInput(f"{field} must be 1-200 characters, e.g. 'offline:analyst'",
@@ -72,7 +65,7 @@ def check_model(k: Kortex, model: str | None, field: str = "model") -> str | Non
 
 def session_name(name: str | None, default: str) -> str:
     """The name a caller gave a new session, stripped, or ``default`` when it gave none."""
-    _no_nul(name, "name")
+    check_no_nul(name, "name")
     name = (name or "").strip()
     if len(name) > MAX_NAME:
         raise InvalidInput(f"name is longer than {MAX_NAME} characters",
@@ -232,14 +225,16 @@ def start_session(k: Kortex, tenant_id: str, make: Callable[[Connection], str], 
 def _check_post(k: Kortex, content: str, model: str | None, idempotency_key: str | None) -> str | None:
     """Everything about a post that needs no lookup but the model's; returns the model."""
     if not content or not content.strip():
-        raise InvalidInput("content must not be empty")
-    _no_nul(content, "content")
-    _no_nul(idempotency_key, "Idempotency-Key")
+        raise InvalidInput("content must not be empty", details=[{"field": "content", "message": "empty"}])
+    check_no_nul(content, "content")
+    check_no_nul(idempotency_key, "Idempotency-Key")
     limit = k.settings.turn.max_message_chars
     if len(content) > limit:
-        raise InvalidInput(f"content is longer than {limit} characters")
+        raise InvalidInput(f"content is longer than {limit} characters",
+                           details=[{"field": "content", "message": f"longer than {limit} characters"}])
     if idempotency_key is not None and not (0 < len(idempotency_key) <= MAX_IDEMPOTENCY_KEY):
-        raise InvalidInput(f"Idempotency-Key must be 1-{MAX_IDEMPOTENCY_KEY} characters")
+        raise InvalidInput(f"Idempotency-Key must be 1-{MAX_IDEMPOTENCY_KEY} characters",
+                           details=[{"field": "Idempotency-Key", "message": f"must be 1-{MAX_IDEMPOTENCY_KEY} characters"}])
     return check_model(k, model)
 
 

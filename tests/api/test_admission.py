@@ -75,6 +75,10 @@ def check_more_bad_input(client: TestClient, h: Harness, tenant: str) -> None:
     assert_422(client.post("/v1/postmortems", json={"incident_ids": ["INC-1\n"]}, headers=bearer(key)), "incident_ids")
     assert_422(client.post("/v1/postmortems", json={"incident_ids": ["INC-1"], "model": "a\x00"}, headers=bearer(key)),
                "model")
+    unknown = client.post("/v1/postmortems", json={"incident_ids": ["INC-1"], "model": "zz:zz"}, headers=bearer(key))
+    assert_422(unknown, "model")
+    sid = client.post("/v1/sessions", json={}, headers=bearer(key)).json()["id"]
+    assert_422(client.post(f"/v1/sessions/{sid}/messages", json={"content": "  "}, headers=bearer(key)), "content")
     for key_id in ("a%00b", "%00", "0123456789ab%0A"):
         assert client.post(f"/v1/keys/{key_id}/rotate", headers=bearer(key)).status_code == 404
 
