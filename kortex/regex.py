@@ -21,6 +21,9 @@ _WRAPPER = len("(?i)^(?:)$")  # what anchoring adds around a pattern
 MAX_PROGRAM_MEM = 1 << 20  # bytes RE2 may use for one compiled pattern (a cap on its size)
 #: the SQL function name embedded SQLite databases know (see ``storage/db.py``)
 SQLITE_FUNCTION = "kortex_re2"
+#: the SQL function for a substring in any case, in any script, on SQLite (whose LIKE folds
+#: ASCII letters only); registered on a connection by its first user (telemetry/embedded.py)
+SQLITE_ICONTAINS = "kortex_icontains"
 
 
 def _options() -> Any:
@@ -65,3 +68,16 @@ def sqlite_search(pattern: str | None, text: str | None) -> int | None:
     if pattern is None or text is None:
         return None
     return 1 if search(pattern, text) else 0
+
+
+@functools.lru_cache(maxsize=256)
+def _folded(text: str) -> str:
+    return text.casefold()
+
+
+def sqlite_icontains(needle: str | None, text: str | None) -> int | None:
+    """The SQL function ``kortex_icontains(needle, text)``: 1 when ``text`` holds ``needle`` in
+    any case (Unicode case folding: "échec" finds "ÉCHEC"), 0 when not, NULL when either is NULL."""
+    if needle is None or text is None:
+        return None
+    return 1 if _folded(needle) in text.casefold() else 0

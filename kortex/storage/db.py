@@ -150,6 +150,8 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
     # User-written regexes (LogQL |~) run on RE2, never on Python's backtracking engine.
     dbapi_connection.create_function(regex.SQLITE_FUNCTION, 2, regex.sqlite_search, deterministic=True)
+    # Text in any case beyond ASCII (SQLite's LIKE and lower() fold ASCII only).
+    dbapi_connection.create_function(regex.SQLITE_ICONTAINS, 2, regex.sqlite_icontains, deterministic=True)
 
 
 def _sqlite_statement_timeout(engine: Engine, seconds: float) -> None:

@@ -13,7 +13,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.functions import Function
 
 from kortex.errors import InvalidInput, StorageError
-from kortex.regex import SQLITE_FUNCTION, anchored
+from kortex.regex import SQLITE_FUNCTION, SQLITE_ICONTAINS, anchored
 from kortex.storage.db import Database
 from kortex.storage.schema import (
     telemetry_deploys,
@@ -102,15 +102,20 @@ class EmbeddedTelemetry:
         t = telemetry_logs
         where: list[ColumnElement[bool]] = []
         if flt.plain is not None:
-            where.append(t.c.message.ilike(f"%{like_escape(flt.plain)}%", escape="\\"))
-        for m in flt.matchers:
-            column = t.c[m.label]
-            if m.op == "=":
-                where.append(column == m.value)
-            elif m.op == "!=":
-                where.append(or_(column.is_(None), column != m.value))
+            if self.db.is_sqlite and not flt.plain.isascii():
+                # SQLite's LIKE folds ASCII letters only: "échec" would miss "ÉCHEC". An ASCII
+                # text keeps LIKE, in C and several times faster than a Python function per row.
+                where.append(Function(SQLITE_ICONTAINS, flt.plain, t.c.message) == 1)
             else:
-                matched = self._matches(func.coalesce(column, ""), anchored(m.value))
+                where.append(t.c.message.ilike(f"%{like_escape(flt.plain)}%", escape="\\"))
+        for m in flt.matchers:
+            value = func.coalesce(t.c[m.label], "")  # LogQL: a missing label is the empty string
+            if m.op == "=":
+                where.append(value == m.value)
+            elif m.op == "!=":
+                where.append(value != m.value)
+            else:
+                matched = self._matches(value, anchored(m.value))
                 where.append(matched if m.op == "=~" else not_(matched))
         for line in flt.lines:
             cond = self._matches(t.c.message, line.value) if line.regex else self._contains(t.c.message, line.value)
@@ -184,9 +189,12 @@ class EmbeddedTelemetry:
             )
             if trace_id is None:
                 return None
+            # Span ids in code-point order, as Python compares them (get_traces pages by that
+            # order): a database whose collation is not C (en_US, ICU) would sort 'B1' after 'a1'.
+            span_id = t.c.span_id if self.db.is_sqlite else t.c.span_id.collate("C")
             rows = conn.execute(
                 select(t).where(t.c.tenant_id == tenant_id, t.c.trace_id == trace_id)
-                .order_by(t.c.start_ts, t.c.span_id)
+                .order_by(t.c.start_ts, span_id)
                 .limit(MAX_TRACE_SPANS + 1)
             ).all()
         spans = [
@@ -296,6 +304,15 @@ class EmbeddedTelemetry:
     def list_products(self, tenant_id: str, start: datetime, end: datetime, *, limit: int) -> list[ProductSeen]:
         """What the embedded store knows of: each table that names products, bounded to the
         window and to the newest mention per product (one grouped query per table)."""
+        return self._products(tenant_id, start, end, limit=limit)
+
+    def find_product(self, tenant_id: str, product: str, start: datetime, end: datetime) -> ProductSeen | None:
+        """One product as ``list_products`` would list it, however many others are newer."""
+        found = self._products(tenant_id, start, end, limit=1, product=product)
+        return found[0] if found else None
+
+    def _products(self, tenant_id: str, start: datetime, end: datetime, *, limit: int,
+                  product: str | None = None) -> list[ProductSeen]:
         tables = (("metrics", telemetry_metrics, telemetry_metrics.c.product, telemetry_metrics.c.ts),
                   ("logs", telemetry_logs, telemetry_logs.c.product, telemetry_logs.c.ts),
                   ("deploys", telemetry_deploys, telemetry_deploys.c.product, telemetry_deploys.c.ts),
@@ -303,17 +320,21 @@ class EmbeddedTelemetry:
                   ("incidents", telemetry_incidents, telemetry_incidents.c.product, telemetry_incidents.c.opened_at))
         seen: dict[str, tuple[list[str], datetime]] = {}
         with self.db.connect() as conn:
-            for kind, table, product, ts in tables:
+            for kind, table, name_col, ts in tables:
                 # Products whose last report is older than the window still exist: the admin
                 # envelope and incidents are read whole, the streams by the window.
                 window = [ts >= start] if kind in ("metrics", "logs", "deploys") else []
-                rows = conn.execute(select(product, func.max(ts)).where(
-                    table.c.tenant_id == tenant_id, product.is_not(None), ts <= end, *window)
-                    .group_by(product).limit(limit * 4)).all()
+                named = [name_col == product] if product is not None else [name_col.is_not(None)]
+                newest = func.max(ts)
+                # The newest of each table: the newest overall are then among them, whatever
+                # the limit cuts (without the order, a table's cut kept whichever came first).
+                rows = conn.execute(select(name_col, newest).where(
+                    table.c.tenant_id == tenant_id, *named, ts <= end, *window)
+                    .group_by(name_col).order_by(newest.desc(), name_col).limit(limit * 4)).all()
                 for name, last in rows:
-                    kinds, newest = seen.get(name, ([], last))
+                    kinds, latest = seen.get(name, ([], last))
                     kinds.append(kind)
-                    seen[name] = (kinds, max(newest, last))
+                    seen[name] = (kinds, max(latest, last))
         ordered = sorted(seen.items(), key=lambda kv: (-kv[1][1].timestamp(), kv[0]))[:limit]
         return [ProductSeen(product=name, seen_in=tuple(kinds), last_seen=last) for name, (kinds, last) in ordered]
 

@@ -52,10 +52,13 @@ class EmbeddedMetrics:
         return func.strpos(column, text) > 0
 
     def _epoch(self, column: Any) -> Any:
-        """Seconds since the epoch, exact to the millisecond on SQLite (stored as text)."""
+        """Seconds since the epoch, exact to the microsecond as on PostgreSQL. SQLite stores the
+        time as text, 'YYYY-MM-DD HH:MM:SS.ffffff': its strftime('%f') keeps milliseconds only,
+        which put a sample just past a bucket's start (the window's start keeps its
+        microseconds) into the bucket before; the fraction is read from the text instead."""
         if self.db.is_sqlite:
             whole = cast(func.strftime("%s", column), Integer)
-            fraction = cast(func.strftime("%f", column), Float) - cast(func.strftime("%S", column), Integer)
+            fraction = cast(func.substr(column, 20, 7), Float)  # '.ffffff', or '' (0.0) when whole
             return whole + fraction
         return cast(func.extract("epoch", column), Float)
 

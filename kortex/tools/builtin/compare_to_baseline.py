@@ -102,4 +102,5 @@ SPEC = ToolSpec(
             "sample_count", "anomaly_count", "max_z_score", "first_anomaly_at", "note", "available_metrics",
             "series", "truncated", "stats", "change_point"),
     list_field="samples",
+    keep="tail",  # oldest first: a cut keeps the newest points, the ones an investigation is about
 )

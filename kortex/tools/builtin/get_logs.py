@@ -49,8 +49,9 @@ def _bind(args: GetLogsInput, ctx: ToolContext) -> dict[str, Any]:
 
 
 def _cursor(ctx: ToolContext, args: GetLogsInput, start: datetime, end: datetime, last: tuple[str, int]) -> str:
-    # The window is pinned in the cursor: "last 30m" must mean the same span on every page.
-    return cursors(ctx).encode({"s": isoformat(start), "e": isoformat(end), "ts": last[0], "id": last[1]},
+    # The window is pinned in the cursor: "last 30m" must mean the same span on every page, to
+    # the microsecond (rounded to milliseconds, a later page would hold lines outside the first's).
+    return cursors(ctx).encode({"s": start.isoformat(), "e": end.isoformat(), "ts": last[0], "id": last[1]},
                                _bind(args, ctx))
 
 
@@ -82,7 +83,7 @@ def run(args: GetLogsInput, ctx: ToolContext) -> dict[str, Any]:
         "total_matches": page.total_matches,
         "query_latency_ms": int((time.monotonic() - started) * 1000),
         "_keys": keys,
-        "_window": (isoformat(start), isoformat(end)),
+        "_window": (start.isoformat(), end.isoformat()),
     }
     if page.has_more and keys:
         result["next_cursor"] = _cursor(ctx, args, start, end, keys[-1])

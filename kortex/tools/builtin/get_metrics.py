@@ -73,4 +73,5 @@ SPEC = ToolSpec(
     redact=("samples[].ts", "samples[].value", "stats", "change_point", "unit", "step_s", "series", "note", "truncated",
             "available_metrics"),
     list_field="samples",
+    keep="tail",  # oldest first: a cut keeps the newest points, the ones an investigation is about
 )

@@ -49,12 +49,13 @@ def summary(r: LLMRequest) -> dict[str, Any]:
 TOP_USERS = 5
 
 
-def tally(requests: list[LLMRequest]) -> dict[str, Any]:
-    """The page's requests by status and its busiest users, shares in percent of the page."""
+def tally(requests: list[dict[str, Any]]) -> dict[str, Any]:
+    """The page's requests (as ``summary`` shows them) by status and its busiest users, shares
+    in percent of the page."""
     total = len(requests)
-    statuses = Counter(r.status for r in requests)
-    users = Counter(r.user_id for r in requests)
-    tiers = {r.user_id: r.user_tier for r in requests}
+    statuses = Counter(r["status"] for r in requests)
+    users = Counter(r["user_id"] for r in requests)
+    tiers = {r["user_id"]: r["user_tier"] for r in requests}
     busiest = sorted(users.items(), key=lambda kv: (-kv[1], kv[0]))[:TOP_USERS]
     return {"by_status": dict(sorted(statuses.items())),
             "failed_pct": round(100 * (total - statuses.get("success", 0)) / total, 1) if total else 0.0,
@@ -78,8 +79,8 @@ def run(args: GetRecentRequestsInput, ctx: ToolContext) -> dict[str, Any]:
     page = ctx.sources.llmops.requests(ctx.tenant_id, RequestQuery(
         start=start, end=end, user_id=args.user_id, user_tier=args.user_tier, deployment_id=args.deployment_id,
         model_id=args.model_id, backend_id=args.backend_id, status=args.status, limit=args.limit, before=before))
-    result: dict[str, Any] = {"requests": [summary(r) for r in page.requests], "count": len(page.requests),
-                              **tally(page.requests),
+    shown = [summary(r) for r in page.requests]
+    result: dict[str, Any] = {"requests": shown, "count": len(shown), **tally(shown),
                               "has_more": page.has_more, "since": isoformat(start), "until": isoformat(end),
                               "_keys": [(r.created_at.isoformat(), r.row_id) for r in page.requests],
                               "_window": (start.isoformat(), end.isoformat())}
@@ -95,11 +96,14 @@ def _cursor(args: GetRecentRequestsInput, ctx: ToolContext, result: dict[str, An
 
 
 def on_truncate(result: dict[str, Any], args: GetRecentRequestsInput, kept: int, ctx: ToolContext) -> dict[str, Any]:
-    """The output cap dropped requests: page on from the last one kept, so none is skipped."""
+    """The output cap dropped requests: page on from the last one kept, so none is skipped, and
+    count the page that is shown (the tallies of the dropped ones would describe requests the
+    model never sees, and count them again on the next page)."""
     if kept:
         result["next_cursor"] = _cursor(args, ctx, result, kept)
         result["has_more"] = True
         result["count"] = kept
+        result.update(tally(result["requests"][:kept]))
     return result
 
 

@@ -131,7 +131,9 @@ def run(args: GetTracesInput, ctx: ToolContext) -> dict[str, Any]:
     trace = ctx.sources.traces.get_trace(ctx.tenant_id, args.request_id)
     if trace is None or not trace.spans:
         raise NotFound(f"no trace has id or correlation id {args.request_id!r}")
-    spans = trace.spans
+    # The cursor compares (start, span_id) as Python does: page in that very order, whatever
+    # order (a database collation) the source returned them in.
+    spans = sorted(trace.spans, key=lambda s: (s.start, s.span_id))
     after = None
     if args.cursor:
         pos = cursors(ctx).decode(args.cursor, _bind(args, ctx))

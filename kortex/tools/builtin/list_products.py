@@ -5,11 +5,13 @@ so a model can survey every one of them instead of guessing a metric's name."""
 
 from __future__ import annotations
 
-from typing import Any
+from datetime import datetime
+from typing import Any, Protocol, runtime_checkable
 
 from pydantic import Field
 
 from kortex.errors import UpstreamError
+from kortex.telemetry.sources import ProductSeen
 from kortex.timeparse import isoformat
 from kortex.tools.builtin.common import Product, TimeRange, window
 from kortex.tools.spec import ToolContext, ToolInput, ToolSpec
@@ -24,14 +26,26 @@ class ListProductsInput(ToolInput):
     product: Product | None = Field(None, description="Only this product, with the names of the metrics it reports")
 
 
+@runtime_checkable
+class FindsProduct(Protocol):
+    """A product source that can look one product up (the embedded store)."""
+
+    def find_product(self, tenant_id: str, product: str, start: datetime, end: datetime) -> ProductSeen | None: ...
+
+
 def run(args: ListProductsInput, ctx: ToolContext) -> dict[str, Any]:
     source = ctx.sources.products
     if source is None:
         raise UpstreamError("no telemetry source here can list products")
     start, end = window(args.time_range, ctx)
-    found = source.list_products(ctx.tenant_id, start, end, limit=MAX_PRODUCTS + 1)
-    if args.product is not None:
-        found = [p for p in found if p.product == args.product]
+    if args.product is not None and isinstance(source, FindsProduct):
+        # Asked in the source: picked out of the newest MAX_PRODUCTS, an older product was missing.
+        one = source.find_product(ctx.tenant_id, args.product, start, end)
+        found = [one] if one is not None else []
+    else:
+        found = source.list_products(ctx.tenant_id, start, end, limit=MAX_PRODUCTS + 1)
+        if args.product is not None:
+            found = [p for p in found if p.product == args.product]
     result: dict[str, Any] = {"products": [{"product": p.product, "seen_in": list(p.seen_in),
                                             "last_seen": isoformat(p.last_seen)} for p in found[:MAX_PRODUCTS]]}
     if len(found) > MAX_PRODUCTS:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Iterator
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -107,3 +107,25 @@ def test_a_capped_series_keeps_the_newest_buckets_and_says_so(fleet, monkeypatch
 def test_labels_key_is_canonical_and_separator_safe() -> None:
     assert labels_key({}) == "," and labels_key(None) == ","
     assert labels_key({"b": "2", "a": "x,y=z"}) == ",a=x%2Cy%3Dz,b=2,"
+
+
+def check_buckets_start_at_the_window_start_to_the_microsecond(h: Harness) -> list[float]:
+    """Samples 30 µs past each minute of a window that starts at .123456: every fifth one is
+    30 µs into a 5-minute bucket (read to the millisecond, .123486 is .123: the bucket before)."""
+    tenant = h.tenant("buckets")
+    now = datetime(2026, 11, 27, 12, 0, 0, 123456, tzinfo=UTC)
+    start = now - timedelta(hours=1)
+    with h.k.db.begin() as conn:
+        ingest.write(conn, tenant, "metrics", [
+            {"product": "api", "metric": "depth", "ts": start + timedelta(minutes=k, microseconds=30),
+             "value": float(k), "unit": None, "labels": {}} for k in range(60)])
+    result = h.call(tenant, "get_metrics", {"product": "api", "metric_name": "depth", "time_range": "last 1h",
+                                            "step": "5m"}, now=now)
+    assert not result.is_error, result.content
+    values = [s["value"] for s in result.content["samples"]]
+    assert values == [5 * b + 2.0 for b in range(12)]  # minutes 5b..5b+4, averaged
+    return values
+
+
+def test_buckets_start_at_the_window_start_to_the_microsecond(harness: Harness) -> None:
+    check_buckets_start_at_the_window_start_to_the_microsecond(harness)

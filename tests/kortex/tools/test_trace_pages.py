@@ -5,6 +5,7 @@ are reported instead of losing spans."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -154,3 +155,60 @@ def test_include_logs_shares_the_budget(harness_factory) -> None:
     content = result.content
     assert not result.is_error and content["root"]["span_id"] == "s000"
     assert 0 < len(content["logs"]) < 60 and content["logs_truncated"] is True
+
+
+MIXED_CASE = [f"{c}{i:03d}" for i in range(60) for c in ("a", "B")]
+
+
+def _mixed_case_trace(h: Harness, tenant: str) -> None:
+    """A root and 120 children that start in the same microsecond, with ids whose case differs:
+    a collation other than C sorts them a000, B000, a001..., code points B000..B059, a000..."""
+    start = utcnow() - timedelta(minutes=5)
+    spans = [{**_span(0, None, start, trace="mixedcase"), "span_id": "root", "status": "ok", "error_message": None}]
+    spans += [{**_span(0, "root", start + timedelta(milliseconds=1), trace="mixedcase"), "span_id": span_id,
+               "status": "ok", "error_message": None} for span_id in MIXED_CASE]
+    _write(h, tenant, spans)
+
+
+def _pages_of(h: Harness, tenant: str, sources: Any) -> list[str]:
+    seen: list[str] = []
+    cursor = None
+    for step in range(10):
+        ctx = ToolContext(tenant_id=tenant, session_id=None, turn_id=None, call_id="c1", step=step, now=utcnow(),
+                          sources=sources, services=dict(h.k.services))
+        args = {"request_id": "mixedcase", **({"cursor": cursor} if cursor else {})}
+        result = h.k.pipeline.run(ToolCall(id="c1", name="get_traces", arguments=args), ctx)
+        assert not result.is_error, result.content
+        if result.content["root"] is not None:
+            _walk(result.content["root"], seen)
+        for fragment in result.content["fragments"]:
+            _walk(fragment, seen)
+        cursor = result.content.get("next_cursor")
+        if not cursor:
+            break
+    return seen
+
+
+def check_mixed_case_span_ids_page_exactly_once(h: Harness) -> None:
+    tenant = h.tenant("mixedcase")
+    _mixed_case_trace(h, tenant)
+    assert sorted(_pages_of(h, tenant, h.k.sources)) == sorted(["root", *MIXED_CASE])
+    # The store's own order is the code points' too, so a trace cut at its span limit keeps the first.
+    trace = h.k.sources.traces.get_trace(tenant, "mixedcase")
+    assert trace is not None and [s.span_id for s in trace.spans] == ["root", *sorted(MIXED_CASE)]
+
+
+def test_spans_page_once_whatever_order_the_source_sorts_ids_in(harness: Harness) -> None:
+    store = harness.k.sources.traces
+
+    class Collated:
+        """The store behind a database whose collation ignores case (en_US, ICU)."""
+
+        def get_trace(self, tenant_id: str, request_id: str) -> Any:
+            trace = store.get_trace(tenant_id, request_id)
+            return None if trace is None else replace(
+                trace, spans=sorted(trace.spans, key=lambda s: (s.start, s.span_id.casefold())))
+
+    check_mixed_case_span_ids_page_exactly_once(harness)
+    seen = _pages_of(harness, harness.tenant("mixedcase"), replace(harness.k.sources, traces=Collated()))
+    assert sorted(seen) == sorted(["root", *MIXED_CASE])
