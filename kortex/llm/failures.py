@@ -8,7 +8,8 @@ Translation (here for httpx; ``kortex/llm/transport.py`` does the same for aioht
     read timeout                             -> code "read_timeout",       retryable
     reset, incomplete body, remote protocol  -> code "stream_interrupted", retryable
     request we cannot send (bad header, URL) -> code "request_invalid",    not retryable
-    HTTP 408/409/429/5xx/529                 -> retryable, Retry-After kept
+    HTTP 408/409/429/5xx/529                 -> retryable, Retry-After kept (not 501/505:
+                                                those fail over to the next provider only)
     other HTTP 4xx                           -> not retryable (auth, bad request, unknown model)
 
 Vendor and network texts quote key fragments, account and request ids; they go in

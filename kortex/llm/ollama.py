@@ -97,8 +97,13 @@ class OllamaProvider(HTTPProvider):
         tier: Tier = "fast" if model_id == self.config.fast_model else "balanced"
         # Free unless priced: a cloud model an operator pulled is billed by ollama.com.
         return catalog.with_price(ModelInfo(id=model_id, display_name=f"{model_id} (local)", tier=tier,
-                                            context_tokens=self.config.context_tokens or DEFAULT_CONTEXT,
+                                            context_tokens=self.context_tokens,
                                             supports_tools=model_id not in self._no_native_tools), self.config)
+
+    @property
+    def context_tokens(self) -> int:
+        """The context window routing counts on, and the one each request asks Ollama for."""
+        return self.config.context_tokens or DEFAULT_CONTEXT
 
     def _configured(self) -> list[str]:
         return [m for m in (self.config.model, self.config.fast_model, *self.config.prices) if m]
@@ -203,7 +208,11 @@ class OllamaProvider(HTTPProvider):
         system = pseudotools.system_prompt(request.system, request.tools) if pseudo else request.system
         messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
         messages += pseudotools.to_plain_messages(request.messages) if pseudo else to_messages(request)
-        options: dict[str, Any] = {"temperature": request.temperature, "num_predict": request.max_tokens}
+        # num_ctx always: left out, Ollama uses its own default window (2048 or 4096 tokens, by
+        # version), smaller than the one routing assumes, and silently drops the start of a
+        # longer prompt: the system prompt and the tool instructions.
+        options: dict[str, Any] = {"temperature": request.temperature, "num_predict": request.max_tokens,
+                                   "num_ctx": self.context_tokens}
         if request.stop:
             options["stop"] = list(request.stop)
         body: dict[str, Any] = {"model": model, "messages": messages, "stream": True, "options": options}

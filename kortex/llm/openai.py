@@ -3,8 +3,15 @@
 Works against any OpenAI-compatible server through ``base_url``; its models must be listed in
 the configuration (``model``, ``fast_model``, ``prices``) unless ``allow_unlisted_models`` is
 set. Streamed ``tool_calls`` deltas are assembled by ``index`` (servers that omit it: a
-fragment with an ``id`` opens a call, one without continues the last); usage arrives in the
-last chunk (``include_usage``), possibly together with ``finish_reason``.
+fragment with an ``id`` opens a call, one without continues the last; servers that send every
+call at one index: a new ``id`` there opens a call); usage arrives in the last chunk
+(``include_usage``), possibly together with ``finish_reason``.
+
+A body that ends without ``[DONE]`` is accepted once ``finish_reason`` came, unless a usage
+chunk was still owed: api.openai.com always sends one for ``include_usage``, and so does any
+server whose chunks carry ``"usage": null`` (the API's documented way of saying one will
+follow). Without it the answer would be costed at nothing; the body was cut. A compatible
+server that shows no sign of honouring ``include_usage`` is taken at its word.
 """
 
 from __future__ import annotations
@@ -76,7 +83,7 @@ class OpenAIProvider(SSEProvider):
         return body
 
     def decoder(self, model: str) -> Decoder:
-        return Decoder(self.name, model)
+        return Decoder(self.name, model, usage_owed=self.official)
 
 
 def to_messages(request: CompletionRequest) -> list[dict[str, Any]]:
@@ -105,14 +112,18 @@ class Decoder:
     """Turns one stream's chunks into ours; tool calls are whole once the choice finishes. Every
     field is type-checked: a frame of the wrong shape is ``stream_invalid``, never a crash."""
 
-    def __init__(self, provider: str, model: str) -> None:
+    def __init__(self, provider: str, model: str, *, usage_owed: bool = False) -> None:
         self.provider = provider
         self.model = model
         self.finished = False
         self.stop: str | None = None
         self._calls = CallAssembler()
         self._last_key: int | None = None
+        self._slots: dict[int, int] = {}  # a wire index -> the key of the call it names now
+        self._next_key = 0  # keys in the order calls opened (finish_all sorts by key)
         self.usage = TokenUsage()
+        self.usage_owed = usage_owed  # the server will send a usage chunk (see the module docstring)
+        self.usage_seen = False
 
     def _invalid(self, what: str) -> ProviderError:
         return failure("stream_invalid", provider=self.provider, model=self.model, usage=self.usage, detail=what)
@@ -142,6 +153,9 @@ class Decoder:
         if self.stop is None:
             raise failure("stream_truncated", provider=self.provider, model=self.model, retryable=True,
                           usage=self.usage, detail="the stream ended before the model finished")
+        if self.usage_owed and not self.usage_seen:
+            raise failure("stream_truncated", provider=self.provider, model=self.model, retryable=True,
+                          usage=self.usage, detail="the stream ended after finish_reason, before its usage chunk")
         yield from self.finish()  # a server that omits [DONE] after a complete answer
 
     def feed(self, event: SSEvent) -> Iterator[StreamChunk]:
@@ -164,10 +178,13 @@ class Decoder:
                           detail=f"{kind}: {error.get('message') or 'stream error'}")
         model = data.get("model")
         self.model = model if isinstance(model, str) and model else self.model
-        usage = data.get("usage")
-        if usage is not None:
-            self.usage = self._usage(self._dict(usage, "usage"))
-            yield UsageChunk(usage=self.usage)
+        if "usage" in data:
+            self.usage_owed = True  # the key, null before the last chunk: include_usage is honoured
+            usage = data["usage"]
+            if usage is not None:
+                self.usage = self._usage(self._dict(usage, "usage"))
+                self.usage_seen = True
+                yield UsageChunk(usage=self.usage)
         for choice in self._list(data.get("choices"), "choices"):
             choice = self._dict(choice, "a choice")
             if choice.get("index", 0) not in (0, None):
@@ -194,9 +211,14 @@ class Decoder:
             # the last (a null index is read the same way).
             last = self._last_key
             opens = last is None or bool(call_id and call_id != self._calls.id_of(last))
-            key = (max(self._calls.keys(), default=-1) + 1) if opens else last
+            key = self._new_key() if opens else last
         elif isinstance(index, int) and not isinstance(index, bool) and index >= 0:
-            key = index
+            key = self._slots.get(index)
+            # Some compatible servers send every call at index 0: another id there is another
+            # call (merged, two calls' arguments would make one call of invalid JSON). A
+            # fragment without an id, or repeating it, continues the call.
+            if key is None or (call_id and self._calls.id_of(key) not in ("", call_id)):
+                key = self._slots[index] = self._new_key()
         else:
             raise self._invalid("tool_calls.index is not a non-negative integer")
         assert key is not None
@@ -205,6 +227,10 @@ class Decoder:
         if arguments:
             self._calls.append(key, arguments)
         self._last_key = key
+
+    def _new_key(self) -> int:
+        self._next_key += 1
+        return self._next_key - 1
 
     def _usage(self, usage: dict[str, Any]) -> TokenUsage:
         def count(value: Any) -> int:

@@ -11,8 +11,15 @@ from email.utils import parsedate_to_datetime
 
 from kortex.config import ProviderSettings
 
-#: statuses worth trying again: timeouts, conflicts, rate limits, server errors, Anthropic's 529
-RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
+#: statuses that mean "never, from this server": 501 (it does not implement what was asked) and
+#: 505 (it refuses our HTTP version) answer the same request the same way however often it is
+#: sent. Not retried, but still failed over (``router.can_fail_over``): another provider may
+#: well implement it.
+NEVER_HERE_STATUS = frozenset({501, 505})
+#: statuses worth trying again: timeouts, conflicts, rate limits, and every other server error:
+#: the standard ones, Anthropic's 529, and those no RFC names but proxies in front of vendors
+#: send (Cloudflare's 520-524: origin unreachable, timed out, answered garbage)
+RETRYABLE_STATUS = frozenset({408, 409, 429, *range(500, 600)}) - NEVER_HERE_STATUS
 
 
 @dataclass(frozen=True, slots=True)

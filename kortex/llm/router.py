@@ -109,7 +109,9 @@ def is_cloud(provider: Provider) -> bool:
 
 
 def can_fail_over(exc: ProviderError) -> bool:
-    return exc.retryable or isinstance(exc, ProviderUnavailable) or exc.status in _FAILOVER_STATUS
+    # A 5xx is that provider's own trouble, also when trying it again is pointless (501, 505).
+    server_error = exc.status is not None and exc.status >= 500
+    return exc.retryable or server_error or isinstance(exc, ProviderUnavailable) or exc.status in _FAILOVER_STATUS
 
 
 def plan(registry: ProviderRegistry, spec: str | None) -> list[Candidate]:

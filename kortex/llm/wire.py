@@ -105,17 +105,74 @@ class _Lines:
         return lines
 
 
+_BOM = b"\xef\xbb\xbf"
+
+
+class _EventLines(_Lines):
+    """Lines of an event stream, where CR, LF and CRLF each end a line and one leading BOM is
+    dropped. Its own loop, not a wrapper around ``_Lines.feed``: on the hot path (every text
+    delta) an LF-only chunk costs one ``13 in`` (a memchr; ``b"\\r" in`` is several times
+    slower) more than plain splitting, and nothing per line."""
+
+    def __init__(self, max_line: int) -> None:
+        super().__init__(max_line)
+        self.head: bytes | None = b""  # the first bytes while they may still be a BOM; None once decided
+        self.after_cr = False  # the last chunk ended in CR: an LF starting this one completes that CRLF
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        if self.head is not None:
+            chunk = self.head + chunk
+            if len(chunk) < len(_BOM) and _BOM.startswith(chunk):
+                self.head = chunk  # a BOM cut between reads
+                return []
+            self.head = None
+            if chunk.startswith(_BOM):
+                chunk = chunk[len(_BOM):]
+        if self.after_cr and chunk:  # an empty read says nothing about the next byte
+            self.after_cr = False
+            if chunk[0] == 10:
+                chunk = chunk[1:]
+        pending = self.pending
+        if pending:  # never holds a CR: each is a line end, taken below
+            scan_from = len(pending)
+            pending += chunk
+            if 13 not in chunk and pending.find(b"\n", scan_from) < 0:
+                if len(pending) > self.max_line:
+                    raise _too_long()
+                return []
+            data = bytes(pending)
+            pending.clear()
+        else:
+            data = chunk
+        if 13 in data:
+            # bytes.splitlines breaks at exactly CR, LF and CRLF, in C; it does not say whether
+            # the last line was ended, the last byte does. A CR ending the chunk ends its line
+            # now (waiting for the next read could hold an event back).
+            lines = data.splitlines()
+            last = data[-1]
+            self.after_cr = last == 13
+            rest = b"" if last in (10, 13) else lines.pop()
+        else:
+            lines = data.split(b"\n")
+            rest = lines.pop()
+        if rest:
+            if len(rest) > self.max_line:
+                raise _too_long()
+            pending += rest
+        return lines
+
+
 async def sse_events(chunks: AsyncIterator[bytes], *, max_line: int = MAX_LINE,
                      max_event: int = MAX_EVENT) -> AsyncGenerator[SSEvent, None]:
     """Events of a ``text/event-stream`` body (WHATWG rules: ``event:``, multi-line ``data:``,
-    ``:`` comments, blank line dispatches; ``id``/``retry`` are not used by LLM APIs)."""
-    lines = _Lines(max_line)
+    ``:`` comments, blank line dispatches, CR/LF/CRLF line ends, one leading BOM ignored;
+    ``id``/``retry`` are not used by LLM APIs)."""
+    lines = _EventLines(max_line)
     event = ""
     data: list[str] = []
     size = 0
     async for chunk in chunks:
-        for raw in lines.feed(chunk):
-            line = raw[:-1] if raw.endswith(b"\r") else raw
+        for line in lines.feed(chunk):
             if not line:
                 if data:
                     yield SSEvent(event or "message", "\n".join(data))

@@ -308,6 +308,28 @@ def test_closing_a_stream_closes_its_body_decoder_at_once(fake: FakeLLM, vendor:
     assert asyncio.run(run())
 
 
+# -- which error statuses are tried again --------------------------------------------------------
+
+
+@pytest.mark.parametrize("status", [500, 502, 504, 507, 520, 522, 524, 529])
+def test_every_server_error_is_tried_again(fake: FakeLLM, waits: list[float], status: int) -> None:
+    # 520-524: Cloudflare in front of a vendor (origin unreachable, timed out), named by no RFC.
+    fake.add("gpt-4o", {"steps": [{"faults": [{"status": status, "message": "<html>origin error</html>"}],
+                                   "text": ["ok"]}]})
+    chunks = collect(make_provider("openai", fake.url), request("openai"))
+    assert texts(chunks) == ["ok"] and len(fake.requests) == 2 and len(waits) == 1
+
+
+@pytest.mark.parametrize("status", [501, 505])
+def test_a_server_error_that_says_never_is_not_tried_again(fake: FakeLLM, waits: list[float], status: int) -> None:
+    fake.add("gpt-4o", {"steps": [{"faults": [{"status": status, "message": "not implemented"}], "text": ["ok"]}]})
+    with pytest.raises(ProviderError) as caught:
+        collect(make_provider("openai", fake.url), request("openai"))
+    error = caught.value
+    assert error.code == "provider_server_error" and error.status == status and not error.retryable
+    assert len(fake.requests) == 1 and waits == []
+
+
 # -- messages clients see ------------------------------------------------------------------------
 
 

@@ -127,3 +127,16 @@ def test_a_model_named_without_its_tag_is_the_latest_the_server_lists(fake: Fake
     asyncio.run(provider.refresh_models())  # type: ignore[attr-defined]
     assert provider.model_info("qwen2.5").id == "qwen2.5"  # the list is fresh, and it is on it
     assert texts(collect(provider, request("ollama").model_copy(update={"model": "qwen2.5"}))) == ["served"]
+
+
+@pytest.mark.parametrize("configured", [None, 32768])
+def test_every_request_asks_for_the_context_window_routing_counts_on(fake: FakeLLM, configured: int | None) -> None:
+    # Without num_ctx Ollama answers from its own default window (2048 or 4096 tokens) and cuts
+    # a longer prompt from the front, where the system prompt and the tool instructions are.
+    fake.add("tiny", {"native_tools": False, "loop": True, "steps": [{"text": ["ok"]}]})
+    provider = make_provider("ollama", fake.url, model="tiny", context_tokens=configured)
+    collect(provider, request("ollama").model_copy(update={"model": "tiny"}))  # native tools refused, then markers
+    window = provider.model_info("tiny").context_tokens
+    assert window == (configured or 8192)
+    chats = [r.body for r in fake.requests if r.path == "/api/chat"]
+    assert len(chats) == 2 and all(body["options"]["num_ctx"] == window for body in chats)

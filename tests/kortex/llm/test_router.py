@@ -97,6 +97,18 @@ def test_no_failover_once_text_was_streamed(fake: FakeLLM) -> None:
     assert len(routed.attempts) == 1 and routed.answered is None
 
 
+@pytest.mark.parametrize("status", [501, 505, 520, 524])
+def test_any_server_error_fails_over_also_one_not_worth_retrying(fake: FakeLLM, status: int) -> None:
+    # 501/505 are not retried (the same server will say the same), but another provider may answer.
+    fake.add("claude-opus-4-6", {"steps": [{"faults": [{"status": status, "message": "<html>error</html>"}]}]})
+    fake.add("gpt-5", {"steps": [{"text": ["from openai"]}]})
+    got, routed = run(registry(fake.url, default_provider="anthropic", fallback_providers=["openai"]), None)
+    assert isinstance(got[0], WarningChunk) and got[0].code == "provider_failover"
+    assert [c.text for c in got if isinstance(c, TextChunk)] == ["from openai"] and isinstance(got[-1], DoneChunk)
+    failed, answered = routed.attempts
+    assert failed.error is not None and failed.error.status == status and routed.answered is answered
+
+
 def test_a_non_retryable_failure_does_not_fail_over(fake: FakeLLM) -> None:
     fake.add("claude-opus-4-6", {"steps": [{"faults": [{"status": 400, "message": "prompt is too long"}]}]})
     got, _ = run(registry(fake.url, default_provider="anthropic", fallback_providers=["openai"]), None)

@@ -48,6 +48,23 @@ def test_sse_events_are_the_same_wherever_the_body_is_cut_in_two() -> None:
         assert _sse(body[:cut], body[cut:]) == whole, cut
 
 
+def test_sse_events_drop_one_leading_bom_and_end_lines_at_cr_lf_or_crlf() -> None:
+    body = (b"\xef\xbb\xbfevent: a\rdata: 1\r\r"  # BOM; bare CRs
+            b"data: 2\r\ndata: 3\r\n\r\n"  # CRLF, two data lines: one event
+            b"data: \xef\xbb\xbf4\rdata: 5\n\n"  # a BOM past the start is data; CR then LF
+            b"data: 6\r\r\n"  # CR, then CRLF: two line ends
+            b"data: 7\n\r")  # LF, then CR
+    expected = [("a", "1"), ("message", "2\n3"), ("message", "\ufeff4\n5"), ("message", "6"), ("message", "7")]
+    assert _sse(body) == expected
+    # A CR ending one read and an LF starting the next are one line end (else "2" and "3" would
+    # be two events), also with an empty read between them.
+    for cut in range(1, len(body)):
+        assert _sse(body[:cut], body[cut:]) == expected, cut
+        assert _sse(body[:cut], b"", body[cut:]) == expected, cut
+    assert _sse(*[body[i:i + 1] for i in range(len(body))]) == expected
+    assert _sse(b"\xef\xbb\xbf\xef\xbb\xbfdata: x\n\n") == []  # only one BOM is dropped: "\ufeffdata" is no field
+
+
 def test_json_reads_and_writes_what_json_did() -> None:
     for text in ('{"a": [1, 2.5, "é☕", null, true]}', '{"big": 123456789012345678901234567890}', "[NaN, 1e400]",
                  '{"k": "\\ud83d\\ude00"}', " 7 ", "[-9223372036854775809, 18446744073709551616, 1.0000000000000000001]"):
