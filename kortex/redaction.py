@@ -16,6 +16,7 @@ REDACTED = "[REDACTED]"
 # or it is a key of something that is not a plain index ("stripe_key", "api_key", but neither
 # "sort_key" nor "monkey"); unless another word says the value only describes the secret
 # ("password_min_length", "token_ttl", "auth_type"). Booleans and nulls are never secrets.
+# "header" is not such a word: "auth_header" and "secret_header" hold the header's value.
 _SECRET_WORDS = frozenset(
     "pass passwd password passwords passphrase pwd pw secret secrets token auth oauth authorization "
     "credential credentials cookie cookies webhook webhooks private privkey signature sig session sessionid "
@@ -31,7 +32,7 @@ _PLAIN_KEYS = frozenset(
 # Words that make the value a property of a secret rather than the secret.
 _DESCRIPTIVE = frozenset(
     "count length len size ttl timeout duration enabled disabled required type expiry expires expiration max "
-    "min limit policy mode algorithm alg version rotation strength format name names header id_type "
+    "min limit policy mode algorithm alg version rotation strength format name names id_type "
     "path file location".split())
 _WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
 
@@ -51,6 +52,11 @@ def is_secret_key(name: str) -> bool:
 
 
 # ---- secret-looking text -------------------------------------------------------------------
+# What a URL's password holds after its first "/" or "@" (see _PATTERNS).
+_URL_PART = r"""[^\s@/"'<>{}\[\](),;]"""
+# One parameter of an Authorization header, name=value or name="value" (JSON-escaped too).
+_AUTH_PARAM = r"""[\w-]+=(?:\\{0,3}"[^"\r\n]*"|[^\s,"'\\{}\[\]()<>&]+)"""
+
 # Each pattern with the literals one of which any match must contain, and whether they are
 # looked for in the lower-cased text. Scrubbing runs on every string of every conversation a
 # cloud model is sent, most of them a word or a number: a pattern whose literals are absent
@@ -61,10 +67,29 @@ def is_secret_key(name: str) -> bool:
 # neighbours, so it cannot bring in a literal the text did not have.
 _PATTERNS: tuple[tuple[re.Pattern[str], str, tuple[str, ...], bool], ...] = (
     (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,}"), r"\1 " + REDACTED, ("bearer", "ba"), True),
-    # user:password@ in any URL or DSN
+    # An Authorization header's whole value, whatever its scheme: "Token <t>", "Digest username=..,
+    # response=..", "AWS4-HMAC-SHA256 Credential=.., Signature=..", a "Bearer <t>" too short for
+    # the pattern above. After that one: a credential here stops at brackets, quotes and "&", so
+    # it does not take in a neighbour's name or the "Bearer" it looks for; and a scheme is a
+    # word, not a raw key, whose next word would be another field's ("YZq1X2 user=bob").
+    # A value of one word, a raw key with no scheme, is left to the name=value rule below.
+    (re.compile(r"""(?ix)
+        ((?:authorization|auth[_-]?header)(?:\\{0,3}["'])?[ \t]*[:=][ \t]*(?:\\{0,3}["'])?)
+        [a-z]{2,31}[0-9]?(?:-[a-z0-9]+){0,4}[ \t]+  # the scheme
+        (?:""" + _AUTH_PARAM + r"""(?:[ \t]*,[ \t]*""" + _AUTH_PARAM + r""")*  # Digest, AWS4-HMAC-SHA256
+           |\[REDACTED]  # a Bearer or Basic credential, replaced above
+           |[^\s"',;<>\\{}\[\]()&]+)  # a token"""), r"\1" + REDACTED, ("auth",), True),
+    # user:password@ in any URL or DSN, the user possibly empty (redis://:pw@cache). The password
+    # may hold an unescaped "/" or "@" (pa/ss, p@ss): it runs to the last "@" before the host,
+    # but not past a "//" (another URL), and after its first "/" or "@" not past a quote,
+    # bracket, "," or ";" either (there it would take in the next field's name, and leave its
+    # value as the host); and it does not start with a port and a path (https://host:8080/a/@b).
     # (the scheme starts at a word boundary and is short: otherwise every letter of a long word
-    # would start a scan to its end, quadratic in the text)
-    (re.compile(r"(?i)(\b[a-z][a-z0-9+.-]{0,31}://[^\s:/@]+:)[^\s@/]+@"), r"\1" + REDACTED + "@", ("://",), False),
+    # would start a scan to its end, quadratic in the text; the password's scan stops at the next
+    # "//", whitespace or "@", so scans from different URLs do not overlap)
+    (re.compile(r"(?i)(\b[a-z][a-z0-9+.-]{0,31}://[^\s:/@]*:)(?!\d{1,5}/)(?=[^\s@])"
+                r"[^\s@/]*+(?:(?:/(?!/)|@(?=" + _URL_PART + r"*+@))" + _URL_PART + r"*+)*+@"),
+     r"\1" + REDACTED + "@", ("://",), False),
     # webhook URLs carry their credential in the path
     (re.compile(r"(?i)(https?://hooks\.slack\.com/(?:services|workflows|triggers)/)[^\s\"'<>]+"), r"\1" + REDACTED,
      ("hook",), True),
@@ -72,7 +97,10 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str, tuple[str, ...], bool], ...] = (
      ("hook",), True),
     (re.compile(r"(?i)(https?://[^\s/\"'<>]+(?:/[^\s/?#\"'<>]+)*/(?:webhooks?|hooks)/)[^\s?#\"'<>]+"),
      r"\1" + REDACTED, ("hook",), True),
-    (re.compile(r"\bAKIA[0-9A-Z]{16}\b"), REDACTED, ("AKIA",), False),
+    # AWS access key ids: long-term (AKIA) and temporary, from STS (ASIA); a secret access key
+    # (40 characters of base64) has no shape of its own, but right after its key id it is one
+    (re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}(?:[\s:,;|]+[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])|\b)"), REDACTED,
+     ("AKIA", "ASIA"), False),
     (re.compile(r"\bsk-(?:ant-)?[A-Za-z0-9_-]{20,}\b"), REDACTED, ("sk-",), False),
     (re.compile(r"\b[rsp]k_(?:live|test)_[A-Za-z0-9]{16,}\b"), REDACTED, ("k_live_", "k_test_"), False),  # Stripe
     (re.compile(r"\bAIza[0-9A-Za-z_-]{35}\b"), REDACTED, ("AIza",), False),  # Google API keys
@@ -84,16 +112,100 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str, tuple[str, ...], bool], ...] = (
     (re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----"), REDACTED,
      ("-----BEGIN ",), False),
 )
-# name=value, name: value, "name": "value", and query parameters (?token=...&sig=...)
+
+# name=value, name: value, "name": "value", --name=value, query parameters (?token=...&sig=...)
+# and the same JSON-escaped inside a string ({\"password\": \"...\"}).
 # ("scheme://" is not an assignment: a URL's query parameters are looked at one by one)
-_ASSIGNMENT = re.compile(r"""(?<![\w.-])([A-Za-z_][\w.-]{0,63})(["']?\s*(?:=|:(?!//))\s*["']?)([^\s"',;&}<>]+)""")
+# The pattern finds a name and its separator; the value is read (_VALUE) only after a secret's
+# name, and the search goes on from the separator: a value may hold names of its own
+# (msg="login ok password=hunter2", url=https://host/?token=...), which stepping over it misses.
+# (A name cannot be followed by a name character, so its run is not backtracked into:
+# possessive.)
+_ASSIGNMENT = re.compile(r"""(?<![\w.-])(-{0,2}+[A-Za-z_][\w.-]{0,63}+)(?:\\{0,3}["'])?\s*+(?:=|:(?!//))\s*+""")
+# A quoted value is taken whole, up to its closing quote on the line ("correct horse battery
+# staple"); a quote after a backslash is an escaped one, inside the value. Else one word.
+# (A quoted value's scan stops at the first closing quote of its kind, which no other name's
+# opening quote can be inside of: scans do not overlap, and reading values stays linear.)
+_VALUE = re.compile(r"""
+    "(?P<dq>(?:[^"\\\r\n]++|\\.)*+)"
+  | '(?P<sq>(?:[^'\\\r\n]++|\\.)*+)'
+  | (?P<quote>\\{1,3}["'])(?P<eq>[^\r\n]*?)(?<!\\)(?P=quote)  # JSON-escaped
+  | (?:\\{0,3}["'])?(?P<word>[^\s"',;&}<>]+)""", re.VERBOSE)
+
+# A secret's name and its value with only a space between: "password hunter2", "secret
+# wJalrXUtnFEMI/K7MDENG", "--password MyDumpPw99". Only a name that says credential outright or a
+# command-line flag (_STRONG_NAME), and only a value that looks like a secret (_looks_secret):
+# prose says "password reset failed for user", whose next word is a word.
+# It is matched in the lower-cased text, from the credential word on (a case-insensitive
+# pattern, or one that tries each word as the start of a name, costs several times more on
+# every line that merely says "key"); the start of the name is found by looking back.
+_BARE = re.compile(r"""(?P<stem>(?:--[a-z]|pass|secret|key|token)[\w.-]{0,40}+)[ \t]+(?P<value>[^\s"'<>,;&}=\[]+)""",
+                   re.ASCII)
+_BARE_LITERALS = ("pass", "secret", "key", "token", "--")
+_STRONG_NAME = re.compile(r"""pass(?:word|wd|phrase)|secret
+    |(?:api|access|private|signing|encryption|master|client)[._-]?key
+    |(?:access|refresh|auth|session|api|id|bearer)[._-]?token""", re.VERBOSE)
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_.-")
+_MAX_NAME = 64
+# Characters a password has and a word of prose does not; not "-", "_", ".", "/" or ":", which
+# names and paths have too ("secret db/prod/creds" names a secret, it is not one).
+_PASSWORD_SYMBOLS = frozenset("!@#$%^&*+~|\\?")
 
 
-def _assignment(match: re.Match[str]) -> str:
-    name, sep, value = match.groups()
-    if value == REDACTED or not is_secret_key(name):
-        return match.group(0)
-    return f"{name}{sep}{REDACTED}"
+def _looks_secret(word: str) -> bool:
+    """A digit, a password symbol or a capital inside lower case: "hunter2", "wJalrXUtnFEMI";
+    not "reset", "Reset", "OK" or "changed"."""
+    return len(word) >= 6 and (
+        any(c.isdigit() or c in _PASSWORD_SYMBOLS for c in word)
+        or (any(c.islower() for c in word) and any(c.isupper() for c in word[1:])))
+
+
+def _scrub_assignments(text: str) -> str:
+    parts: list[str] = []
+    done = 0
+    for match in _ASSIGNMENT.finditer(text):
+        # (a name inside a value already replaced is gone with it)
+        if match.end() < done or not is_secret_key(match.group(1)):
+            continue
+        value = _VALUE.match(text, match.end())
+        if value is None:
+            continue
+        group = value.lastgroup or "word"  # the one of dq, sq, eq and word that matched
+        if value.group(group) in ("", REDACTED):
+            continue
+        parts += (text[done:value.start(group)], REDACTED)
+        done = value.end(group)
+    if not parts:
+        return text
+    parts.append(text[done:])
+    return "".join(parts)
+
+
+def _scrub_bare(text: str) -> str:
+    folded = text.lower()
+    if len(folded) != len(text):  # a letter that lower-cases to two ("İ"): keep positions aligned
+        folded = "".join(c if len(c.lower()) != 1 else c.lower() for c in text)
+    parts: list[str] = []
+    done = pos = 0
+    while (match := _BARE.search(folded, pos)) is not None:
+        # A value that is kept may be a name of its own ("password secret_key wJalrXUtnFEMI"):
+        # the search goes on from it, not after it.
+        pos = value_start = match.start("value")
+        start = match.start()
+        while start > 0 and folded[start - 1] in _NAME_CHARS and match.start() - start < _MAX_NAME:
+            start -= 1
+        if start > 0 and folded[start - 1] in _NAME_CHARS:
+            continue  # a long run of name characters, a path or a blob, not a name
+        stem_end = match.end("stem")
+        secret = text[value_start:match.end("value")].rstrip(".!?)")  # the sentence's punctuation
+        if (_looks_secret(secret) and is_secret_key(text[start:stem_end])
+                and (folded.startswith("--", start) or _STRONG_NAME.search(folded, start, stem_end))):
+            parts += (text[done:value_start], REDACTED)
+            done = pos = value_start + len(secret)
+    if not parts:
+        return text
+    parts.append(text[done:])
+    return "".join(parts)
 
 
 def scrub_text(text: str) -> str:
@@ -106,7 +218,11 @@ def scrub_text(text: str) -> str:
                 text = pattern.sub(replacement, text)
                 break
     if "=" in text or ":" in text:
-        text = _ASSIGNMENT.sub(_assignment, text)
+        text = _scrub_assignments(text)
+    for literal in _BARE_LITERALS:
+        if literal in folded:
+            text = _scrub_bare(text)
+            break
     return text
 
 

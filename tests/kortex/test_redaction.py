@@ -99,6 +99,9 @@ _FRAGMENTS = (
     "github_pat_" + "B" * 22, "-----BEGIN RSA PRIVATE KEY-----\nMIIE\n-----END RSA PRIVATE KEY-----",
     "password", "api_key", "token", "max_size", "checkout", "14:30:02", "ratio", "0.5", "[REDACTED]",
     "?access_token=", "&sig=", "https://example.com/a?page=2", "sk", "-", "AKI", "hoo", "k", "_live_",
+    "redis://:RedisS3cretPw@cache", "--password", "--", "password hunter2", "Secret", "KEY", "apiKey", "hunter2",
+    "ASIAQWERTYUIOPASDFGH", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "Authorization: Token ", "Digest", "auth",
+    "AUTH_HEADER", 'a="b c"', "\\\"", "'", "ASI", "tok", "pas",
 )
 
 
@@ -107,12 +110,12 @@ def test_skipping_a_pattern_whose_literals_are_absent_changes_no_result() -> Non
     from secrets, near misses and separators, the result is the same as running every pattern."""
     import random
 
-    from kortex.redaction import _ASSIGNMENT, _PATTERNS, _assignment
+    from kortex.redaction import _PATTERNS, _scrub_assignments, _scrub_bare
 
     def every_pattern(text: str) -> str:
         for pattern, replacement, _literals, _fold in _PATTERNS:
             text = pattern.sub(replacement, text)
-        return _ASSIGNMENT.sub(_assignment, text)
+        return _scrub_bare(_scrub_assignments(text))
 
     rng = random.Random(9)
     separators = (" ", "", "\n", "=", ": ", '"', "/", "@", ",")
@@ -145,3 +148,116 @@ def test_a_folded_literal_is_found_in_every_text_its_pattern_matches() -> None:
             assert not odd, (literals, letter, odd)
     for text in ("Baſic dXNlcjpwYXNzd29yZA==", "basıc dXNlcjpwYXNzd29yZA==", "BASİC dXNlcjpwYXNzd29yZA=="):
         assert "dXNlcjpw" not in scrub_text(text)
+
+
+# Each leaked before: the audit of ingested telemetry, and its unconfirmed cases (db_password= and
+# x-api-key: were scrubbed already, above).
+_AUDITED_LEAKS = [
+    ("cache connect failed redis://:RedisS3cretPw@cache:6379/0", "RedisS3cretPw"),
+    ("worker started: /usr/bin/mysqldump --password=MyDumpPw99 --all-databases", "MyDumpPw99"),
+    ('auth failed for password="correct horse battery staple"', "horse battery staple"),
+    ("upstream call: Authorization: Token ghx9ABCDEF0123456789secretvalue", "ghx9ABCDEF"),
+    ('Authorization: Digest username="bob", realm="api", response="6629fae49393a05397450978507c4ef1"', "6629fae4"),
+    ("Proxy-Authorization: Negotiate YIIGhgYJKoZIhvcSAQICAQBuggZ1MIIGcaADAgEF", "YIIGhgYJ"),
+    ('{"Authorization": "Token ghx9ABCDEF0123456789"}', "ghx9ABCDEF"),
+    ("Authorization: Bearer short", "short"),  # under the 8 characters the Bearer pattern wants
+    ('payload={\\"password\\": \\"EscapedPw123\\", \\"user\\": \\"bob\\"}', "EscapedPw123"),
+    ("assumed role creds ASIAQWERTYUIOPASDFGH expire at 12:00", "ASIAQWERTYUIOPASDFGH"),
+    ("creds ASIAQWERTYUIOPASDFGH wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "wJalrXUtnFEMI"),
+    ("secret wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "wJalrXUtnFEMI"),
+    ("aws configure set aws_secret_access_key wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "wJalrXUtnFEMI"),
+    ("db dsn postgresql://app:pa/ssw0rd@db:5432/app", "pa/ssw0rd"),
+    ("db dsn postgresql://app:p@ssw0rd@db:5432/app", "ssw0rd"),
+    ("login failed, password hunter2 rejected", "hunter2"),
+    ("PASSWORD Hunter2xyz", "Hunter2xyz"),
+    ("mysqldump --password MyDumpPw99 --all-databases", "MyDumpPw99"),
+    ("--verbose --api-key 0a1b2c3d4e5f", "0a1b2c3d4e5f"),
+    ("auth_header=hunter2xyz", "hunter2xyz"),
+    ("secret_header: hunter2xyz", "hunter2xyz"),
+    ("x-auth-header: Token ghx9ABCDEF0123456789", "ghx9ABCDEF"),
+    ("password='it is a secret'", "is a secret"),
+    # a name inside another's value was stepped over with it
+    ("callback_url=https://api.example.com/cb?access_token=tok123abc&lang=en", "tok123abc"),
+    ('{"password": "ab\\"cd ef"}', "cd ef"),  # an escaped quote inside the value
+]
+
+
+@pytest.mark.parametrize("text,secret", _AUDITED_LEAKS)
+def test_audited_leaks_are_scrubbed(text: str, secret: str) -> None:
+    cleaned = scrub_text(text)
+    assert secret not in cleaned and REDACTED in cleaned
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("cache: redis://:RedisS3cretPw@cache:6379/0", "cache: redis://:[REDACTED]@cache:6379/0"),
+    ("mysqldump --password=MyDumpPw99 --all-databases", "mysqldump --password=[REDACTED] --all-databases"),
+    ('auth failed for password="correct horse battery staple" user=bob',
+     'auth failed for password="[REDACTED]" user=bob'),
+    ("Authorization: Digest username=\"u\", response=\"6629fae4\" status=401", "Authorization: [REDACTED] status=401"),
+    ("Authorization: Bearer abcdefghijkl1234", "Authorization: [REDACTED]"),
+    ("Authorization: YZq1X24931 user=bob", "Authorization: [REDACTED] user=bob"),  # no scheme: one word
+    ('headers={"Authorization": "Token abc123", "Accept": "*/*"}',
+     'headers={"Authorization": "[REDACTED]", "Accept": "*/*"}'),
+    ('{\\"password\\": \\"EscapedPw123\\", \\"user\\": \\"bob\\"}',
+     '{\\"password\\": \\"[REDACTED]\\", \\"user\\": \\"bob\\"}'),
+    ("postgresql://app:pa/ssw0rd@db:5432/app", "postgresql://app:[REDACTED]@db:5432/app"),
+    ("login failed, password hunter2. retrying", "login failed, password [REDACTED]. retrying"),
+    ('msg="login ok password=hunter2 user=bob"', 'msg="login ok password=[REDACTED] user=bob"'),
+    ("Authorization: AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/20260101/us-east-1/s3/aws4_request, "
+     "SignedHeaders=host;x-amz-date, Signature=fe5f80f77d5fa3beca038a248ff027d0445342fe", "Authorization: [REDACTED]"),
+])
+def test_only_the_secret_goes(text: str, expected: str) -> None:
+    assert scrub_text(text) == expected
+
+
+@pytest.mark.parametrize("text", [
+    "password reset failed for user bob",
+    "Password Reset Failed for user 42",
+    "password changed. user=bob",
+    "secret rotation due in 3 days",
+    'MountVolume.SetUp failed: secret "db-creds-2" not found',
+    "secret db/prod/creds not found",
+    "error: option --password requires an argument",
+    "token bucket refilled, api key lookups at 2000/s",
+    "authorization header missing",
+    "https://social.example.com:8443/users/@alice posted",
+    'level=error msg="upstream timeout after 5003ms" host=web-1',
+    '{"ts": "2026-01-01T00:00:00Z", "route": "/api/v1/orders", "status": 504}',
+    "auth_header_name=X-Auth-Token",
+])
+def test_prose_and_ordinary_values_stay_readable(text: str) -> None:
+    assert scrub_text(text) == text
+
+
+@pytest.mark.parametrize("text", [text for text, _secret in _AUDITED_LEAKS])
+def test_scrubbing_twice_changes_nothing_more(text: str) -> None:
+    once = scrub_text(text)
+    assert scrub_text(once) == once
+
+
+# Each repeated makes a pattern start over and over where it cannot match: an opening quote
+# never closed, a URL with no "@", a secret's name with no value, a run of name characters...
+_NEAR_MISSES = ['a="', "a='b=\\\"", 'a=\\"', 'a="\\\\', "x://u:", "x://:1/", "x://u:p/", "password ", "--password ",
+                "password a!", "a-", "a", '"', "\\", ":", "=", "@", "authorization ", "secretkeytoken"]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("unit", _NEAR_MISSES)
+def test_a_megabyte_of_near_misses_is_scrubbed_in_linear_time(unit: str) -> None:
+    """Every pattern is linear: a line of 1 MB built to restart a scan at each of its
+    characters (a quadratic one would take hours, not seconds) comes back whole."""
+    text = unit * ((1 << 20) // len(unit))
+    assert len(scrub_text(text)) == len(text)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("unit,redacted", [
+    ("x://u:p@", "x://u:[REDACTED]@"),
+    ('password="a b" ', 'password="[REDACTED]" '),
+    ("password hunter2 ", "password [REDACTED] "),
+    ("Authorization: Token a=b,c=\"d\" ", "Authorization: [REDACTED] "),
+    ('Authorization: Digest a="b", ', "Authorization: [REDACTED], "),
+])
+def test_a_megabyte_of_secrets_is_scrubbed_in_linear_time(unit: str, redacted: str) -> None:
+    count = (1 << 20) // len(unit)
+    assert scrub_text(unit * count) == redacted * count
