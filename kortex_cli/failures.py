@@ -14,9 +14,10 @@ from kortex.redaction import scrub_text
 DEBUG_ENV = "KORTEX_DEBUG"
 
 
-def describe(exc: BaseException) -> str:
-    """The one line for ``exc``."""
-    return scrub_text(_describe(exc))
+def describe(exc: BaseException, *, migrating: bool = False) -> str:
+    """The one line for ``exc``; ``migrating``: it came from ``kortex migrate``, which is no
+    remedy for it then."""
+    return scrub_text(_describe(exc, migrating))
 
 
 def debugging() -> bool:
@@ -28,7 +29,7 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0].strip() if text else exc.__class__.__name__
 
 
-def _describe(exc: BaseException) -> str:
+def _describe(exc: BaseException, migrating: bool) -> str:
     if isinstance(exc, KortexError):
         return str(exc)
     import httpx
@@ -46,7 +47,17 @@ def _describe(exc: BaseException) -> str:
         cause = exc.orig if exc.orig is not None else exc
         return f"cannot use the database: {_first_line(cause)}"
     if isinstance(exc, sqlalchemy.exc.ProgrammingError):
-        return f"the database refused a query ({_first_line(exc.orig or exc)}): is it migrated? run 'kortex migrate'"
+        reason = _first_line(exc.orig or exc)
+        if exc.statement is None:  # refused before any query: the driver rejected how to connect
+            return f"cannot connect to the database ({reason}): check the options in KORTEX_DATABASE_URL"
+        if migrating:
+            return f"the database refused a migration ({reason})"
+        return f"the database refused a query ({reason}): is it migrated? run 'kortex migrate'"
+    if isinstance(exc, sqlalchemy.exc.DatabaseError) and not isinstance(
+            exc, sqlalchemy.exc.IntegrityError | sqlalchemy.exc.DataError):
+        # e.g. SQLite's "file is not a database": the URL names something that is not one
+        return (f"cannot use the database ({_first_line(exc.orig or exc)}): check that KORTEX_DATABASE_URL "
+                "(or the embedded SQLite file) is a Kortex database")
     if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
         return f"cannot reach Redis: {_first_line(exc)}"
     if isinstance(exc, OSError):

@@ -10,15 +10,16 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any, Literal, NoReturn
 
 import typer
-from rich.console import Console
+from rich.markup import escape
 
 from kortex import logcontext, logsafe
 from kortex.config import Settings, load_settings
 from kortex.errors import KortexError
 from kortex_cli.postmortem import app as postmortem_app
+from kortex_cli.render import make_console
 
 # "markdown": a docstring's paragraphs are rewrapped to the terminal's width; Typer's rich mode
 # kept the source's line breaks, so a command's help broke off mid-sentence.
@@ -28,12 +29,20 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode="
 admin = typer.Typer(no_args_is_help=True, rich_markup_mode="markdown", help="Tenants and API keys.")
 app.add_typer(admin, name="admin")
 app.add_typer(postmortem_app, name="postmortem")
-console = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+
+
+console = make_console()
+err = make_console(stderr=True)
+
+
+#: The exit status of a usage error (a bad option or combination of options), as Click's own.
+USAGE = 2
+#: The levels --loglevel accepts (logging's and Celery's names for them; any case).
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 
 
 def _fail(message: str, code: int = 1) -> NoReturn:
-    err.print(f"[red]error:[/red] {message}", soft_wrap=True)  # one line, however narrow the terminal
+    err.print(f"[red]error:[/red] {escape(message)}", soft_wrap=True)  # one line, however narrow the terminal
     raise typer.Exit(code)
 
 
@@ -63,6 +72,55 @@ def _preflight(settings: Settings, what: str) -> None:
     from kortex.storage.migrate import require_schema
 
     require_schema(settings.database_url)
+    _require_redis(settings.redis_url or "", what)
+
+
+def _require_redis(url: str, what: str) -> None:
+    """Without Redis nothing moves (the broker, the event streams): a process started on one it
+    cannot reach would only log its failures. One line naming Redis, never its password."""
+    from urllib.parse import urlsplit
+
+    import redis
+
+    from kortex.redaction import scrub_text
+
+    client = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=5)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        parts = urlsplit(url)
+        where = parts.path if parts.scheme == "unix" else f"{parts.hostname}:{parts.port or 6379}"
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
+        _fail(scrub_text(f"cannot use Redis at {where} (KORTEX_REDIS_URL), which {what} needs: {reason}"))
+    finally:
+        client.close()
+
+
+def _require_free_port(port: int) -> None:
+    """A --metrics-port another process holds: refuse to start, rather than a worker running
+    without its metrics or beat dying later on a bare "Address already in use"."""
+    import socket
+
+    with socket.socket() as probe:
+        # As the metrics server binds (kortex/metrics.py: every address, SO_REUSEADDR).
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("0.0.0.0", port))
+        except OSError as exc:
+            _fail(f"--metrics-port {port}: cannot serve metrics on it ({exc.strerror or exc})")
+
+
+def _require_writable(path: Path) -> None:
+    """An --alive-file beat cannot write would fail every interval, and the health check with
+    it: refuse to start. The file's age is left alone: only a sweep says beat is alive."""
+    existed = path.exists()
+    try:
+        with path.open("a"):
+            pass
+    except OSError as exc:
+        _fail(f"--alive-file {path}: cannot write it ({exc.strerror or exc})", USAGE)
+    if not existed:
+        path.unlink(missing_ok=True)
 
 
 @app.command()
@@ -73,12 +131,16 @@ def demo(
     model: Annotated[str | None, typer.Option(help="provider:model (default: the configured one)")] = None,
 ) -> None:
     """Seed a realistic incident and ask about it through the real turn pipeline."""
-    from kortex_cli.runner import run_demo
+    from kortex_cli.runner import Interrupted, report_interrupted, run_demo
 
+    if question is not None and not question.strip():
+        _fail("--question is empty: ask something, or leave it out for the scenario's question", USAGE)
     try:
         ok = run_demo(console, question=question, scenario=scenario, model=model)
     except KortexError as exc:
         _fail(str(exc))
+    except Interrupted as stopped:
+        raise typer.Exit(report_interrupted(stopped, err)) from None
     raise typer.Exit(0 if ok else 1)  # a demo whose turn failed must not look like a success
 
 
@@ -88,22 +150,28 @@ def ask(
     model: Annotated[str | None, typer.Option(help="provider:model, e.g. anthropic:claude-sonnet-4-6")] = None,
     url: Annotated[str | None, typer.Option(envvar="KORTEX_API_URL", help="A running Kortex API; embedded if unset")] = None,
     api_key: Annotated[str | None, typer.Option(envvar="KORTEX_API_KEY", help="API key for --url")] = None,
-    session: Annotated[str | None, typer.Option(help="Continue this session id")] = None,
+    session: Annotated[str | None, typer.Option(help="Continue this session (its id, as an earlier ask printed it)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the events as JSON lines")] = False,
     tenant: Annotated[str, typer.Option(help="Tenant whose telemetry to use (embedded mode)")] = "demo",
 ) -> None:
-    """Ask a question and stream the answer (against --url, or embedded)."""
-    from kortex_cli.runner import ask_embedded, ask_remote
+    """Ask a question and stream the answer (against --url, or embedded). The session's id is
+    printed first (with --json, on the done line): pass it as --session to ask a follow-up in
+    the same conversation. Ctrl-C cancels the turn."""
+    from kortex_cli.runner import Interrupted, ask_embedded, ask_remote, report_interrupted
 
+    if not question.strip():
+        _fail("the question is empty", USAGE)
+    if url and not api_key:
+        _fail("--api-key (or KORTEX_API_KEY) is required with --url", USAGE)
     try:
         if url:
-            if not api_key:
-                _fail("--api-key (or KORTEX_API_KEY) is required with --url")
             ok = ask_remote(console, url, api_key or "", question, model=model, session_id=session, as_json=as_json)
         else:
-            ok = ask_embedded(console, question, model=model, as_json=as_json, tenant=tenant)
+            ok = ask_embedded(console, question, model=model, as_json=as_json, tenant=tenant, session_id=session)
     except KortexError as exc:
         _fail(str(exc))
+    except Interrupted as stopped:
+        raise typer.Exit(report_interrupted(stopped, err)) from None
     raise typer.Exit(0 if ok else 1)
 
 
@@ -117,7 +185,7 @@ def models(
     from kortex_cli.runner import list_models
 
     if url and not api_key:
-        _fail("--api-key (or KORTEX_API_KEY) is required with --url")
+        _fail("--api-key (or KORTEX_API_KEY) is required with --url", USAGE)
     try:
         list_models(console, url, api_key)
     except KortexError as exc:
@@ -139,7 +207,7 @@ KEEP_ALIVE = 75
 @app.command()
 def api(
     host: Annotated[str, typer.Option(help="Bind address")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port")] = 8000,
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port")] = 8000,
     workers: Annotated[int | None, typer.Option(
         min=1, help=f"Worker processes (default: {DEFAULT_API_PROCESSES} with KORTEX_REDIS_URL, 1 embedded)")] = None,
     access_log: Annotated[bool, typer.Option(
@@ -168,9 +236,12 @@ def api(
 def worker(
     queues: Annotated[str, typer.Option(help="Comma-separated queues: turns, tools, batch (post-mortem jobs)")] = "turns,tools",
     concurrency: Annotated[int | None, typer.Option(
-        help="Task slots (default: 8 for turns alone, else 16); LLM steps do not hold one")] = None,
-    pool: Annotated[str, typer.Option(help="threads (default), prefork or solo")] = "threads",
-    loglevel: Annotated[str, typer.Option(help="Log level")] = "INFO",
+        min=1, help="Task slots (default: 8 for turns alone, else 16); LLM steps do not hold one")] = None,
+    # Not gevent or eventlet: they would need monkey-patching before anything is imported, and
+    # the step engine already multiplexes LLM streams on its own event loop.
+    pool: Annotated[Literal["threads", "prefork", "solo"], typer.Option(
+        case_sensitive=False, help="threads (default), prefork or solo")] = "threads",
+    loglevel: Annotated[LogLevel, typer.Option(case_sensitive=False, help="Log level")] = "INFO",
     task_logs: Annotated[bool, typer.Option(
         help="A log line per task received and finished (Flower shows tasks without them)")] = False,
     max_memory_per_child: Annotated[int | None, typer.Option(
@@ -185,25 +256,30 @@ def worker(
     One process per core: a turns worker streams up to ``turn.max_inflight_steps`` LLM steps at
     once on its event loop whatever its slots, so its slots only hand steps over; a tools
     worker runs one tool call per slot."""
-    settings = load_settings()
-    if settings.embedded:
-        _fail("set KORTEX_REDIS_URL (and KORTEX_DATABASE_URL) to run workers; the embedded mode needs none")
-    _preflight(settings, "a worker")
-    if metrics_port is not None and settings.metrics.enabled:
-        os.environ["KORTEX_METRICS_PORT"] = str(metrics_port)  # workers/app.py serves it at worker_init
-        if pool == "prefork":
-            _metrics_multiprocess("worker")
-    if pool not in ("threads", "prefork", "solo"):
-        # gevent/eventlet would need monkey-patching before anything is imported, and the step
-        # engine already multiplexes LLM streams on its own event loop.
-        _fail(f"unsupported pool {pool!r}: use threads, prefork or solo")
-    from workers.app import app as celery_app
     from workers.queues import Queue
 
     names = [q.strip() for q in queues.split(",") if q.strip()]
-    bad = [q for q in names if q not in {x.value for x in Queue}]
-    if bad:
-        _fail(f"unknown queue(s): {', '.join(bad)}")
+    known = [q.value for q in Queue]
+    bad = [q for q in names if q not in known]
+    if bad or not names:
+        # An empty name would have Celery consume a queue called "" that nothing is sent to.
+        _fail(f"--queues: {'unknown queue(s) ' + ', '.join(map(repr, bad)) if bad else 'no queue given'}; "
+              f"use one or more of: {', '.join(known)}", USAGE)
+    if (max_memory_per_child or max_tasks_per_child) and pool != "prefork":
+        _fail("--max-memory-per-child and --max-tasks-per-child recycle prefork children: add --pool prefork", USAGE)
+    settings = load_settings()
+    if settings.embedded:
+        _fail("set KORTEX_REDIS_URL (and KORTEX_DATABASE_URL) to run workers; the embedded mode needs none")
+    port = metrics_port if settings.metrics.enabled else None
+    if port is not None:
+        _require_free_port(port)
+    _preflight(settings, "a worker")
+    if port is not None:
+        os.environ["KORTEX_METRICS_PORT"] = str(port)  # workers/app.py serves it at worker_init
+        if pool == "prefork":
+            _metrics_multiprocess("worker")
+    from workers.app import app as celery_app
+
     if concurrency is None:
         concurrency = 8 if names == [Queue.TURNS.value] else 16
     if not task_logs:
@@ -215,8 +291,6 @@ def worker(
     # Task events stay off (Flower switches them on while it watches; see workers/app.py).
     argv = ["worker", "-Q", ",".join(names), "-P", pool, "-l", loglevel, "-n", f"kortex-{'-'.join(names)}@%h",
             "-c", str(concurrency)]
-    if (max_memory_per_child or max_tasks_per_child) and pool != "prefork":
-        _fail("--max-memory-per-child and --max-tasks-per-child recycle prefork children: add --pool prefork")
     if max_memory_per_child:
         argv += ["--max-memory-per-child", str(max_memory_per_child * 1024)]  # Celery counts KiB
     if max_tasks_per_child:
@@ -226,7 +300,7 @@ def worker(
 
 @app.command()
 def beat(
-    loglevel: Annotated[str, typer.Option(help="Log level")] = "INFO",
+    loglevel: Annotated[LogLevel, typer.Option(case_sensitive=False, help="Log level")] = "INFO",
     alive_file: Annotated[Path | None, typer.Option(
         help="Touch this file after every watchdog interval that reached the database (for health checks)")] = None,
     metrics_port: Annotated[int | None, typer.Option(
@@ -234,24 +308,36 @@ def beat(
 ) -> None:
     """Run the watchdog process: fails expired turns and re-enqueues lost work. Safe to run
     more than one: one leads at a time, another takes over when it dies."""
+    if alive_file is not None:
+        _require_writable(alive_file)
     settings = load_settings()
     if settings.embedded:
         _fail("set KORTEX_REDIS_URL to run beat; the embedded mode runs the watchdog itself")
+    port = metrics_port if settings.metrics.enabled else None
+    if port is not None:
+        _require_free_port(port)
     _preflight(settings, "beat")
     from workers import beat as watchdog
 
-    logging.getLogger().setLevel(loglevel.upper())  # main() set up the handler (scrubbed)
-    watchdog.run(settings, alive_file=alive_file,
-                 metrics_port=metrics_port if settings.metrics.enabled else None)
+    logging.getLogger().setLevel(loglevel)  # main() set up the handler (scrubbed)
+    watchdog.run(settings, alive_file=alive_file, metrics_port=port)
 
 
 @app.command()
 def migrate() -> None:
     """Create or upgrade the database schema."""
+    import sqlalchemy.exc
+
     from kortex.storage.migrate import upgrade
+    from kortex_cli.failures import debugging, describe
 
     settings = load_settings()
-    upgrade(settings.effective_database_url)
+    try:
+        upgrade(settings.effective_database_url)
+    except sqlalchemy.exc.SQLAlchemyError as exc:
+        if debugging():
+            raise
+        _fail(describe(exc, migrating=True))  # not main()'s line: it advises migrating for a refused query
     console.print("database is up to date")
 
 
@@ -301,8 +387,14 @@ def create_key(
                                            "proposals), ingest, or admin (everything)")] = "chat",
 ) -> None:
     """Issue another API key for an existing tenant, with a role that bounds what it may do."""
+    from kortex.access import valid_role
+    from kortex.errors import InvalidInput
     from kortex_cli.runner import issue_key
 
+    try:
+        valid_role(role)  # kortex/access.py: the roles are data there
+    except InvalidInput as exc:
+        _fail(f"--role: {exc}", USAGE)
     try:
         key = issue_key(name, role)
     except KortexError as exc:
@@ -375,7 +467,7 @@ def main(argv: list[str] | None = None) -> Any:
 
         if debugging():
             raise
-        err.print(f"[red]error:[/red] {describe(exc)}", markup=True, soft_wrap=True)
+        err.print(f"[red]error:[/red] {escape(describe(exc))}", markup=True, soft_wrap=True)
         sys.exit(1)
 
 

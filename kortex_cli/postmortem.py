@@ -6,17 +6,26 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Annotated, Any, Literal, Protocol
+from typing import Annotated, Any, Literal, NoReturn, Protocol
 
 import typer
-from rich.console import Console
+from pydantic import ValidationError
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from kortex.errors import KortexError, NotFound
+from kortex.errors import InvalidInput, KortexError, NotFound
+from kortex_cli.remote import with_fields
+from kortex_cli.render import make_console
 
 app = typer.Typer(no_args_is_help=True, rich_markup_mode="markdown", help="Batch post-mortems of past incidents.")
-console = Console()
+console = make_console()
+err = make_console(stderr=True)
+USAGE = 2  # Click's exit status for a command line it cannot use
+#: The request's fields that an option sets, so a refusal names what to change.
+OPTIONS = {"incident_ids": "--ids", "filter.since": "--since", "filter.until": "--until",
+           "filter.product": "--product", "filter.severity": "--severity", "model": "--model",
+           "max_usd": "--max-usd", "concurrency": "--concurrency"}
 ENDED = ("done", "failed", "skipped", "cancelled")
 POLL_S = 0.5
 
@@ -47,7 +56,15 @@ class EmbeddedJobs:
         from kortex.postmortems import jobs
         from kortex_cli.runner import _dispatch
 
-        submitted = jobs.submit(self.k, self.tenant_id, jobs.JobRequest.model_validate(request), by="cli")
+        try:
+            submitted = jobs.submit(self.k, self.tenant_id, jobs.JobRequest.model_validate(request), by="cli")
+        except ValidationError as exc:  # named field by field, as the API's 422 names them
+            details = [{"field": ".".join(str(p) for p in e["loc"]) or "request", "message": e["msg"]}
+                       for e in exc.errors()]
+            raise InvalidInput(with_fields("the request is not valid", details, OPTIONS), details=details) from None
+        except InvalidInput as exc:
+            raise InvalidInput(with_fields(exc.message, exc.details, OPTIONS), code=exc.code,
+                               details=exc.details) from None
         _dispatch(submitted.handoff)
         return submitted.view.job.id
 
@@ -86,13 +103,12 @@ class RemoteJobs:
                                     headers={"Authorization": f"Bearer {api_key}"})
 
     def _check(self, response: Any) -> Any:
+        from kortex_cli.remote import not_kortex, refusal
+
         if response.status_code >= 400:
-            try:
-                message = response.json().get("error", {}).get("message")
-            except ValueError:
-                message = None
-            error = NotFound if response.status_code == 404 else KortexError
-            raise error(f"HTTP {response.status_code}: {message or response.text[:200]}")
+            raise refusal(response, OPTIONS)
+        if not response.headers.get("content-type", "").startswith(("application/json", "text/markdown")):
+            raise KortexError(not_kortex(response))
         return response
 
     def submit(self, request: dict[str, Any]) -> str:
@@ -188,7 +204,7 @@ def run(
     ids: Annotated[str | None, typer.Option(help="Comma-separated incident ids instead of a filter")] = None,
     model: Annotated[str | None, typer.Option(help="provider:model (default: the configured one)")] = None,
     max_usd: Annotated[float | None, typer.Option(help="Stop the job once it has spent this much")] = None,
-    concurrency: Annotated[int, typer.Option(help="Items investigated at once")] = 4,
+    concurrency: Annotated[int, typer.Option(min=1, help="Items investigated at once")] = 4,
     force: Annotated[bool, typer.Option(help="Redo incidents that already have a post-mortem")] = False,
     out: Annotated[Path, typer.Option(help="Directory for one file per incident")] = Path("postmortems"),
     fmt: Annotated[str, typer.Option("--format", help="md or json")] = "md",
@@ -198,7 +214,7 @@ def run(
 ) -> None:
     """Write post-mortems for past incidents, with a progress bar, then a file per incident."""
     if (ids is None) == (since is None):
-        _fail("give --since (with optional --until, --product, --severity) or --ids")
+        _fail("give either --since (with optional --until, --product, --severity) or --ids", USAGE)
     request: dict[str, Any] = {"concurrency": concurrency, "force": force}
     if ids is not None:
         request["incident_ids"] = [i.strip() for i in ids.split(",") if i.strip()]
@@ -210,8 +226,10 @@ def run(
     with _jobs(url, api_key, tenant) as jobs:
         try:
             job_id = jobs.submit(request)
-        except (KortexError, ValueError) as exc:
-            _fail(str(exc).splitlines()[0] if isinstance(exc, ValueError) else str(exc))
+        except InvalidInput as exc:  # an option's value: said field by field
+            _fail(str(exc), USAGE)
+        except KortexError as exc:
+            _fail(str(exc))
         console.print(f"job {job_id}")
         status = _progress(jobs, job_id)
         items = jobs.items(job_id)
@@ -242,13 +260,13 @@ def export(
 
 def _format(fmt: str) -> Literal["md", "json"]:
     if fmt not in ("md", "json"):
-        _fail("--format must be md or json")
+        _fail("--format must be md or json", USAGE)
     return "md" if fmt == "md" else "json"
 
 
-def _fail(message: str) -> None:
-    console.print(f"[red]error:[/red] {message}")
-    raise typer.Exit(1)
+def _fail(message: str, code: int = 1) -> NoReturn:
+    err.print(f"[red]error:[/red] {escape(message)}", soft_wrap=True)  # one line, however narrow the terminal
+    raise typer.Exit(code)
 
 
 class _Opened:
@@ -259,7 +277,7 @@ class _Opened:
     def __enter__(self) -> Jobs:
         if self.url:
             if not self.api_key:
-                _fail("--api-key (or KORTEX_API_KEY) is required with --url")
+                _fail("--api-key (or KORTEX_API_KEY) is required with --url", USAGE)
             return RemoteJobs(self.url, self.api_key or "")
         from kortex.config import load_settings
         from kortex_cli.runner import _tenant_id, embedded_stack
@@ -272,7 +290,6 @@ class _Opened:
         except NotFound as exc:
             self._stack.__exit__(None, None, None)
             _fail(f"{exc.message}; load incidents first: kortex seed incident-archive --tenant {self.tenant}")
-            raise
 
     def __exit__(self, *exc: object) -> None:
         if self._stack is not None:

@@ -3,12 +3,66 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import httpx
 
-from kortex.errors import KortexError
+from kortex.errors import InvalidInput, KortexError, NotFound
+
+
+def refusal(response: httpx.Response, fields: Mapping[str, str] | None = None) -> KortexError:
+    """The one line for an error response: the API's message and, for a refused request, each
+    field it named with why (``fields`` renames them, e.g. to the command's options); a body
+    that is not the API's error JSON says the URL is not a Kortex API rather than quoting it."""
+    status = response.status_code
+    error = _error_object(response)
+    if error is None:
+        return KortexError(not_kortex(response))
+    details = error.get("details")
+    text = with_fields(str(error.get("message") or error.get("code") or "no message"), details, fields)
+    kind = NotFound if status == 404 else InvalidInput if status == 422 else KortexError
+    return kind(f"HTTP {status}: {text}", code=str(error.get("code") or "") or None, details=details)
+
+
+def with_fields(message: str, details: object, fields: Mapping[str, str] | None = None) -> str:
+    """``message`` and each field that ``details`` (the API's list of ``field`` and ``message``)
+    names, with why, on one line; ``fields`` renames them, e.g. to the command's options."""
+    text = _one_line(message)
+    named = [d for d in details if isinstance(d, dict) and d.get("field")] if isinstance(details, list) else []
+    if not named:
+        return text
+    fields = fields or {}
+    why = [_one_line(str(d.get("message") or "")) for d in named]
+    said = "; ".join(f"{fields.get(str(d['field']), d['field'])}: {w}" for d, w in zip(named, why, strict=True))
+    # A message that only repeats a field's (with or without the field's name) is said once.
+    return said if any(w and w in text for w in why) else f"{text}: {said}"
+
+
+def json_body(response: httpx.Response) -> Any:
+    """A successful response's JSON; a body that is none says the URL is not a Kortex API."""
+    try:
+        return response.json()
+    except ValueError:
+        raise KortexError(not_kortex(response)) from None
+
+
+def not_kortex(response: httpx.Response) -> str:
+    kind = response.headers.get("content-type", "").split(";")[0].strip() or "no content type"
+    return f"not a Kortex API (HTTP {response.status_code}, {kind}): is --url the API's address?"
+
+
+def _error_object(response: httpx.Response) -> dict[str, Any] | None:
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    error = body.get("error") if isinstance(body, dict) else None
+    return error if isinstance(error, dict) else None
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 class RemoteClient:
@@ -24,12 +78,8 @@ class RemoteClient:
 
     def _check(self, response: httpx.Response) -> Any:
         if response.status_code >= 400:
-            try:
-                error = response.json().get("error", {})
-            except ValueError:
-                error = {}
-            raise KortexError(f"HTTP {response.status_code}: {error.get('message') or response.text[:200]}")
-        return response.json()
+            raise refusal(response)
+        return json_body(response)
 
     def create_session(self, name: str, model: str | None) -> str:
         body: dict[str, Any] = {"name": name}
@@ -43,6 +93,15 @@ class RemoteClient:
             body["model"] = model
         return self._check(self._client.post(f"/v1/sessions/{session_id}/messages", json=body))  # type: ignore[no-any-return]
 
+    def cancel_turn(self, turn_id: str) -> dict[str, Any]:
+        # Short: it runs while the user waits to get their prompt back.
+        return self._check(self._client.post(f"/v1/turns/{turn_id}/cancel", timeout=10.0))  # type: ignore[no-any-return]
+
+    def delete_session(self, session_id: str) -> None:
+        response = self._client.delete(f"/v1/sessions/{session_id}", timeout=10.0)
+        if response.status_code >= 400:
+            raise refusal(response)
+
     def providers(self) -> dict[str, Any]:
         return self._check(self._client.get("/v1/llm/providers"))  # type: ignore[no-any-return]
 
@@ -54,6 +113,10 @@ class RemoteClient:
             if r.status_code >= 400:
                 r.read()
                 self._check(r)
+            if r.status_code == 204:
+                return  # a finished turn with nothing after last_event_id
+            if not r.headers.get("content-type", "").startswith("text/event-stream"):
+                raise KortexError(not_kortex(r))
             for event, _id, data in parse_sse(r.iter_lines()):
                 yield event, json.loads(data)
                 if event == "done":

@@ -12,6 +12,15 @@ from kortex.llm.base import WARNING_CODES
 from kortex_cli.attempts import AttemptFilter
 
 
+def make_console(stderr: bool = False) -> Console:
+    """Rich wraps at the terminal's width, and at 80 columns when the output is a pipe or a file:
+    there a tool call's id, a LogQL query or a rationale split over two lines cannot be read back
+    or copied, so lines are left whole (soft wrap) unless a terminal shows them."""
+    console = Console(stderr=stderr, highlight=False)
+    console.soft_wrap = not console.is_terminal
+    return console
+
+
 def _args(arguments: dict[str, Any]) -> str:
     return ", ".join(f"{k}={json.dumps(v)}" for k, v in arguments.items())
 

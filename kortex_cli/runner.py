@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable, Iterator
+import os
+import signal
+import sys
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from rich.console import Console
@@ -12,12 +17,13 @@ from rich.markup import escape
 
 from kortex.config import Settings, load_settings
 from kortex.container import Kortex
-from kortex.errors import NotFound
-from kortex.storage import tenants
+from kortex.errors import KortexError, NotFound
+from kortex.storage import chats, tenants
 from kortex.storage.migrate import upgrade
 from kortex.telemetry import scenarios
 from kortex.timeparse import utcnow
 from kortex.turns import chat
+from kortex.turns.cancel import cancel
 from kortex_cli.render import EventPrinter
 
 if TYPE_CHECKING:
@@ -75,26 +81,141 @@ def describe_counts(counts: dict[str, int]) -> str:
     return ", ".join(f"{n} {kind}" for kind, n in counts.items() if n)
 
 
-def _ask(k: Kortex, tenant_id: str, question: str, model: str | None, printer: EventPrinter) -> bool:
-    session = chat.create_session(k, tenant_id, name=question[:80], model=model)
-    posted = chat.post_message(k, tenant_id, session.id, question)
-    _dispatch(posted.handoff)
+class Interrupted(Exception):
+    """The user stopped a command mid-turn: Ctrl-C, or its output was closed (``| head -1``).
+    The turn was cancelled first (``outcome`` says how that went): left running, or queued at a
+    server, it would be finished unseen by a worker, and billed."""
+
+    def __init__(self, outcome: str, *, broken_pipe: bool) -> None:
+        super().__init__(outcome)
+        self.outcome, self.broken_pipe = outcome, broken_pipe
+
+
+@contextlib.contextmanager
+def _cancelled_if_stopped(turn_id: str, stop_turn: Callable[[], object]) -> Iterator[None]:
+    """Raise Interrupted, once ``stop_turn`` has cancelled the turn, when the user stops the
+    command."""
+    try:
+        yield
+    except (KeyboardInterrupt, BrokenPipeError, SystemExit) as exc:
+        # Rich answers a closed stdout with SystemExit(1) (Console.on_broken_pipe); print() with
+        # BrokenPipeError.
+        with _sigint_ignored():
+            outcome = _cancel(turn_id, stop_turn)
+        raise Interrupted(outcome, broken_pipe=not isinstance(exc, KeyboardInterrupt)) from None
+
+
+def _cancel(turn_id: str, stop_turn: Callable[[], object]) -> str:
+    from kortex_cli.failures import describe
+
+    try:
+        stop_turn()
+    except Exception as exc:
+        if isinstance(exc, KortexError) and exc.code == "turn_finished":  # it ended as it was stopped
+            return f"turn {turn_id} had already ended"
+        return f"could not cancel turn {turn_id}: {describe(exc)}"
+    return f"cancelled turn {turn_id}"
+
+
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """A second Ctrl-C while the turn is being cancelled would leave it running."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def report_interrupted(stopped: Interrupted, err: Console) -> int:
+    """Say on stderr (while it still works) what became of the turn; the exit status is what a
+    shell reports for the signal: 130 (SIGINT), or 141 (SIGPIPE) for a closed output."""
+    if stopped.broken_pipe:
+        _quiet_stdout()
+    why = "its output was closed" if stopped.broken_pipe else "interrupted"
+    with contextlib.suppress(OSError, ValueError):
+        err.print(f"{stopped.outcome} ({why})", markup=False, highlight=False, soft_wrap=True)
+    return 141 if stopped.broken_pipe else 130
+
+
+def _quiet_stdout() -> None:
+    """Python flushes stdout once more at exit, and into a closed pipe that prints a warning."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # not a real file (a test's capture): nothing to flush into a pipe
+        pass
+
+
+def _follow(printer: EventPrinter, events: Iterable[tuple[str, dict[str, Any]]], session_id: str,
+            turn_id: str) -> bool:
+    """Print the turn's events; whether it ended ``done``. The session is named, so the next
+    question can continue it (``--session``): first, or with ``--json`` beside the status on the
+    ``done`` line (``session_id``, ``turn_id``), where a script reads the outcome."""
+    if not printer.as_json:
+        printer.console.print(f"[dim]· session {session_id} · turn {turn_id}[/dim]", soft_wrap=True)
     ok = False
-    for entry in k.events.follow(posted.turn.id, idle_timeout=k.settings.turn.deadline + 30):
-        printer.show(entry.type, json.loads(entry.data))
-        if entry.type == "done":
-            ok = json.loads(entry.data).get("status") == "done"
+    for event, data in events:
+        if event == "done":
+            ok = data.get("status") == "done"
+            if printer.as_json:
+                data = {**data, "session_id": session_id, "turn_id": turn_id}
+        printer.show(event, data)
     return ok
+
+
+def _post(k: Kortex, tenant_id: str, question: str, model: str | None, session_id: str | None) -> chat.PostedTurn:
+    """The question as the first turn of a new session, made in the same transaction (a refused
+    question leaves no session behind), or as the next turn of ``session_id``."""
+    if session_id is None:
+        model = chat.check_model(k, model)
+        name = chat.session_name(question[:80], "untitled")
+        return chat.start_session(k, tenant_id, lambda conn: chats.create_session(conn, tenant_id, name, model).id,
+                                  question, model=model)[1]
+    unknown = NotFound(f"no session {session_id!r} in this tenant")
+    try:
+        session_id = str(uuid.UUID(session_id))
+    except ValueError:
+        raise unknown from None  # session ids are UUIDs: anything else cannot exist
+    try:
+        return chat.post_message(k, tenant_id, session_id, question, model=model)
+    except NotFound:
+        raise unknown from None
+
+
+def _ask(k: Kortex, tenant_id: str, question: str, model: str | None, printer: EventPrinter,
+         session_id: str | None = None) -> bool:
+    posted = _post(k, tenant_id, question, model, session_id)
+    turn = posted.turn
+    with _cancelled_if_stopped(turn.id, lambda: cancel(k, tenant_id, turn.id, by="cli")):
+        _dispatch(posted.handoff)
+        events = ((e.type, json.loads(e.data)) for e in k.events.follow(
+            turn.id, idle_timeout=k.settings.turn.deadline + 30))
+        return _follow(printer, events, turn.session_id, turn.id)
+
+
+def _check_model(settings: Settings, model: str | None) -> None:
+    """An unusable model is reported before the embedded stack starts, or anything is seeded."""
+    if model:
+        from kortex.llm.providers import BUILTIN_PROVIDERS
+        from kortex.llm.registry import ProviderRegistry
+
+        ProviderRegistry(settings, BUILTIN_PROVIDERS).resolve(model)
 
 
 def run_demo(console: Console, *, question: str | None, scenario: str, model: str | None) -> bool:
     settings = load_settings()
+    _check_model(settings, model)  # seeding replaces the demo tenant's telemetry: not for a demo that cannot run
+    picked = scenarios.get_scenario(scenario)
     mode = "embedded (SQLite + in-process worker)" if settings.embedded else "distributed"
     console.print(f"[bold]Kortex demo[/bold] · mode: {mode}")
     with embedded_stack(settings) as k:
         tenant_id = _tenant_id(k, DEMO_TENANT, create=True)
         counts = _seed(k, tenant_id, scenario)
-        picked = scenarios.get_scenario(scenario)
         question = question or picked.question
         console.print(f"seeded scenario [cyan]{scenario}[/cyan]: {picked.title} ({describe_counts(counts)})")
         console.print(f"\n[bold]Q:[/bold] {question}\n")
@@ -102,16 +223,12 @@ def run_demo(console: Console, *, question: str | None, scenario: str, model: st
 
 
 def ask_embedded(console: Console, question: str, *, model: str | None, as_json: bool,
-                 tenant: str = DEMO_TENANT) -> bool:
+                 tenant: str = DEMO_TENANT, session_id: str | None = None) -> bool:
     settings = load_settings()
-    if model:  # an unusable model is reported before the embedded stack starts
-        from kortex.llm.providers import BUILTIN_PROVIDERS
-        from kortex.llm.registry import ProviderRegistry
-
-        ProviderRegistry(settings, BUILTIN_PROVIDERS).resolve(model)
+    _check_model(settings, model)
     with embedded_stack(settings) as k:
         tenant_id = _tenant_id(k, tenant, create=tenant == DEMO_TENANT)
-        return _ask(k, tenant_id, question, model, EventPrinter(console, as_json=as_json))
+        return _ask(k, tenant_id, question, model, EventPrinter(console, as_json=as_json), session_id)
 
 
 def list_models(console: Console, url: str | None, api_key: str | None) -> None:
@@ -233,16 +350,20 @@ def ask_remote(console: Console, url: str, api_key: str, question: str, *, model
 
     printer = EventPrinter(console, as_json=as_json)
     with RemoteClient(url, api_key) as client:
+        made = None
         if session_id is None:
-            session_id = client.create_session(question[:80], model)
-        turn = client.post_message(session_id, question, model)
-        ok = False
-        for event, data in client.events(turn["events_url"]):
-            printer.show(event, data)
-            if event == "done":
-                ok = data.get("status") == "done"
-        return ok
+            session_id = made = client.create_session(question[:80], model)
+        try:
+            turn = client.post_message(session_id, question, model)
+        except Exception:
+            if made is not None:  # the question was refused: the session made for it goes too
+                with contextlib.suppress(Exception):
+                    client.delete_session(made)
+            raise
+        turn_id = str(turn["turn_id"])
+        with _cancelled_if_stopped(turn_id, lambda: client.cancel_turn(turn_id)):
+            return _follow(printer, client.events(turn["events_url"]), str(turn["session_id"]), turn_id)
 
 
-__all__ = ["ask_embedded", "ask_remote", "create_tenant_with_key", "issue_key", "list_models", "run_demo",
-           "seed_scenario"]
+__all__ = ["Interrupted", "ask_embedded", "ask_remote", "create_tenant_with_key", "issue_key", "list_models",
+           "report_interrupted", "run_demo", "seed_scenario"]

@@ -124,7 +124,13 @@ def _serve_metrics(sender: Any = None, **_: Any) -> None:
     if port:
         from kortex import metrics
 
-        metrics.serve(int(port))
+        try:
+            metrics.serve(int(port))
+        except OSError as exc:
+            # Celery logs a receiver's exception and starts anyway: a worker without the metrics
+            # it was asked for would go unnoticed. SystemExit passes Celery's signal dispatch.
+            raise SystemExit(f"error: cannot serve metrics on --metrics-port ({METRICS_PORT_ENV}) {port}: "
+                             f"{exc.strerror or exc}") from exc
 
 
 @worker_init.connect

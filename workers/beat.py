@@ -12,6 +12,7 @@ from typing import Any
 
 from kortex import heap
 from kortex.config import Settings
+from kortex.errors import ConfigError
 from kortex.storage.leader import AdvisoryLeader
 from kortex.turns.watchdog import run_watchdog
 from workers import runtime
@@ -34,15 +35,18 @@ def run(settings: Settings, stop: threading.Event | None = None, alive_file: Pat
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, _stop)
     app = make_celery(settings)
-    k = runtime.kortex(settings)
-    leader = AdvisoryLeader(k.db, settings.redis_prefix)
     queue = CeleryQueue(app)
-    if metrics_port is not None:
+    if metrics_port is not None:  # first: a port it cannot serve on stops it before it starts anything
         from kortex import metrics
 
         queues = {"turns": "steps", "tools": "tools"}
-        metrics.serve(metrics_port, extra=[metrics.QueueDepth(
-            lambda name: queue.backlog(queues[name]), queues)])  # type: ignore[arg-type]
+        try:
+            metrics.serve(metrics_port, extra=[metrics.QueueDepth(
+                lambda name: queue.backlog(queues[name]), queues)])  # type: ignore[arg-type]
+        except OSError as exc:
+            raise ConfigError(f"cannot serve metrics on --metrics-port {metrics_port}: {exc.strerror or exc}") from exc
+    k = runtime.kortex(settings)
+    leader = AdvisoryLeader(k.db, settings.redis_prefix)
     if settings.settle_heap:
         heap.settle()  # started (kortex/heap.py)
     log.info("watchdog process started: sweeps every %.1fs while it leads", settings.turn.watchdog_every)

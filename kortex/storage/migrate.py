@@ -35,6 +35,10 @@ def upgrade(url: str, revision: str = "head") -> None:
             Path(database).parent.mkdir(parents=True, exist_ok=True)
     try:
         with engine.begin() as conn:
+            state = schema_state(conn)
+            if state.current is not None and not _known(state.current):
+                # Alembic would only say "Can't locate revision identified by ..."
+                raise ConfigError(state.problem() or "")
             cfg = alembic_config(url)
             cfg.attributes["connection"] = conn
             command.upgrade(cfg, revision)
@@ -59,8 +63,7 @@ class SchemaState:
             return "the database has no Kortex schema: run 'kortex migrate'"
         if self.at_head:
             return None
-        known = {rev.revision for rev in _script().walk_revisions()}
-        if self.current in known:
+        if _known(self.current):
             return f"the database schema is at {self.current}, behind {self.head}: run 'kortex migrate'"
         return (f"the database schema is at {self.current}, which this version of Kortex does not know "
                 "(a newer release migrated it): upgrade Kortex")
@@ -69,6 +72,10 @@ class SchemaState:
 @functools.cache  # the shipped migrations do not change while a process runs
 def _script() -> ScriptDirectory:
     return ScriptDirectory.from_config(alembic_config("sqlite://"))
+
+
+def _known(revision: str) -> bool:
+    return revision in {rev.revision for rev in _script().walk_revisions()}
 
 
 def schema_state(conn: Connection) -> SchemaState:

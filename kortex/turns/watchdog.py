@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from sqlalchemy.exc import InterfaceError, OperationalError
 
 from kortex import metrics
 from kortex.container import Kortex
@@ -35,6 +39,55 @@ from kortex.turns.toolrun import settle, settle_spooled
 
 log = logging.getLogger(__name__)
 
+#: While a broker, Redis or database outage lasts, each thing it stops is logged this often.
+OUTAGE_LOG_EVERY = 60.0
+
+
+def _connection_error(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it: kombu wraps redis-py's) is a connection that failed,
+    which is expected while a service is down or restarting: its traceback says no more than
+    its first line does."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, RedisConnectionError | RedisTimeoutError | ConnectionError | TimeoutError
+                      | OperationalError | InterfaceError):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
+class _Outages:
+    """The watchdog retries every interval: an expected connection error is logged as one line,
+    without its traceback, at most once every ``every`` seconds per thing it stops, and once more
+    when that works again (beat logged 650 traceback lines in 35 s of a Redis outage). Any other
+    error is logged with its traceback every time."""
+
+    def __init__(self, every: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every, self.clock = every, clock
+        self._logged: dict[str, float] = {}  # what failed: when it was last logged
+
+    def failed(self, what: str, exc: BaseException, level: int = logging.WARNING) -> None:
+        if not _connection_error(exc):
+            log.log(level, "watchdog could not %s", what, exc_info=exc)
+            return
+        now, last = self.clock(), self._logged.get(what)
+        if last is not None and now - last < self.every:
+            return
+        self._logged[what] = now
+        text = str(exc).strip()
+        log.warning("watchdog %s %s: %s: %s (said again every %gs while it lasts)",
+                    "still could not" if last is not None else "could not", what, exc.__class__.__name__,
+                    text.splitlines()[0] if text else "", self.every)
+
+    def worked(self, what: str) -> None:
+        if self._logged.pop(what, None) is not None:
+            log.info("watchdog can %s again", what)
+
+
+_outages = _Outages(OUTAGE_LOG_EVERY)
+
 
 @dataclass(frozen=True, slots=True)
 class SweepReport:
@@ -51,11 +104,14 @@ class SweepReport:
 def _backlog(queue: QueuePort | None, work: Work) -> int:
     if queue is None:
         return 0
+    what = f"read the {work} queue's depth"
     try:
-        return queue.backlog(work) or 0  # unknown: as if empty (a duplicate is harmless, a loss is not)
-    except Exception:  # the broker is down: enqueueing would fail too, so wait for the next sweep
-        log.warning("watchdog could not read the %s queue's depth", work, exc_info=True)
+        depth = queue.backlog(work) or 0  # unknown: as if empty (a duplicate is harmless, a loss is not)
+    except Exception as exc:  # the broker is down: enqueueing would fail too, so wait for the next sweep
+        _outages.failed(what, exc)
         return -1
+    _outages.worked(what)
+    return depth
 
 
 def sweep(k: Kortex, queue: QueuePort | None = None) -> SweepReport:
@@ -67,9 +123,11 @@ def sweep(k: Kortex, queue: QueuePort | None = None) -> SweepReport:
     handoff = Handoff()
     try:  # first: a turn's kept closing events are all its client is waiting for
         republished = outbox.republish(k)
-    except KortexError:
-        log.exception("watchdog could not publish kept events")
+    except KortexError as exc:
+        _outages.failed("publish kept events", exc, logging.ERROR)
         republished = 0
+    else:
+        _outages.worked("publish kept events")
     with k.db.connect() as conn:
         expired = sweeps.expired_turns(conn, now)
     failed = 0
@@ -117,10 +175,11 @@ def sweep(k: Kortex, queue: QueuePort | None = None) -> SweepReport:
     try:  # a chat turn's admission slot that was not given back (kortex/turns/admission.py)
         with k.db.connect() as conn:
             freed, recounted = k.slots.reconcile(conn)
+        _outages.worked("reconcile admission slots")
         if freed or recounted:
             log.info("watchdog: %d admission slots freed, %d live turns counted again", freed, recounted)
-    except (KortexError, RedisError):
-        log.warning("watchdog could not reconcile admission slots", exc_info=True)
+    except (KortexError, RedisError) as exc:
+        _outages.failed("reconcile admission slots", exc)
     expired_proposals = k.proposals.expire_due(now)  # each one an audit row, as a human decision is
     try:  # confirmed proposals whose execution a dying process cut off
         recovered = k.proposals.recover_executions(now)
@@ -203,8 +262,10 @@ def run_watchdog(k: Kortex, queue: QueuePort, leader: Leadership, *, every: floa
                                       "republished_events": report.republished_events})
                 if alive is not None:
                     alive()
-            except Exception:  # a database or broker outage: the next interval tries again
-                log.warning("watchdog sweep failed", exc_info=True)
+            except Exception as exc:  # a database or broker outage: the next interval tries again
+                _outages.failed("sweep", exc)
+            else:
+                _outages.worked("sweep")
             stop.wait(every)
     finally:
         leader.release()

@@ -55,7 +55,7 @@ def test_create_tenant_prints_a_working_key_once(home: Path) -> None:
     assert dict(roles)[more.output.strip().split("_")[1]] == "chat"
     assert sorted(r for _, r in roles) == ["admin", "chat", "operator"]  # the tenant's first key: admin
     bad = runner.invoke(app, ["admin", "create-key", "acme", "--role", "root"])
-    assert bad.exit_code == 1 and "unknown role" in bad.output
+    assert bad.exit_code == 2 and "unknown role" in bad.output  # a usage error
 
 
 def test_worker_refuses_to_start_without_redis(home: Path) -> None:

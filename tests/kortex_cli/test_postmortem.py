@@ -48,9 +48,29 @@ def test_run_writes_a_file_per_incident_and_export_writes_them_again(home: Path)
 
 def test_run_says_what_is_missing(home: Path) -> None:
     runner = CliRunner()
-    neither = runner.invoke(app, ["postmortem", "run"])
-    assert neither.exit_code == 1 and "--since" in neither.output
     nobody = runner.invoke(app, ["postmortem", "run", "--since", "30d", "--tenant", "nobody"])
-    assert nobody.exit_code == 1 and "kortex seed incident-archive --tenant nobody" in " ".join(nobody.output.split())
-    bad = runner.invoke(app, ["postmortem", "run", "--since", "30d", "--format", "pdf"])
-    assert bad.exit_code == 1 and "md or json" in bad.output
+    assert nobody.exit_code == 1 and "kortex seed incident-archive --tenant nobody" in " ".join(nobody.stderr.split())
+    assert nobody.stdout == ""
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    ([], "give either --since"),
+    (["--since", "30d", "--ids", "INC-1101"], "give either --since"),
+    (["--since", "30d", "--format", "pdf"], "--format must be md or json"),
+    (["--since", "30d", "--url", "http://127.0.0.1:9"], "--api-key (or KORTEX_API_KEY) is required with --url"),
+])
+def test_a_command_line_it_cannot_use_is_a_usage_error_on_stderr(home: Path, args: list[str], said: str) -> None:
+    result = CliRunner().invoke(app, ["postmortem", "run", *args])
+    assert result.exit_code == 2, result.output
+    assert said in result.stderr and result.stdout == ""
+
+
+def test_a_refused_request_names_each_option_at_fault(home: Path) -> None:
+    runner = CliRunner()
+    assert runner.invoke(app, ["seed", "incident-archive"], catch_exceptions=False).exit_code == 0
+    none = runner.invoke(app, ["postmortem", "run", "--since", "30d", "--concurrency", "0"])
+    assert none.exit_code == 2 and "--concurrency" in none.stderr, none.output
+    bad = runner.invoke(app, ["postmortem", "run", "--since", "30d", "--max-usd", "0", "--concurrency", "99"])
+    assert bad.exit_code == 2 and bad.stdout == ""
+    assert bad.stderr == ("error: the request is not valid: --max-usd: Input should be greater than 0; "
+                          "--concurrency: Input should be less than or equal to 32\n")

@@ -1,0 +1,178 @@
+"""`kortex ask --url` and `kortex postmortem --url` against a real `kortex api` process: a refused
+question leaves no session, an interrupted ask cancels its turn, and every refusal is one line
+that names the fields at fault; a URL that is not a Kortex API is said to be one in one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from kortex_cli.main import app
+from tests.kortex_cli.test_ask import SLOW, read_until
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Api:
+    def __init__(self, url: str, key: str, env: dict[str, str]) -> None:
+        self.url, self.key, self.env = url, key, env
+
+    def sessions(self) -> list[str]:
+        listed = httpx.get(f"{self.url}/v1/sessions", headers={"Authorization": f"Bearer {self.key}"}).json()
+        return [s["id"] for s in listed["sessions"]]
+
+    def turn(self, turn_id: str) -> dict[str, object]:
+        return httpx.get(f"{self.url}/v1/turns/{turn_id}",  # type: ignore[no-any-return]
+                         headers={"Authorization": f"Bearer {self.key}"}).json()
+
+    def ask(self, *args: str) -> list[str]:
+        return ["ask", *args, "--url", self.url, "--api-key", self.key]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
+    base = tmp_path_factory.mktemp("api")
+    (base / "scripts").mkdir()
+    (base / "scripts" / "slow.json").write_text(json.dumps(SLOW))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KORTEX_")}
+    env.update(KORTEX_HOME=str(base / "kortex"), PYTHONPATH=str(ROOT), KORTEX_TESTING__ENABLE_TEST_PROVIDERS="true",
+               KORTEX_TESTING__SCRIPTS_DIR=str(base / "scripts"), KORTEX_TURN__MAX_MESSAGE_CHARS="100")
+    cli = [sys.executable, "-m", "kortex_cli.main"]
+    made = subprocess.run([*cli, "admin", "create-tenant", "acme"], env=env, capture_output=True, text=True,
+                          check=True, cwd=base)
+    key = made.stdout.strip().splitlines()[-1]
+    port = free_port()
+    proc = subprocess.Popen([*cli, "api", "--port", str(port)], env=env, cwd=base,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{url}/healthz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, "the API did not start"
+            time.sleep(0.2)
+        yield Api(url, key, env)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_an_empty_question_is_refused_before_a_session_is_made(api: Api) -> None:
+    before = api.sessions()
+    result = CliRunner().invoke(app, api.ask("   "))
+    assert result.exit_code == 2 and "the question is empty" in result.stderr, result.output
+    assert api.sessions() == before
+
+
+def test_a_question_the_server_refuses_leaves_no_session_behind(api: Api) -> None:
+    before = api.sessions()
+    result = CliRunner().invoke(app, api.ask("why? " * 30))  # past the server's 100 characters
+    assert result.exit_code == 1, result.output
+    assert result.stderr == "error: HTTP 422: content: longer than 100 characters\n"
+    assert api.sessions() == before
+
+
+def test_a_refused_request_names_its_fields_on_one_line(api: Api) -> None:
+    result = CliRunner().invoke(app, api.ask("hi", "--model", "x" * 201))
+    assert result.exit_code == 1
+    assert result.stderr == ("error: HTTP 422: the request is not valid: model: String should have at most "
+                             "200 characters\n")
+    job = CliRunner().invoke(app, ["postmortem", "run", "--since", "30d", "--max-usd", "0", "--url", api.url,
+                                   "--api-key", api.key])
+    assert job.exit_code == 2
+    assert job.stderr == "error: HTTP 422: the request is not valid: --max-usd: Input should be greater than 0\n"
+
+
+def test_the_session_is_printed_and_followed_with_session(api: Api) -> None:
+    first = CliRunner().invoke(app, api.ask("hi", "--json"), catch_exceptions=False)
+    assert first.exit_code == 0, first.output
+    done = json.loads(first.stdout.splitlines()[-1])
+    assert done["event"] == "done" and done["data"]["status"] == "done"
+    session_id = done["data"]["session_id"]
+    assert done["data"]["turn_id"] == json.loads(first.stdout.splitlines()[0])["data"]["turn_id"]
+    again = CliRunner().invoke(app, api.ask("more?", "--session", session_id), catch_exceptions=False)
+    assert again.exit_code == 0, again.output
+    assert f"· session {session_id} · turn " in again.stdout
+
+
+def test_ctrl_c_cancels_the_turn_at_the_server(api: Api) -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "kortex_cli.main", *api.ask("hi", "--model", "scripted:slow",
+                                                                               "--json")],
+                            env=api.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        lines = read_until(proc, "word0")
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    turn_id = json.loads(lines[0])["data"]["turn_id"]
+    assert api.turn(turn_id)["status"] == "cancelled", stderr.decode()  # not left queued or running
+    assert proc.returncode == 130
+    assert f"cancelled turn {turn_id} (interrupted)" in stderr.decode()
+
+
+class _NotKortex(BaseHTTPRequestHandler):
+    def _html(self) -> None:
+        body = b"<html>\n<head><title>Welcome</title></head>\n<body>\n<p>Some other site.</p>\n</body>\n</html>\n" * 4
+        self.send_response(404)
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _html
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def not_kortex() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _NotKortex)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("args", [["ask", "hi"], ["postmortem", "run", "--since", "30d"], ["models"]])
+def test_a_url_that_is_not_a_kortex_api_is_said_to_be_so_in_one_line(not_kortex: str, args: list[str]) -> None:
+    result = CliRunner().invoke(app, [*args, "--url", not_kortex, "--api-key", "kx_x"])
+    assert result.exit_code == 1
+    assert result.stderr == "error: not a Kortex API (HTTP 404, text/html): is --url the API's address?\n"
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize("args", [["ask", "hi"], ["postmortem", "run", "--since", "30d"]])
+def test_url_without_a_key_is_a_usage_error(args: list[str]) -> None:
+    result = CliRunner().invoke(app, [*args, "--url", "http://127.0.0.1:9"])
+    assert result.exit_code == 2 and result.stdout == ""
+    assert "--api-key (or KORTEX_API_KEY) is required with --url" in result.stderr
