@@ -10,7 +10,9 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import func, update
 
+from kortex.storage.schema import turns
 from tests.conftest import Harness
 from tests.integration import promproc
 from tests.integration.sse import read_events
@@ -65,6 +67,15 @@ def _steady(prometheus: str, exprs: tuple[str, ...], scrapes: int = 3, timeout: 
     raise AssertionError(f"metrics still moving after {timeout:.0f} s: {seen}")
 
 
+def _end_leftover_turns(pg: Harness) -> None:
+    """Earlier tests on this stack store turns they never hand to a worker; the watchdog re-runs
+    such a turn once it has waited ``requeue_after``, at any moment, and the worker's counters
+    would count it beside this test's one. Ended here, none of them can run any more."""
+    with pg.k.db.begin() as conn:
+        conn.execute(update(turns).where(turns.c.status.in_(("queued", "running", "waiting_tools")))
+                     .values(status="cancelled", finished_at=func.now()))
+
+
 def _targets_up(prometheus: str) -> dict[str, str]:
     targets = httpx.get(f"{prometheus}/api/v1/targets", timeout=5).json()["data"]["activeTargets"]
     return {t["labels"]["job"]: t["health"] for t in targets}
@@ -76,6 +87,7 @@ def test_one_turn_shows_up_in_prometheus_from_the_api_and_the_prefork_worker(
     while _targets_up(prometheus) != {"api": "up", "worker": "up"}:
         assert time.monotonic() < deadline, _targets_up(prometheus)
         time.sleep(0.5)
+    _end_leftover_turns(pg)
     finished = 'sum(kortex_turns_finished_total{status="done"})'
     tools = 'sum(kortex_tool_duration_seconds_count{tool="get_recent_deploys",outcome="ok"})'
     calls = 'sum(kortex_llm_calls_total{provider="scripted",model="two_tools",outcome="ok"})'
