@@ -143,7 +143,8 @@ class ProviderSettings(_Section):
     # Ollama: None tries native tool calls and falls back to prompt-injected markers when the
     # model refuses them; False always uses the markers.
     native_tools: bool | None = None
-    context_tokens: int | None = Field(None, ge=1024)  # Ollama models' context window (default 8192)
+    # Ollama models' context window (default 8192): sent as num_ctx, overriding the Modelfile's
+    context_tokens: int | None = Field(None, ge=1024)
 
     @field_validator("prices")
     @classmethod

@@ -84,10 +84,11 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str, tuple[str, ...], bool], ...] = (
     # but not past a "//" (another URL), and after its first "/" or "@" not past a quote,
     # bracket, "," or ";" either (there it would take in the next field's name, and leave its
     # value as the host); and it does not start with a port and a path (https://host:8080/a/@b).
+    # A user part holds no "[": that opens an IPv6 host (http://[::1]:8080/x@y has no password).
     # (the scheme starts at a word boundary and is short: otherwise every letter of a long word
     # would start a scan to its end, quadratic in the text; the password's scan stops at the next
     # "//", whitespace or "@", so scans from different URLs do not overlap)
-    (re.compile(r"(?i)(\b[a-z][a-z0-9+.-]{0,31}://[^\s:/@]*:)(?!\d{1,5}/)(?=[^\s@])"
+    (re.compile(r"(?i)(\b[a-z][a-z0-9+.-]{0,31}://[^\s:/@\[]*:)(?!\d{1,5}/)(?=[^\s@])"
                 r"[^\s@/]*+(?:(?:/(?!/)|@(?=" + _URL_PART + r"*+@))" + _URL_PART + r"*+)*+@"),
      r"\1" + REDACTED + "@", ("://",), False),
     # webhook URLs carry their credential in the path

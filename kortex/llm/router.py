@@ -53,6 +53,10 @@ _FAILOVER_STATUS = frozenset({401, 403, 404})
 _ONCE_PER_STEP = frozenset({"pseudo_tools"})
 
 
+#: characters of text a token comes to, roughly, where a vendor has not said (English prose and JSON)
+CHARS_PER_TOKEN = 4
+
+
 @dataclass(frozen=True, slots=True)
 class Candidate:
     """One provider in the failover chain, with the model it answers with."""
@@ -84,6 +88,7 @@ class Attempt:
     error: ProviderError | None = None
     retries: int = 0  # failed tries the provider made again before this call's outcome
     first_token_ms: int | None = None  # when the first text or tool call arrived (metrics)
+    text_chars: int = 0  # of text received: what a call cut before its usage came is billed by
 
     @property
     def spec(self) -> str:
@@ -102,6 +107,11 @@ class Attempt:
         else:
             self.stop_reason, self.error = "error", error
             self.usage = self.usage.most(error.usage if error is not None else None)
+            # Vendors report output tokens at the end of a stream (OpenAI only in its last chunk),
+            # so a call cut short (a runaway answer stopped at llm.max_answer_chars, a step's time
+            # limit) has reported little of what it produced. It is billed at least for the text
+            # it sent, at about four characters a token, so budgets see a runaway's spend.
+            self.usage = self.usage.most(TokenUsage(output_tokens=self.text_chars // CHARS_PER_TOKEN))
 
 
 def is_cloud(provider: Provider) -> bool:
@@ -303,9 +313,9 @@ class RoutedStream:
                     if isinstance(chunk, TextChunk | ToolCallChunk) and attempt.first_token_ms is None:
                         attempt.first_token_ms = int((time.monotonic() - attempt.started) * 1000)
                     if isinstance(chunk, TextChunk):
+                        attempt.text_chars += len(chunk.text)
                         if held:
-                            into.size += len(chunk.text)
-                            if into.size > self.llm.max_answer_chars:
+                            if attempt.text_chars > self.llm.max_answer_chars:
                                 # Held text is memory the step's own cap (kortex/turns/consume.py)
                                 # never sees: a fast model that runs on escalates, like one that fails.
                                 raise ProviderError(
@@ -350,7 +360,6 @@ class _Call:
 
     attempt: Attempt | None = None
     held: list[str] = field(default_factory=list)
-    size: int = 0  # characters held
     calls: list[ToolCallChunk] = field(default_factory=list)
     done: DoneChunk | None = None
 

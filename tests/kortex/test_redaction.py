@@ -221,6 +221,7 @@ def test_only_the_secret_goes(text: str, expected: str) -> None:
     "token bucket refilled, api key lookups at 2000/s",
     "authorization header missing",
     "https://social.example.com:8443/users/@alice posted",
+    "http://[::1]:8080/x@y and http://[2001:db8::1]:9090/graph@x",  # IPv6 hosts, not passwords
     'level=error msg="upstream timeout after 5003ms" host=web-1',
     '{"ts": "2026-01-01T00:00:00Z", "route": "/api/v1/orders", "status": 504}',
     "auth_header_name=X-Auth-Token",
