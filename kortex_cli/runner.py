@@ -19,7 +19,7 @@ from kortex.config import Settings, load_settings
 from kortex.container import Kortex
 from kortex.errors import KortexError, NotFound
 from kortex.storage import chats, tenants
-from kortex.storage.migrate import upgrade
+from kortex.storage.migrate import prepare
 from kortex.telemetry import scenarios
 from kortex.timeparse import utcnow
 from kortex.turns import chat
@@ -37,7 +37,7 @@ T = TypeVar("T")
 def embedded_stack(settings: Settings, *, worker: bool = True) -> Iterator[Kortex]:
     """Database schema, a container, and (embedded mode, unless ``worker`` is False) the
     in-process worker."""
-    upgrade(settings.effective_database_url)
+    prepare(settings.effective_database_url)
     k = Kortex.create(settings)
     running = None
     if settings.embedded and worker:
@@ -336,7 +336,7 @@ def set_tenant_disabled(name: str, disabled: bool) -> Any:
 
 def _with_container(work: Callable[[Kortex], T]) -> T:
     settings = load_settings()
-    upgrade(settings.effective_database_url)
+    prepare(settings.effective_database_url)
     k = Kortex.create(settings)
     try:
         return work(k)

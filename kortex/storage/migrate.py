@@ -84,6 +84,17 @@ def schema_state(conn: Connection) -> SchemaState:
                        head=_script().get_current_head() or "")
 
 
+def prepare(url: str) -> None:
+    """The schema a command about to use the database at ``url`` needs. A SQLite file is this
+    machine's own: it is created or upgraded as it is opened. A PostgreSQL database is shared by
+    a fleet and changes only by ``kortex migrate``: a newer command line must not move its
+    schema under older running processes, so one that is behind is refused (ConfigError)."""
+    if sync_url(url).get_backend_name() == "sqlite":
+        upgrade(url)
+    else:
+        require_schema(url)
+
+
 def require_schema(url: str) -> None:
     """Refuse to start a process on a database it cannot use (ConfigError, one line)."""
     engine = create_engine(sync_url(url), poolclass=pool.NullPool)

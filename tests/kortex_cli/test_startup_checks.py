@@ -194,3 +194,37 @@ def test_a_bad_connection_option_says_the_url_is_wrong_not_to_migrate(tmp_path: 
         assert result.returncode == 1
         line = one_line_error(result)
         assert "connect_timeout" in line and "KORTEX_DATABASE_URL" in line and "migrate" not in line
+
+
+@pytest.fixture
+def empty_postgres() -> Iterator[str]:
+    """A PostgreSQL database of its own, with no schema, dropped afterwards."""
+    import uuid
+
+    import psycopg
+
+    admin_url = os.environ.get("KORTEX_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+    name = f"kortex_cli_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield admin_url.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        with psycopg.connect(admin_url, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_a_shared_database_is_migrated_by_kortex_migrate_only(tmp_path: Path, empty_postgres: str) -> None:
+    # An admin command from a newer release must not move a fleet's schema under it: it says
+    # what to run instead, and leaves the database as it found it.
+    env = {"KORTEX_DATABASE_URL": empty_postgres}
+    refused = kortex(tmp_path, "admin", "create-tenant", "acme", env=env)
+    assert refused.returncode == 1 and "run 'kortex migrate'" in one_line_error(refused)
+    engine = create_engine(empty_postgres.replace("postgresql://", "postgresql+psycopg://"))
+    with engine.connect() as conn:
+        tables = conn.exec_driver_sql("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'").scalar()
+    engine.dispose()
+    assert tables == 0
+    assert kortex(tmp_path, "migrate", env=env).returncode == 0
+    made = kortex(tmp_path, "admin", "create-tenant", "acme", env=env)
+    assert made.returncode == 0 and "kx_" in made.stdout
