@@ -476,7 +476,7 @@ def cancel(k: Kortex, tenant_id: str, job_id: str, *, running: Literal["finish",
     now = utcnow()
     with k.db.begin() as conn:
         job = store.get_job(conn, tenant_id, job_id, lock=True)
-        if job.status == "done":
+        if job.status in ("done", "failed"):
             raise Conflict("the job already finished", code="job_finished", details={"status": job.status})
         stopped = store.end_open_items(conn, tenant_id, job_id, "cancelled", now,
                                        {"code": "cancelled", "message": f"the job was cancelled by {by}"})

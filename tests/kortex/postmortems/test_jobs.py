@@ -12,7 +12,7 @@ import uuid
 import pytest
 from sqlalchemy import update
 
-from kortex.errors import NotFound
+from kortex.errors import Conflict, NotFound
 from kortex.postmortems import jobs
 from kortex.postmortems.document import PostMortem
 from kortex.storage import invocations
@@ -258,6 +258,9 @@ def test_a_model_that_cannot_submit_a_valid_document_is_told_twice_then_the_item
     with pytest.raises(NotFound):
         jobs.postmortem_of(h.k, tenant, "INC-1101")
     assert jobs.view(h.k, tenant, submitted.view.job.id).job.status == "failed"  # nothing came of it
+    with pytest.raises(Conflict) as refused:  # over, like a done job: there is nothing to stop
+        jobs.cancel(h.k, tenant, submitted.view.job.id, by="test")
+    assert refused.value.code == "job_finished" and refused.value.details == {"status": "failed"}
 
 
 def test_a_real_model_s_document_is_stored_under_the_item_s_incident(harness_factory, fake) -> None:
