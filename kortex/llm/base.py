@@ -57,6 +57,9 @@ class ModelInfo(_Frozen):
     cache_read_usd_per_mtok: float | None = None
     cache_write_usd_per_mtok: float | None = None
     supports_tools: bool = True
+    #: an id only a caller named (allow_unlisted_models), not the catalogue or configuration:
+    #: metrics count it under "unlisted", as callers can name any number of them
+    caller_named: bool = False
 
     def cost(self, input_tokens: int, output_tokens: int) -> float:
         return self.cost_of(TokenUsage(input_tokens=input_tokens, output_tokens=output_tokens))

@@ -84,7 +84,7 @@ class HTTPProvider(Provider):
     def unknown_model(self, model_id: str) -> ModelInfo:
         if self.config.allow_unlisted_models:
             # The operator allowed any id: priced from configuration, else free (documented).
-            return catalog.unlisted(model_id, self.config)
+            return catalog.unlisted(model_id, self.config).model_copy(update={"caller_named": True})
         # The id is the caller's own input (checked printable and short before it gets here).
         raise ProviderError(f"model {model_id!r} is not offered by {self.name}", provider=self.name,
                             model=model_id, code="unknown_model",

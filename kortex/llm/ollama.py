@@ -130,8 +130,10 @@ class OllamaProvider(HTTPProvider):
         return any(canonical(m) == wanted for m in names)
 
     def unknown_model(self, model_id: str) -> ModelInfo:
-        if self.config.allow_unlisted_models or self._listed(model_id):
+        if self._listed(model_id):
             return self._info(model_id)  # "llama3.2" is the "llama3.2:latest" the server lists
+        if self.config.allow_unlisted_models:
+            return self._info(model_id).model_copy(update={"caller_named": True})
         if self._tags_stale() and catalog.valid_id(model_id):
             # Not listed because the server was not asked lately: accepted for now, checked
             # against /api/tags before the call (this runs in code that cannot wait for it).

@@ -55,7 +55,9 @@ def llm_audit(
         }
         if failure is not None:
             payload.update(error_code=failure.code, status=failure.status, retryable=failure.retryable)
-        metrics.llm_call(attempt.provider, attempt.model.id, ok=failure is None,
+        # A label per model a caller may name at will would be a series per name: those share one.
+        label = "unlisted" if attempt.model.caller_named else attempt.model.id
+        metrics.llm_call(attempt.provider, label, ok=failure is None,
                          first_token_s=attempt.first_token_ms / 1000 if attempt.first_token_ms is not None else None,
                          input_tokens=attempt.usage.input_tokens, output_tokens=attempt.usage.output_tokens,
                          cost_usd=attempt.cost_usd)
