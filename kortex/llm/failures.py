@@ -29,13 +29,10 @@ import httpx
 from kortex.errors import ProviderError
 from kortex.llm.base import TokenUsage
 from kortex.llm.retry import RETRYABLE_STATUS, parse_retry_after
-from kortex.redaction import REDACTED, is_secret_key, scrub_text
+from kortex.redaction import request_secrets, scrub_text, without_secrets
 
 MAX_DETAIL = 500
 MAX_ERROR_BODY = 16 * 1024
-# The shortest start of a credential taken out where a cut text ends with it: a few characters
-# of a key give nothing away, and fewer would blank the endings of ordinary words.
-MIN_SECRET_TAIL = 4
 _CODES = {401: "provider_auth", 403: "provider_auth", 404: "provider_not_found", 429: "rate_limited",
           529: "provider_overloaded", 503: "provider_overloaded"}
 
@@ -70,35 +67,6 @@ def failure(code: str, *, detail: str = "", provider: str = "", model: str = "",
 
 def clean_detail(text: str, secrets: Iterable[str] = ()) -> str:
     return scrub_text(without_secrets(" ".join(text.split()), secrets))[:MAX_DETAIL]
-
-
-def request_secrets(headers: Mapping[str, str]) -> tuple[str, ...]:
-    """The credentials among a request's headers (``authorization``, ``x-api-key``, ...): the
-    value, or its part after an auth scheme (``Bearer <key>``: the key)."""
-    found = set()
-    for name, value in headers.items():
-        if not is_secret_key(name):
-            continue
-        scheme, _, credential = value.strip().partition(" ")
-        secret = credential.strip() or scheme
-        if secret:
-            found.add(secret)
-    return tuple(sorted(found, key=len, reverse=True))
-
-
-def without_secrets(text: str, secrets: Iterable[str]) -> str:
-    """``text`` with each of ``secrets`` replaced wherever it occurs, and where ``text`` was cut
-    inside one (it ends with a secret's first ``MIN_SECRET_TAIL`` or more characters), that
-    start too."""
-    for secret in sorted(secrets, key=len, reverse=True):  # a key inside a longer one: the longer first
-        if not secret:
-            continue
-        text = text.replace(secret, REDACTED)
-        for n in range(min(len(secret), len(text)), MIN_SECRET_TAIL - 1, -1):
-            if text.endswith(secret[:n]):
-                text = text[:-n] + REDACTED
-                break
-    return text
 
 
 def transport_error(exc: httpx.HTTPError, provider: str, model: str) -> ProviderError:

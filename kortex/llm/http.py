@@ -28,10 +28,11 @@ from kortex.llm.base import (
     UsageChunk,
     WarningChunk,
 )
-from kortex.llm.failures import failure, without_secrets
+from kortex.llm.failures import failure
 from kortex.llm.retry import RetryPolicy
 from kortex.llm.vendor import VendorClient, drain
 from kortex.llm.wire import sse_events
+from kortex.redaction import without_secrets
 
 log = logging.getLogger(__name__)
 

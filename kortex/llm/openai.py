@@ -35,11 +35,12 @@ from kortex.llm.base import (
     UsageChunk,
 )
 from kortex.llm.convert import CallAssembler, from_user_turn, paired, result_text, wire_id
-from kortex.llm.failures import failure, request_secrets
+from kortex.llm.failures import failure
 from kortex.llm.http import SSEProvider
 from kortex.llm.vendor import VendorClient, api_path, clean_api_key
 from kortex.llm.wire import SSEvent
 from kortex.messages import AssistantMessage, ToolMessage, UserMessage
+from kortex.redaction import request_secrets
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 _STOP: dict[str, StopReason] = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use",

@@ -24,7 +24,8 @@ from aiohttp.helpers import get_env_proxy_for_url
 from yarl import URL
 
 from kortex.errors import ProviderError
-from kortex.llm.failures import failure, request_secrets, status_failure
+from kortex.llm.failures import failure, status_failure
+from kortex.redaction import request_secrets
 
 #: what a transport failure can be raised as, from aiohttp's connector, parser or stream
 NETWORK_ERRORS = (aiohttp.ClientError, TimeoutError, ConnectionError)

@@ -33,6 +33,7 @@ import httpcore
 import httpx
 
 from kortex.errors import UpstreamError
+from kortex.redaction import request_secrets, without_secrets
 
 # The pipeline sets it around every tool call (pipeline deadline + DB_GRACE) for the database's
 # statement timeouts; it is the only channel from ``ctx.deadline`` to a source, whose methods see
@@ -87,6 +88,10 @@ class BoundedClient:
         self.timeout = timeout
         self.max_bytes = max_bytes
         self.max_error_bytes = max_error_bytes
+        # An error body may quote the credential it refused: taken out literally (and as JSON
+        # would spell it) before anything reads the body.
+        sent = request_secrets(headers or {})
+        self._secrets = tuple({*sent, *(json.dumps(s)[1:-1] for s in sent)})
         self._client = httpx.Client(base_url=base_url, timeout=timeout, headers=headers or {},
                                     transport=deadline_transport() if transport is None else transport)
 
@@ -130,13 +135,20 @@ class BoundedClient:
                     if time.monotonic() >= deadline:
                         raise self._too_slow(limit)
                 else:
-                    return Answer(response.status_code, response.reason_phrase, b"".join(chunks))
+                    body = b"".join(chunks)
+                    return Answer(response.status_code, response.reason_phrase, self._clean(body) if error else body)
             except httpx.TimeoutException as exc:
                 raise self._too_slow(limit) from exc
         if error:  # the status says enough; the start of the body, if read, says more
-            return Answer(response.status_code, response.reason_phrase, b"".join(chunks)[:cap], cut_at=cap)
+            return Answer(response.status_code, response.reason_phrase, self._clean(b"".join(chunks)[:cap]),
+                          cut_at=cap)
         raise UpstreamError(f"{self.name}'s answer is larger than {_size(cap)}, the most Kortex reads; the "
                             "connection was closed. Narrow the query (a shorter time range, more labels)")
+
+    def _clean(self, body: bytes) -> bytes:
+        if not self._secrets:
+            return body
+        return without_secrets(body.decode("utf-8", errors="replace"), self._secrets).encode()
 
     def _too_slow(self, limit: str) -> UpstreamError:
         return UpstreamError(f"{self.name} was still sending its answer when its time limit of {limit} ran out; "

@@ -6,6 +6,7 @@ are released, and the body was never held in memory)."""
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -277,3 +278,24 @@ def test_well_behaved_answers_still_come_back_over_a_kept_connection(serve: Any)
     finally:
         src.close()
     assert server.finished.is_set() and server.connections == 1
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_error_that_quotes_the_refused_token_never_shows_it(kind: str, serve: Any) -> None:
+    token = "corp-obs-7f3a9b2c1d"  # no shape a pattern would know
+
+    def refuse(send: Send, stop: threading.Event) -> None:
+        body = json.dumps({"status": "error", "errorType": "auth",
+                           "error": f"bad token {token} for this org"}).encode()
+        send(b"HTTP/1.1 401 Unauthorized\r\ncontent-type: application/json\r\ncontent-length: "
+             + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+    server = serve(refuse)
+    src = (PrometheusMetrics(server.url, single_tenant=True, bearer_token=token) if kind == "prometheus"
+           else LokiLogs(server.url, bearer_token=token))
+    try:
+        error = ask_in_thread(src)
+    finally:
+        src.close()
+    assert isinstance(error, UpstreamError) and "401" in error.message, error
+    assert token not in error.message and token[:6] not in error.message
