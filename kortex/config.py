@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -19,7 +19,6 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
-    PlainSerializer,
     SecretStr,
     ValidationError,
     field_validator,
@@ -32,8 +31,9 @@ from pydantic_settings import (
 )
 
 from kortex.config_errors import describe_errors, did_you_mean
+from kortex.config_urls import MASKED, URL, masked_repr
 from kortex.errors import ConfigError, InvalidInput
-from kortex.redaction import REDACTED, scrub_text
+from kortex.redaction import scrub_text
 from kortex.timeparse import parse_duration
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -76,40 +76,16 @@ def _seconds(value: Any) -> Any:
 Seconds = Annotated[float, BeforeValidator(_seconds)]
 Secret = Annotated[SecretStr | None, BeforeValidator(resolve_env_refs)]
 
-# scheme://user:password@host: the password runs to the last "@", as people write passwords
-# with "/" or "@" in them unescaped (and some URL parsers accept them).
-_URL_PASSWORD = re.compile(r"(?s)^([A-Za-z][A-Za-z0-9+.-]*://[^:/]*:)(.*)@")
-
-
-def mask_url(url: str | None) -> str | None:
-    """``url`` fit to show: the password of its user part and credential-named query parameters
-    (``?password=...``) replaced, ``postgresql://kortex:[REDACTED]@db/kortex``."""
-    if not url:
-        return url
-    return scrub_text(_URL_PASSWORD.sub(lambda m: m.group(1) + REDACTED + "@", url, count=1))
-
-
-# A URL that may carry a password stays a plain str for its consumers (SecretStr would make each
-# of them unwrap it); what shows it is masked instead: dumps through this serializer, reprs
-# through _masked_repr, which looks for it in a field's metadata.
-_MASKED = PlainSerializer(mask_url)
-URL = Annotated[str | None, _MASKED]
-EnvURL = Annotated[str | None, BeforeValidator(resolve_env_refs), _MASKED]
-
-
-def _masked_repr(model: BaseModel, args: Iterable[tuple[str | None, Any]]) -> Iterator[tuple[str | None, Any]]:
-    fields = type(model).model_fields
-    for name, value in args:
-        field = fields.get(name) if name else None
-        masked = field is not None and any(m is _MASKED for m in field.metadata)
-        yield name, mask_url(value) if masked and isinstance(value, str) else value
+# A connection URL stays a plain str for its consumers; wherever settings are shown its
+# password is masked (kortex/config_urls.py).
+EnvURL = Annotated[str | None, BeforeValidator(resolve_env_refs), MASKED]
 
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     def __repr_args__(self) -> Iterable[tuple[str | None, Any]]:
-        return _masked_repr(self, super().__repr_args__())
+        return masked_repr(self, super().__repr_args__())
 
 
 class ProviderSettings(_Section):
@@ -550,7 +526,7 @@ class Settings(BaseSettings):
     testing: TestingSettings = Field(default_factory=TestingSettings)
 
     def __repr_args__(self) -> Iterable[tuple[str | None, Any]]:
-        return _masked_repr(self, super().__repr_args__())
+        return masked_repr(self, super().__repr_args__())
 
     @field_validator("redis_prefix")
     @classmethod
