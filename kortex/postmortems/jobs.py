@@ -29,7 +29,7 @@ from sqlalchemy.engine import Connection
 
 from kortex import timeparse
 from kortex.container import Kortex
-from kortex.errors import BudgetExceeded, Conflict, InvalidInput, KortexError, NotFound, ProviderError
+from kortex.errors import BudgetExceeded, Conflict, InvalidInput, KortexError, NotFound
 from kortex.ids import uuid7
 from kortex.messages import AssistantMessage, Message, ToolMessage
 from kortex.postmortems.document import PostMortem
@@ -39,6 +39,7 @@ from kortex.storage.records import ItemRecord, JobRecord, PostmortemRecord, Turn
 from kortex.telemetry.sources import Incident
 from kortex.text import Storable, check_no_nul
 from kortex.timeparse import isoformat, utcnow
+from kortex.turns import chat
 from kortex.turns.handoff import NOTHING, Handoff, ItemDispatch, StepDispatch
 from kortex.turns.profiles import TurnEnd
 
@@ -172,12 +173,7 @@ def submit(k: Kortex, tenant_id: str, request: JobRequest, *, idempotency_key: s
     request again answers the job it made; a different request with that key is a Conflict."""
     check_no_nul(idempotency_key, "Idempotency-Key")
     if request.model is not None:
-        try:
-            k.providers.resolve(request.model)  # unknown or unavailable: a 4xx now, not a failed item later
-        except (InvalidInput, ProviderError) as exc:
-            if exc.details is None:
-                exc.details = [{"field": "model", "message": exc.message}]
-            raise
+        chat.resolve_model(k, request.model)  # unknown or unavailable: a 4xx now, not a failed item later
     digest = _request_hash(request)
     earlier = _replayed(k, tenant_id, idempotency_key, digest)
     if earlier is not None:

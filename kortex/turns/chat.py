@@ -52,15 +52,20 @@ def check_model(k: Kortex, model: str | None, field: str = "model") -> str | Non
                            details=[{"field": field, "message": "must be 1-200 characters"}])
     if model == AUTO:  # each step's model is chosen by the router (kortex/turns/routed.py)
         return model
+    resolve_model(k, model, field)
+    return model
+
+
+def resolve_model(k: Kortex, model: str, field: str = "model") -> None:
+    """Refuse a model that cannot take a call now (unknown or unavailable), as a 4xx naming
+    ``field``: the registry knows models, not requests, so the field is named here, its code kept
+    (ProviderError takes no details when raised, hence set on the way through)."""
     try:
-        k.providers.resolve(model)  # unknown or unavailable models fail here, as a 4xx
+        k.providers.resolve(model)
     except (InvalidInput, ProviderError) as exc:
-        # The registry knows models, not requests: the field is named here, its code kept
-        # (ProviderError takes no details when raised, hence set on the way through).
         if exc.details is None:
             exc.details = [{"field": field, "message": exc.message}]
         raise
-    return model
 
 
 def session_name(name: str | None, default: str) -> str:

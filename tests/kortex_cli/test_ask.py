@@ -119,6 +119,20 @@ def read_until(proc: subprocess.Popen[bytes], wanted: str, timeout: float = 60) 
             return lines + [buffer.decode()]
 
 
+def interrupt_after(proc: subprocess.Popen[bytes], wanted: str) -> tuple[list[str], bytes]:
+    """Ctrl-C once ``wanted`` is out; the lines read until then and what the process wrote to
+    stderr. A process that does not end is killed, so no test leaves one behind."""
+    try:
+        lines = read_until(proc, wanted)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return lines, stderr
+
+
 def turn_status(home: Path, turn_id: str) -> str:
     found = rows(home, f"SELECT status FROM turns WHERE id = '{turn_id}'")
     return str(found[0][0])
@@ -130,14 +144,7 @@ def test_ctrl_c_cancels_the_turn_and_exits_130(tmp_path: Path, slow_script: Path
     args = [sys.executable, "-m", "kortex_cli.main", "ask", "hi", "--model", "scripted:slow"]
     proc = subprocess.Popen(args + (["--json"] if as_json else []), env=cli_env(home, slow_script),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        lines = read_until(proc, "word0")  # the turn is streaming
-        proc.send_signal(signal.SIGINT)
-        _, stderr = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    lines, stderr = interrupt_after(proc, "word0")  # the turn is streaming
     if as_json:
         turn_id = json.loads(lines[0])["data"]["turn_id"]
     else:

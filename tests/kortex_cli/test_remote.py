@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -21,7 +20,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kortex_cli.main import app
-from tests.kortex_cli.test_ask import SLOW, read_until
+from tests.kortex_cli.test_ask import SLOW, interrupt_after
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -122,14 +121,7 @@ def test_ctrl_c_cancels_the_turn_at_the_server(api: Api) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "kortex_cli.main", *api.ask("hi", "--model", "scripted:slow",
                                                                                "--json")],
                             env=api.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        lines = read_until(proc, "word0")
-        proc.send_signal(signal.SIGINT)
-        _, stderr = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    lines, stderr = interrupt_after(proc, "word0")
     turn_id = json.loads(lines[0])["data"]["turn_id"]
     assert api.turn(turn_id)["status"] == "cancelled", stderr.decode()  # not left queued or running
     assert proc.returncode == 130
