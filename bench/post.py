@@ -36,16 +36,10 @@ REDIS_URL = os.environ.get("KORTEX_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 @contextlib.contextmanager
 def throwaway_database() -> Iterator[str]:
-    import psycopg
+    from kortex.testing.scratch import throwaway_database as scratch_database
 
-    name = f"kortex_bench_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield PG_ADMIN.rsplit("/", 1)[0] + f"/{name}"
-    finally:
-        with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with scratch_database(PG_ADMIN, prefix="kortex_bench") as (url, _name):
+        yield url
 
 
 def run(args: Any) -> dict[str, Any]:

@@ -21,15 +21,13 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psycopg
-import redis
+from kortex.testing import scratch
 
 ROOT = Path(__file__).resolve().parents[1]
 PG_ADMIN = os.environ.get("KORTEX_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
@@ -160,39 +158,19 @@ def stop_all(procs: list[Proc], grace: float = 10) -> None:
 @contextlib.contextmanager
 def throwaway_database() -> Iterator[tuple[str, str]]:
     """(url, name) of a new empty database, dropped on exit."""
-    name = f"kortex_bench_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(PG_ADMIN, autocommit=True, connect_timeout=5) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield PG_ADMIN.rsplit("/", 1)[0] + f"/{name}", name
-    finally:
-        with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with scratch.throwaway_database(PG_ADMIN, prefix="kortex_bench") as made:
+        yield made
 
 
 @contextlib.contextmanager
 def redis_prefix() -> Iterator[str]:
     """A private key prefix; every key under it (broker queues, streams, counters) is deleted on exit."""
-    prefix = f"kxbench-{uuid.uuid4().hex[:10]}"
-    try:
+    with scratch.throwaway_prefix(REDIS_URL, "kxbench") as prefix:
         yield prefix
-    finally:
-        delete_keys(prefix)
 
 
 def delete_keys(prefix: str) -> None:
-    client = redis.Redis.from_url(REDIS_URL)
-    try:
-        batch: list[bytes] = []
-        for key in client.scan_iter(match=f"{prefix}*", count=2000):
-            batch.append(key)
-            if len(batch) >= 1000:
-                client.unlink(*batch)
-                batch.clear()
-        if batch:
-            client.unlink(*batch)
-    finally:
-        client.close()
+    scratch.delete_prefixed(REDIS_URL, prefix)
 
 
 # ---- CPU from /proc ---------------------------------------------------------------------------

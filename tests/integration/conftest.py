@@ -13,7 +13,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,8 +22,8 @@ import psycopg
 import pytest
 import redis
 
-from kortex.storage.migrate import upgrade
 from kortex.testing.fakellm import FakeLLM
+from kortex.testing.scratch import throwaway_database, throwaway_prefix
 from tests.conftest import SCRIPTS, Harness, make_settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,33 +41,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def pg_url() -> Iterator[str]:
-    name = f"kortex_test_{uuid.uuid4().hex[:12]}"
     try:
-        admin = psycopg.connect(PG_ADMIN, autocommit=True, connect_timeout=5)
+        with throwaway_database(PG_ADMIN, migrated=True) as (url, _name):
+            yield url
     except psycopg.OperationalError as exc:
         pytest.fail(f"PostgreSQL is not reachable at {PG_ADMIN}: {exc}")
-    with admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    url = PG_ADMIN.rsplit("/", 1)[0] + f"/{name}"
-    upgrade(url)
-    yield url
-    with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture(scope="session")
 def redis_prefix() -> Iterator[str]:
-    prefix = f"kxtest-{uuid.uuid4().hex[:10]}"
     client = redis.Redis.from_url(REDIS_URL)
     try:
         client.ping()
     except redis.ConnectionError as exc:
         pytest.fail(f"Redis is not reachable at {REDIS_URL}: {exc}")
-    yield prefix
-    keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
-    if keys:
-        client.delete(*keys)
-    client.close()
+    finally:
+        client.close()
+    with throwaway_prefix(REDIS_URL) as prefix:
+        yield prefix
 
 
 def service_env(pg_url: str, redis_prefix: str, **extra: str) -> dict[str, str]:

@@ -11,15 +11,13 @@ import socket
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import psycopg
 import redis
 
-from kortex.storage.migrate import upgrade
+from kortex.testing.scratch import throwaway_database
 
 
 def free_port() -> int:
@@ -93,14 +91,5 @@ def private_database(admin_url: str, *, migrated: bool = True) -> Iterator[str]:
     """A throwaway PostgreSQL database of its own. The watchdog's queries are system-wide by
     design, so a test that runs one must not share rows with the session's other services.
     ``migrated=False``: empty, as an operator's database is before ``kortex migrate``."""
-    name = f"kortex_fault_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(admin_url, autocommit=True, connect_timeout=5) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    url = admin_url.rsplit("/", 1)[0] + f"/{name}"
-    try:
-        if migrated:
-            upgrade(url)
+    with throwaway_database(admin_url, prefix="kortex_fault", migrated=migrated) as (url, _name):
         yield url
-    finally:
-        with psycopg.connect(admin_url, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

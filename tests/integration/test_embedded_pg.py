@@ -5,7 +5,6 @@ with the same checks the SQLite tests run, and metric buckets identical to SQLit
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
 
@@ -14,6 +13,7 @@ import pytest
 
 from kortex.storage.migrate import upgrade
 from kortex.telemetry import scenarios
+from kortex.testing.scratch import throwaway_database
 from tests.conftest import Harness, make_settings
 from tests.integration.conftest import PG_ADMIN
 from tests.kortex.tools.test_get_logs import (
@@ -46,14 +46,11 @@ def _collation(admin: psycopg.Connection) -> str | None:
 @pytest.fixture(scope="module")
 def collated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
     """A throwaway database that sorts 'a000' before 'B000', as C would not."""
-    name = f"kortex_test_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(PG_ADMIN, autocommit=True, connect_timeout=5) as admin:
         options = _collation(admin)
-        if options is None:
-            pytest.skip("this PostgreSQL has no collation other than C (no ICU, no en_US locale)")
-        admin.execute(f'CREATE DATABASE "{name}" {options}')
-    url = PG_ADMIN.rsplit("/", 1)[0] + f"/{name}"
-    try:
+    if options is None:
+        pytest.skip("this PostgreSQL has no collation other than C (no ICU, no en_US locale)")
+    with throwaway_database(PG_ADMIN, options=options) as (url, _name):
         with psycopg.connect(url) as conn:
             assert conn.execute("SELECT 'a000' < 'B000'").fetchone() == (True,)
         upgrade(url)
@@ -62,9 +59,6 @@ def collated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
             yield h
         finally:
             h.close()
-    finally:
-        with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def test_mixed_case_span_ids_page_exactly_once(collated: Harness) -> None:

@@ -20,13 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psycopg
 import pytest
 from sqlalchemy import func, select
 
 from kortex.postmortems.document import PostMortem
-from kortex.storage.migrate import upgrade
 from kortex.storage.schema import decisions, postmortem_items, postmortems
+from kortex.testing.scratch import throwaway_database, throwaway_prefix
 from tests.conftest import Harness, make_settings
 from tests.integration.conftest import PG_ADMIN, REDIS_URL, Service, _free_port, service_env
 
@@ -70,26 +69,13 @@ class Deployment:
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    name = f"kortex_pm_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    url = PG_ADMIN.rsplit("/", 1)[0] + f"/{name}"
-    upgrade(url)
-    prefix = f"kxpm-{uuid.uuid4().hex[:8]}"
-    d = Deployment(url, prefix, tmp_path_factory.mktemp("pm-services"))
-    try:
-        yield d
-    finally:
-        d.stop()
-        import redis
-
-        client = redis.Redis.from_url(REDIS_URL)
-        keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
-        if keys:
-            client.delete(*keys)
-        client.close()
-        with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with throwaway_database(PG_ADMIN, prefix="kortex_pm", migrated=True) as (url, _name), \
+            throwaway_prefix(REDIS_URL, "kxpm") as prefix:
+        d = Deployment(url, prefix, tmp_path_factory.mktemp("pm-services"))
+        try:
+            yield d
+        finally:
+            d.stop()
 
 
 @pytest.fixture(scope="module")

@@ -199,19 +199,11 @@ def test_a_bad_connection_option_says_the_url_is_wrong_not_to_migrate(tmp_path: 
 @pytest.fixture
 def empty_postgres() -> Iterator[str]:
     """A PostgreSQL database of its own, with no schema, dropped afterwards."""
-    import uuid
-
-    import psycopg
+    from kortex.testing.scratch import throwaway_database
 
     admin_url = os.environ.get("KORTEX_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
-    name = f"kortex_cli_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(admin_url, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield admin_url.rsplit("/", 1)[0] + f"/{name}"
-    finally:
-        with psycopg.connect(admin_url, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with throwaway_database(admin_url, prefix="kortex_cli") as (url, _name):
+        yield url
 
 
 def test_a_shared_database_is_migrated_by_kortex_migrate_only(tmp_path: Path, empty_postgres: str) -> None:
