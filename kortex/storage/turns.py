@@ -394,6 +394,17 @@ def finish_turn(
         "p_error": error, **_usage_params(usage, model_used)}, row, audit_entries)
 
 
+def add_usage(conn: Connection, tenant_id: str, turn_id: str, usage: Usage) -> None:
+    """Add what calls billed to a turn whose step could not record it with its own transition
+    (the turn was cancelled or had moved on): whatever the turn's state."""
+    if not (usage.input_tokens or usage.output_tokens or usage.cost_usd):
+        return
+    conn.execute(update(turns).where(_t.id == turn_id, _t.tenant_id == tenant_id)
+                 .values(input_tokens=_t.input_tokens + usage.input_tokens,
+                         output_tokens=_t.output_tokens + usage.output_tokens,
+                         cost_usd=_t.cost_usd + usage.cost_usd))
+
+
 def record_done_event(conn: Connection, tenant_id: str, turn_id: str, entry_id: str) -> None:
     """Remember the stream id of a finished turn's ``done`` (see ``turns.done_event_id``)."""
     conn.execute(update(turns).where(_t.id == turn_id, _t.tenant_id == tenant_id, _t.status.in_(TERMINAL))
@@ -514,19 +525,27 @@ def complete_invocation(
     return Completion(inv, next_step)
 
 
-def fail_turn(conn: Connection, turn: TurnRecord, error: dict[str, Any]) -> bool:
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """A turn this call ended: the tool calls it settled as cancelled, (step, result) each,
+    for the caller to announce before ``done``."""
+
+    cancelled: tuple[tuple[int, ToolResult], ...] = ()
+
+
+def fail_turn(conn: Connection, turn: TurnRecord, error: dict[str, Any]) -> Ended | None:
     """Any active state -> failed (deadline passed, unrecoverable error)."""
     return _end_turn(conn, turn, "failed", error)
 
 
-def cancel_turn(conn: Connection, turn: TurnRecord, error: dict[str, Any]) -> bool:
+def cancel_turn(conn: Connection, turn: TurnRecord, error: dict[str, Any]) -> Ended | None:
     """Any active state -> cancelled (a client asked). A step still streaming finds its stream
     closed at its next write; a tool call still running finds its invocation settled."""
     return _end_turn(conn, turn, "cancelled", error)
 
 
-def _end_turn(conn: Connection, turn: TurnRecord, status: str, error: dict[str, Any]) -> bool:
-    """Any active state -> ``status``, by compare-and-set; True when this call moved it.
+def _end_turn(conn: Connection, turn: TurnRecord, status: str, error: dict[str, Any]) -> Ended | None:
+    """Any active state -> ``status``, by compare-and-set; None when another call moved it.
 
     Tool calls still open are settled as cancelled, each with a tool message, so the session's
     history never holds a call without its result (vendors reject such a conversation). The
@@ -546,6 +565,7 @@ def _end_turn(conn: Connection, turn: TurnRecord, status: str, error: dict[str, 
         .values(status=status, error=error, finished_at=now, updated_at=now, lease_until=None)
         .returning(_t.id)
     ).first()
+    settled: list[tuple[int, ToolResult]] = []
     for inv in cancelled:
         result = ToolResult(call_id=inv.call_id, name=inv.name, is_error=True, error_code="cancelled",
                             content={"error": True, "message": "the turn ended before this tool finished",
@@ -553,7 +573,8 @@ def _end_turn(conn: Connection, turn: TurnRecord, status: str, error: dict[str, 
         conn.execute(INSERT_MESSAGE, message_row(tenant_id=turn.tenant_id, session_id=inv.session_id,
                                                  turn_id=inv.turn_id, turn_no=inv.turn_no, step=inv.step,
                                                  ord=inv.idx + 1, message=ToolMessage(result=result)))
-    return moved is not None
+        settled.append((inv.step, result))
+    return None if moved is None else Ended(tuple(settled))
 
 
 def session_usage(conn: Connection, tenant_id: str, session_id: str) -> Usage:

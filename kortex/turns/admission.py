@@ -12,9 +12,9 @@ PostgreSQL, so one tenant's posts queued on each other (1,000 posts at once took
 answer, and the API's database connections were held by posts waiting for the lock, so
 streams could not open either).
 
-A turn's slot is given back by ``publish_done``, the one place every ending passes, in the
-transaction that ends the turn (a slot is never held past the turn's end; should that
-transaction then fail, the turn is briefly not counted). The watchdog makes each set match
+A turn's slot is given back by ``announce`` (kortex/turns/closing.py), the one place every
+ending passes, just after the transaction that ends the turn has committed (a slot is never
+held long past the turn's end). The watchdog makes each set match
 the database (``reconcile``), for the members older than ``GRACE``: a slot whose release
 was lost (Redis down at that moment, a killed process) is freed, a running turn Redis lost
 (a restart without AOF) is counted again. Until then, and at worst, a lost slot stays taken

@@ -20,7 +20,7 @@ from kortex.messages import Usage
 from kortex.storage import audit, turns
 from kortex.storage.audit import AuditEntry
 from kortex.storage.records import TurnRecord
-from kortex.turns.closing import publish_done
+from kortex.turns.closing import Ending, announce, end_turn, settled_calls
 from kortex.turns.handoff import Handoff
 
 
@@ -34,20 +34,23 @@ def cancel_turn(k: Kortex, tenant_id: str, turn_id: str, *, by: str) -> tuple[Tu
     """The turn, cancelled (now or before), and the work its profile's end hook hands on. ``by``
     names who asked, for the audit row (a key id, never a secret). A turn that already
     finished otherwise is a Conflict."""
-    handoff = Handoff()
+    ending: Ending | None = None
     with k.db.begin() as conn:
         turn = turns.get_turn(conn, tenant_id, turn_id)
-        if not turn.finished and turns.cancel_turn(conn, turn, {"code": "cancelled",
-                                                                "message": "the turn was cancelled"}):
+        ended = None if turn.finished else turns.cancel_turn(conn, turn, {"code": "cancelled",
+                                                                          "message": "the turn was cancelled"})
+        if ended is not None:
             audit.write_entries(conn, [AuditEntry(tenant_id=tenant_id, kind="turn_cancelled", subject="turn",
                                                   ok=True, payload={"by": by, "status_was": turn.status,
                                                                     "step": turn.step},
                                                   session_id=turn.session_id, turn_id=turn.id)])
             usage = Usage(input_tokens=turn.input_tokens, output_tokens=turn.output_tokens, cost_usd=turn.cost_usd)
             # Unfenced (attempt 0): the stream closes for the attempt that holds it, whichever it is.
-            handoff = publish_done(k, conn, turn, [DoneEvent(status="cancelled", usage=usage, error="cancelled")],
-                                   attempt=0)
+            ending = end_turn(k, conn, turn, [*settled_calls(ended),
+                                              DoneEvent(status="cancelled", usage=usage, error="cancelled")],
+                              attempt=0)
         turn = turns.get_turn(conn, tenant_id, turn_id)
+    handoff = Handoff() if ending is None else announce(k, ending)
     if turn.status != "cancelled":
         raise Conflict(f"the turn already ended ({turn.status}); only a queued or running turn can be cancelled",
                        code="turn_finished", details={"status": turn.status})

@@ -1,10 +1,11 @@
 """Structural events are durable before they are published.
 
-Tool calls and results, proposals, errors and ``done`` are published from inside the
-transaction of the state change they announce, after its compare-and-set has won: if Redis
-takes them, nothing more is written; if it does not, they go into ``stream_outbox`` in that
-same transaction, and the watchdog publishes them once Redis is back. An outage delays them;
-it never loses them, and the happy path costs no extra statement.
+Tool calls and results, proposals and errors are published from inside the transaction of the
+state change they announce, after its compare-and-set has won: if Redis takes them, nothing
+more is written; if it does not, they go into ``stream_outbox`` in that same transaction, and
+the watchdog publishes them once Redis is back. An outage delays them; it never loses them,
+and the happy path costs no extra statement. A turn's closing events (``done``) go out just
+after its ending commits instead (``publish_after``; kortex/turns/closing.py says why).
 
 A process that dies between the publish and the commit leaves events of an attempt that never
 committed; the step runs again under a higher attempt, and clients drop the older one's events.
@@ -37,6 +38,27 @@ def publish_in(k: Kortex, conn: Connection, *, tenant_id: str, turn_id: str, eve
                attempt: int = 0, final: bool = False) -> list[str]:
     """Publish ``events`` from inside the caller's transaction, or keep them in the outbox
     there. Returns their stream ids ([] when kept or refused)."""
+    ids = _try_publish(k, turn_id, events, attempt, final)
+    if ids is None:
+        _keep(conn, tenant_id, turn_id, events, attempt, final)
+        return []
+    return ids
+
+
+def publish_after(k: Kortex, *, tenant_id: str, turn_id: str, events: Sequence[_Event], attempt: int = 0,
+                  final: bool = False) -> list[str]:
+    """``publish_in`` for a state change that has committed: the outbox row, written only if
+    Redis refuses the events, is a transaction of its own."""
+    ids = _try_publish(k, turn_id, events, attempt, final)
+    if ids is None:
+        with k.db.begin() as conn:
+            _keep(conn, tenant_id, turn_id, events, attempt, final)
+        return []
+    return ids
+
+
+def _try_publish(k: Kortex, turn_id: str, events: Sequence[_Event], attempt: int, final: bool) -> list[str] | None:
+    """Their stream ids; [] when they describe nothing current; None when Redis refused them."""
     if not events:
         return []
     try:
@@ -47,9 +69,13 @@ def publish_in(k: Kortex, conn: Connection, *, tenant_id: str, turn_id: str, eve
         return []
     except StreamError:
         log.warning("Redis refused events of turn %s; keeping them for the watchdog", turn_id, exc_info=True)
-        outbox.keep(conn, tenant_id=tenant_id, turn_id=turn_id, attempt=attempt, final=final,
-                    events=[e.model_dump(mode="json", exclude=_STAMPS) for e in events])
-        return []
+        return None
+
+
+def _keep(conn: Connection, tenant_id: str, turn_id: str, events: Sequence[_Event], attempt: int,
+          final: bool) -> None:
+    outbox.keep(conn, tenant_id=tenant_id, turn_id=turn_id, attempt=attempt, final=final,
+                events=[e.model_dump(mode="json", exclude=_STAMPS) for e in events])
 
 
 def republish(k: Kortex, *, settle_s: float = 2.0, limit: int = 500) -> int:

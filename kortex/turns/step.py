@@ -47,7 +47,7 @@ from kortex.timeparse import utcnow
 from kortex.turns.anomalies import Anomaly, check_answer, check_calls, check_cost, check_depth
 from kortex.turns.billing import llm_audit, turn_total, usage_of
 from kortex.turns.checkpoints import checkpoint_id
-from kortex.turns.closing import publish_done
+from kortex.turns.closing import Ending, announce, end_turn
 from kortex.turns.consume import call_ids, consume
 from kortex.turns.grounding import Grounding, check, successful_calls
 from kortex.turns.handoff import NOTHING, Handoff, StepDispatch, ToolDispatch, Trace
@@ -352,10 +352,10 @@ async def _run_claimed(k: Kortex, turn: TurnRecord, step: int, candidates: list[
         entries = llm_audit(turn, step, attempts(), error=ProviderError(
             "the step was handed to another attempt", code="cancelled")) + notes.entries
         if isinstance(exc, Released):
-            await hold.io(_audit_alone, k, entries)
+            await hold.io(_audit_alone, k, entries, turn, usage_of(attempts()))
             raise
         log.warning("step %s of turn %s lost its lease; another attempt runs it", step, turn.id)
-        await hold.io(_audit_alone, k, entries)
+        await hold.io(_audit_alone, k, entries, turn, usage_of(attempts()))
         return NOTHING
     except Exception as exc:
         if not isinstance(exc, ProviderError | TimeoutError):
@@ -380,7 +380,7 @@ async def _run_claimed(k: Kortex, turn: TurnRecord, step: int, candidates: list[
             notes.noted(noted, publisher)
     entries = llm_audit(turn, step, attempts(), calls=calls, text_chars=len(text)) + notes.entries
     if not await _settle_text(publisher):
-        await hold.io(_audit_alone, k, entries)
+        await hold.io(_audit_alone, k, entries, turn, usage)
         return NOTHING
     hold.detach()  # what follows is a few statements: the lease need not outlive the stream
     if calls and step >= depth:
@@ -410,7 +410,7 @@ async def _settle_text(publisher: StepPublisher) -> bool:
 def _finish(k: Kortex, turn: TurnRecord, step: int, text: str, usage: Usage, model_used: str,
             entries: list[AuditEntry], done: DoneChunk, grounding: Grounding | None = None) -> Handoff:
     checked = grounding.as_dict() if grounding is not None else None
-    handoff = NOTHING
+    ending: Ending | None = None
     with k.db.begin() as conn:
         finished = turns.finish_turn(conn, turn, step=step, message=AssistantMessage(content=text), usage=usage,
                                      model_used=model_used, grounding=checked, audit_entries=entries)
@@ -422,10 +422,11 @@ def _finish(k: Kortex, turn: TurnRecord, step: int, text: str, usage: Usage, mod
                     "ask a narrower question or raise max_tokens")))
             if grounding is not None and not grounding.grounded:
                 closing.append(ErrorEvent(code="ungrounded_answer", fatal=False, message=_ungrounded(grounding)))
-            handoff = publish_done(k, conn, turn, [*closing, _done(turn, usage, grounding)], answer=text)
-    if not finished:
-        _audit_alone(k, entries)
-    return handoff
+            ending = end_turn(k, conn, turn, [*closing, _done(turn, usage, grounding)], answer=text)
+    if ending is None:
+        _audit_alone(k, entries, turn, usage)
+        return NOTHING
+    return announce(k, ending)
 
 
 def _done(turn: TurnRecord, usage: Usage, grounding: Grounding | None) -> DoneEvent:
@@ -479,7 +480,7 @@ def _park(k: Kortex, turn: TurnRecord, step: int, text: str, calls: tuple[ToolCa
         if exc.code != "stale_step":
             raise
         log.warning("turn %s moved on during step %s; dropping its result", turn.id, step)
-        _audit_alone(k, entries)
+        _audit_alone(k, entries, turn, usage)
         return NOTHING
     return Handoff(tools=tuple(tool_dispatch(k, turn.tenant_id, inv.id, inv.name, turn.profile)
                                for inv in invocations))
@@ -499,11 +500,16 @@ def _retries_so_far(k: Kortex, turn: TurnRecord) -> int:
         return audit.count_for_turn(conn, turn.tenant_id, turn.id, "recovery", subject="retry")
 
 
-def _audit_alone(k: Kortex, entries: list[AuditEntry]) -> None:
-    """Every LLM call is billed and audited, even when its turn moved on without it."""
+def _audit_alone(k: Kortex, entries: list[AuditEntry], turn: TurnRecord | None = None,
+                 usage: Usage | None = None) -> None:
+    """Every LLM call is billed and audited, even when its turn moved on without it (cancelled,
+    failed by the watchdog, or run again by a later attempt): its tokens and cost land on the
+    turn too, so the turn's and its session's usage (the session token cap) count them."""
     try:
         with k.db.begin() as conn:
             audit.write_entries(conn, entries)
+            if turn is not None and usage is not None:
+                turns.add_usage(conn, turn.tenant_id, turn.id, usage)
     except KortexError:
         log.exception("could not write %d audit rows", len(entries))
 
@@ -515,19 +521,20 @@ def _depth_exceeded(
     note = DEPTH_EXCEEDED.format(depth=depth)
     content = f"{text}\n\n{note}" if text else note
     error = {"code": "tool_depth_exceeded", "message": note}
-    handoff = NOTHING
+    ending: Ending | None = None
     with k.db.begin() as conn:
         finished = turns.finish_turn(conn, turn, step=step, message=AssistantMessage(content=content),
                                      usage=usage, model_used=model_used, error=error, audit_entries=entries)
         if finished:
-            handoff = publish_done(k, conn, turn, [
+            ending = end_turn(k, conn, turn, [
                 TextEvent(step=step, delta=("\n\n" if text else "") + note),
                 ErrorEvent(code="tool_depth_exceeded", message=note),
                 DoneEvent(status="done", usage=turn_total(turn, usage), error="tool_depth_exceeded"),
             ], answer=content)
-    if not finished:
-        _audit_alone(k, entries)
-    return handoff
+    if ending is None:
+        _audit_alone(k, entries, turn, usage)
+        return NOTHING
+    return announce(k, ending)
 
 
 def _fail(
@@ -535,14 +542,16 @@ def _fail(
     llm_entries: list[AuditEntry] | None = None, usage: Usage | None = None,
 ) -> Handoff:
     usage = usage or Usage()  # calls that were billed before the failure still count
-    handoff = NOTHING
+    ending: Ending | None = None
     with k.db.begin() as conn:
         finished = turns.finish_turn(conn, turn, step=step, message=None, usage=usage, model_used=None,
                                      status="failed", error={"code": code, "message": message},
                                      audit_entries=llm_entries or ())
         if finished:
-            handoff = publish_done(k, conn, turn, [ErrorEvent(code=code, message=message, retryable=retryable),
-                                                   DoneEvent(status="failed", usage=turn_total(turn, usage), error=code)])
-    if not finished and llm_entries:
-        _audit_alone(k, llm_entries)
-    return handoff
+            ending = end_turn(k, conn, turn, [ErrorEvent(code=code, message=message, retryable=retryable),
+                                              DoneEvent(status="failed", usage=turn_total(turn, usage), error=code)])
+    if ending is None:
+        if llm_entries:
+            _audit_alone(k, llm_entries, turn, usage)
+        return NOTHING
+    return announce(k, ending)

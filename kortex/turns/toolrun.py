@@ -12,10 +12,10 @@ from sqlalchemy.engine import Connection
 
 from kortex import logcontext, metrics, tracing
 from kortex.container import Kortex
-from kortex.errors import ConfigError, StorageError
+from kortex.errors import ConfigError, KortexError, StorageError
 from kortex.events import Event, ToolProgressEvent, ToolResultEvent
 from kortex.messages import ToolCall, ToolResult
-from kortex.storage import invocations, turns
+from kortex.storage import audit, invocations, turns
 from kortex.storage.audit import AuditEntry
 from kortex.storage.records import InvocationRecord
 from kortex.timeparse import utcnow
@@ -99,6 +99,7 @@ def settle(k: Kortex, inv: InvocationRecord, result: ToolResult, entries: list[A
     completion = _store(k, inv, result, entries, from_status, publish, events, published)
     if completion is None:
         log.info("tool call %s was settled before its result arrived", inv.call_id)
+        _audit_late(k, inv, entries)
         return NOTHING
     if completion.next_step is None:
         return NOTHING
@@ -106,6 +107,20 @@ def settle(k: Kortex, inv: InvocationRecord, result: ToolResult, entries: list[A
     busy = lane == "chat" and k.slots.busy(inv.tenant_id, k.settings.turn.busy_tenant_turns)
     return Handoff(steps=(StepDispatch(tenant_id=inv.tenant_id, turn_id=inv.turn_id, step=completion.next_step,
                                        lane=lane, busy=busy),))
+
+
+def _audit_late(k: Kortex, inv: InvocationRecord, entries: list[AuditEntry]) -> None:
+    """The call ran, though its turn ended (or the watchdog answered it) first: it still gets
+    its audit row, unless the watchdog already wrote the call's."""
+    if not entries:
+        return
+    try:
+        with k.db.begin() as conn:
+            if not any(row["kind"] == "tool_call" and (row["payload"] or {}).get("call_id") == inv.call_id
+                       for row in audit.list_for_turn(conn, inv.tenant_id, inv.turn_id)):
+                audit.write_entries(conn, entries)
+    except KortexError:
+        log.exception("could not write the audit rows of tool call %s", inv.call_id)
 
 
 def _policy(k: Kortex, inv: InvocationRecord) -> ToolPolicy:

@@ -30,7 +30,7 @@ from kortex.storage.records import InvocationRecord, TurnRecord
 from kortex.timeparse import utcnow
 from kortex.tools.spec import ToolContext
 from kortex.turns import outbox, spool
-from kortex.turns.closing import publish_done
+from kortex.turns.closing import Ending, announce, end_turn, settled_calls
 from kortex.turns.handoff import Handoff, StepDispatch
 from kortex.turns.ports import JOB_SWEEPS, Leadership, QueuePort, Work
 from kortex.turns.profiles import lane_of, load_builtin
@@ -231,15 +231,16 @@ def _settle_overdue(k: Kortex, inv: InvocationRecord) -> Handoff:
 def _expire(k: Kortex, turn: TurnRecord) -> tuple[int, Handoff]:
     error = {"code": "deadline_exceeded", "message": "the turn did not finish before its deadline"}
     usage = Usage(input_tokens=turn.input_tokens, output_tokens=turn.output_tokens, cost_usd=turn.cost_usd)
-    handoff = Handoff()
+    ending: Ending | None = None
     with k.db.begin() as conn:
-        moved = turns.fail_turn(conn, turn, error)
-        if moved:
+        ended = turns.fail_turn(conn, turn, error)
+        if ended is not None:
             # Unfenced: the compare-and-set above won, so whichever attempt last wrote is over.
-            handoff = publish_done(k, conn, turn, [ErrorEvent(code="deadline_exceeded", message=error["message"]),
-                                                   DoneEvent(status="failed", usage=usage, error="deadline_exceeded")],
-                                   attempt=0)
-    return (1 if moved else 0), handoff
+            ending = end_turn(k, conn, turn, [*settled_calls(ended),
+                                              ErrorEvent(code="deadline_exceeded", message=error["message"]),
+                                              DoneEvent(status="failed", usage=usage, error="deadline_exceeded")],
+                              attempt=0)
+    return (0, Handoff()) if ending is None else (1, announce(k, ending))
 
 
 def run_watchdog(k: Kortex, queue: QueuePort, leader: Leadership, *, every: float,

@@ -67,10 +67,15 @@ def test_a_streaming_step_stops_at_its_next_chunk_and_its_call_is_audited(harnes
     text = "".join(json.loads(e.data)["delta"] for e in h.events(posted.turn.id) if e.type == "text")
     assert text and "tok20" not in text  # cut short (it had 4 s to go), nothing after done
     with h.k.db.connect() as conn:
-        calls = conn.execute(select(decisions.c.ok, decisions.c.payload).where(
+        calls = conn.execute(select(decisions.c.ok, decisions.c.input_tokens, decisions.c.output_tokens).where(
             decisions.c.turn_id == posted.turn.id, decisions.c.kind == "llm_call")).all()
     assert len(calls) == 1 and not calls[0].ok  # the cut call is audited (and billed if it cost)
-    assert chat.get_turn(h.k, tenant, posted.turn.id).status == "cancelled"
+    turn = chat.get_turn(h.k, tenant, posted.turn.id)
+    assert turn.status == "cancelled"
+    # what the cut call billed is the turn's (and so its session's token cap's) as well
+    billed = calls[0]
+    assert billed.output_tokens > 0
+    assert (turn.input_tokens, turn.output_tokens) == (billed.input_tokens, billed.output_tokens)
 
 
 def test_a_turn_waiting_for_a_tool_is_cancelled_and_the_late_result_is_ignored(harness: Harness) -> None:
@@ -80,18 +85,38 @@ def test_a_turn_waiting_for_a_tool_is_cancelled_and_the_late_result_is_ignored(h
     posted = chat.post_message(h.k, tenant, session.id, "wait")
     runner = threading.Thread(target=drive, args=(h.k, posted.handoff))
     runner.start()
-    _wait(lambda: "tool_call" in _kinds(h, posted.turn.id))
+    _wait(lambda: _invocation_status(h, posted.turn.id) == "running")  # the tool is sleeping
     cancel(h.k, tenant, posted.turn.id, by="key:abc")
     runner.join(15)
     assert not runner.is_alive()
-    kinds = _kinds(h, posted.turn.id)
-    assert kinds[-1] == "done" and "tool_result" not in kinds  # the tool's result came after done
+    events = h.events(posted.turn.id)
+    # The client is told the call will not finish, before done; the tool's own result, which
+    # came after done, is never published.
+    assert [e.type for e in events][-2:] == ["tool_result", "done"]
+    assert [e.type for e in events].count("tool_result") == 1
+    told = json.loads(events[-2].data)
+    assert (told["call_id"], told["is_error"], told["error_code"]) == (inv_call_id(h, posted.turn.id), True,
+                                                                       "cancelled")
     with h.k.db.connect() as conn:
         inv = conn.execute(select(tool_invocations.c.status, tool_invocations.c.error_code).where(
             tool_invocations.c.turn_id == posted.turn.id)).one()
+        audited = conn.execute(select(decisions.c.subject, decisions.c.payload).where(
+            decisions.c.turn_id == posted.turn.id, decisions.c.kind == "tool_call")).all()
     assert (inv.status, inv.error_code) == ("done", "cancelled")
+    # the call ran to its end all the same: it has its audit row, one
+    assert [(a.subject, a.payload["call_id"]) for a in audited] == [("debug_sleep", told["call_id"])]
     history = [m.role for m in chat_history(h, tenant, session.id)]
     assert history == ["user", "assistant", "tool"]  # the call has its (cancelled) result: vendors need one
+
+
+def _invocation_status(h: Harness, turn_id: str) -> str | None:
+    with h.k.db.connect() as conn:
+        return conn.scalar(select(tool_invocations.c.status).where(tool_invocations.c.turn_id == turn_id))
+
+
+def inv_call_id(h: Harness, turn_id: str) -> str:
+    with h.k.db.connect() as conn:
+        return str(conn.scalar(select(tool_invocations.c.call_id).where(tool_invocations.c.turn_id == turn_id)))
 
 
 def chat_history(h: Harness, tenant: str, session_id: str) -> list:
