@@ -39,6 +39,9 @@ class AdvisoryLeader:
         return self._conn is not None
 
     def ensure(self) -> bool:
+        """True: this process leads; False: another does. Raises the database's error when it
+        could not ask: the caller must not take an unanswered question for a standby's answer
+        (``kortex beat --alive-file`` stayed fresh through a database outage)."""
         if self.db.is_sqlite:
             return True
         try:
@@ -65,10 +68,8 @@ class AdvisoryLeader:
             log.info("watchdog took the lead (%s)", self.name)
             return True
         except SQLAlchemyError:
-            log.warning("watchdog leadership check failed; sweeping resumes when the database answers",
-                        exc_info=True)
-            self._drop()
-            return False
+            self._drop()  # a lock we may have held ends with its session: ask afresh next time
+            raise
 
     def _drop(self) -> None:
         conn, self._conn = self._conn, None

@@ -35,7 +35,8 @@ class Leadership(Protocol):
     """Held by one watchdog process of a deployment at a time."""
 
     def ensure(self) -> bool:
-        """Take the lead if it is free, or confirm it is still ours; False: someone else leads."""
+        """Take the lead if it is free, or confirm it is still ours; False: someone else leads.
+        Raises when it could not ask (the database is unreachable)."""
 
     def release(self) -> None: ...
 

@@ -248,11 +248,18 @@ def run_watchdog(k: Kortex, queue: QueuePort, leader: Leadership, *, every: floa
     """Sweep every ``every`` seconds while this process leads, until ``stop`` is set. A process
     that does not lead asks again each interval and takes over when the leader is gone.
     ``alive`` is called after every interval that reached the database (a health check's
-    heartbeat: a leader that sweeps or a standby that asked)."""
+    heartbeat: a leader that sweeps or a standby that asked), never while it cannot."""
     try:
         while not stop.is_set():
             try:
-                if leader.ensure():
+                leads = leader.ensure()
+            except Exception as exc:  # the database is unreachable: no sweep, and no heartbeat
+                _outages.failed("check the leadership", exc)
+                stop.wait(every)
+                continue
+            _outages.worked("check the leadership")
+            try:
+                if leads:
                     report = sweep(k, queue)
                     queue.dispatch(report.handoff)
                     metrics.watchdog({"failed_turns": report.failed_turns, "timed_out_tools": report.timed_out_tools,

@@ -119,12 +119,31 @@ class DownLeader:
         pass
 
 
-def test_a_failing_interval_is_one_line_while_the_outage_lasts(
+def test_a_failing_interval_is_one_line_while_the_outage_lasts_and_no_heartbeat(
         harness: Harness, clock: Clock, caplog: pytest.LogCaptureFixture) -> None:
     stop = threading.Event()
-    watchdog.run_watchdog(harness.k, Queue(), DownLeader(stop, 20), every=0, stop=stop)
+    beats: list[None] = []
+    watchdog.run_watchdog(harness.k, Queue(), DownLeader(stop, 20), every=0, stop=stop,
+                          alive=lambda: beats.append(None))
     records = _lines(caplog)
     assert [r.getMessage() for r in records] == [
-        "watchdog could not sweep: ConnectionRefusedError: [Errno 111] Connection refused "
+        "watchdog could not check the leadership: ConnectionRefusedError: [Errno 111] Connection refused "
         "(said again every 60s while it lasts)"]
     assert records[0].exc_info is None
+    # --alive-file is touched only after an interval that reached the database: a health check
+    # must see a watchdog that cannot sweep
+    assert beats == []
+
+
+def test_the_leader_says_it_could_not_ask_rather_than_someone_else_leads() -> None:
+    from kortex.storage.db import Database
+    from kortex.storage.leader import AdvisoryLeader
+
+    # nothing listens on port 1: the database is unreachable
+    db = Database("postgresql+psycopg://postgres@127.0.0.1:1/none?connect_timeout=2")
+    try:
+        with pytest.raises(Exception) as raised:
+            AdvisoryLeader(db, "kxtest").ensure()
+        assert watchdog._connection_error(raised.value)
+    finally:
+        db.dispose()
