@@ -364,9 +364,13 @@ async def _run_claimed(k: Kortex, turn: TurnRecord, step: int, candidates: list[
             exc = ProviderError("the model call failed unexpectedly", code="internal")
         made = attempts()
         last = made[-1] if made else None  # the call that was running
+        # The limit was the turn's deadline when that came first: say so, as the watchdog would.
+        by_deadline = limit < settings.turn.step_time_limit
         error = exc if isinstance(exc, ProviderError) else ProviderError(
-            f"no answer within {limit:.0f}s", provider=last.provider if last else candidates[0].provider.name,
-            model=last.model.id if last else candidates[0].model.id, code="step_timeout")
+            "the turn did not finish before its deadline" if by_deadline else f"no answer within {limit:.0f}s",
+            provider=last.provider if last else candidates[0].provider.name,
+            model=last.model.id if last else candidates[0].model.id,
+            code="deadline_exceeded" if by_deadline else "step_timeout")
         await _settle_text(publisher)
         return await hold.io(_fail, k, turn, step, error.code, str(error), retryable=error.retryable,
                              llm_entries=llm_audit(turn, step, made, error=error) + notes.entries,

@@ -212,3 +212,15 @@ def test_what_the_vendor_said_stays_out_of_the_turns_error(harness_factory, fake
     assert turn.status == "failed" and turn.error["code"] == "provider_auth"
     assert turn.error["message"] == "openai:gpt-5: the provider rejected the API key (HTTP 401)"
     assert "SECRETORG" not in json.dumps(_events(h, turn.id)) and "wxyz" not in json.dumps(turn.error)
+
+
+def test_a_step_cut_by_the_turns_deadline_says_so(harness_factory, fake: FakeLLM) -> None:
+    # the step could stream for 60 s, but the turn has 0.3 s left: the deadline ended it
+    fake.add("llama3.2", {"steps": [{"text": ["slow"], "delay_ms": 3000}]})
+    h = harness_for(harness_factory, fake, turn={"deadline": 0.3}, default_provider="ollama")
+    tenant = h.tenant("acme")
+    turn = h.ask(tenant, "anything?")
+    assert turn.status == "failed" and turn.error["code"] == "deadline_exceeded"
+    assert turn.error["message"].endswith("the turn did not finish before its deadline")
+    [row] = [r for r in _audit(h, tenant, turn.id) if r["kind"] == "llm_call"]
+    assert row["payload"]["error_code"] == "deadline_exceeded"
