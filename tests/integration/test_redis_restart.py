@@ -16,6 +16,7 @@ from kortex.storage.schema import turns
 from kortex.testing.fakellm import FakeLLM
 from kortex.turns import chat
 from kortex.turns.handoff import StepDispatch
+from kortex_cli.attempts import AttemptFilter
 from tests.conftest import Harness, make_settings
 from tests.integration.conftest import PG_ADMIN, Service, provider_env, service_env
 from tests.integration.redisproc import RedisServer, kortex_command, private_database
@@ -93,6 +94,18 @@ def _kinds(h: Harness, turn_id: str) -> list[str]:
     return [e.type for e in h.events(turn_id)]
 
 
+def _client_text(events: list[tuple[str, dict]]) -> str:
+    seen, by_step = AttemptFilter(), dict[int, str]()
+    for kind, data in events:
+        if not seen.accept(kind, data):
+            continue
+        if seen.rerun_step is not None:
+            by_step[seen.rerun_step] = ""  # the step starts over
+        if kind == "text":
+            by_step[data["step"]] = by_step.get(data["step"], "") + data["delta"]
+    return "".join(by_step[step] for step in sorted(by_step))
+
+
 def _status(h: Harness, turn_id: str) -> str:
     with h.k.db.connect() as conn:
         return str(conn.scalar(select(turns.c.status).where(turns.c.id == turn_id)))
@@ -139,8 +152,13 @@ def test_worker_survives_a_redis_restart_while_a_step_streams(pg_url, fake_llm, 
         _wait(lambda: _status(harness, turn_id) in ("done", "failed"), "the turn to finish")
         assert worker.proc.poll() is None, worker.output()[-4000:]
         assert "Unrecoverable error" not in worker.output()
-        kinds = _kinds(harness, turn_id)
-        assert kinds[0] == "turn" and kinds[-1] == "done", kinds
+        events = [(e.type, json.loads(e.data)) for e in harness.events(turn_id)]
+        assert events[0][0] == "turn" and events[-1][0] == "done", events
+        assert events[-1][1]["status"] == "done" and _status(harness, turn_id) == "done"
+        # What a client reads across the restart: the whole answer once, nothing lost or doubled
+        # (events of a step's superseded attempt dropped, as the CLI does), and no gap in seq.
+        assert _client_text(events) == "one two three four five six"
+        assert [data["seq"] for _, data in events] == list(range(1, len(events) + 1))
     finally:
         stack.stop()
 
