@@ -180,7 +180,11 @@ def sweep(k: Kortex, queue: QueuePort | None = None) -> SweepReport:
             log.info("watchdog: %d admission slots freed, %d live turns counted again", freed, recounted)
     except (KortexError, RedisError) as exc:
         _outages.failed("reconcile admission slots", exc)
-    expired_proposals = k.proposals.expire_due(now)  # each one an audit row, as a human decision is
+    try:  # each one an audit row, as a human decision is
+        expired_proposals = k.proposals.expire_due(now)
+    except KortexError:  # the hand-offs above (steps already moved back to queued) must still go out
+        log.exception("watchdog could not expire proposals")
+        expired_proposals = 0
     try:  # confirmed proposals whose execution a dying process cut off
         recovered = k.proposals.recover_executions(now)
     except KortexError:

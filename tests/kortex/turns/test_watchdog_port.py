@@ -100,3 +100,17 @@ def test_a_watchdog_with_nothing_to_do_writes_no_info_line(harness_factory, capl
     with caplog.at_level(logging.INFO):
         watchdog.run_watchdog(h.k, FakeQueue(0), leader, every=0, stop=stop)
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO] == []
+
+
+def test_a_failing_proposal_sweep_does_not_hold_back_the_re_enqueued_steps(harness_factory, monkeypatch) -> None:
+    from kortex.errors import StorageError
+
+    h = harness_factory(turn={"requeue_after": 0})
+    turn_id = _lost_turn(h)
+
+    def broken(now):  # type: ignore[no-untyped-def]
+        raise StorageError("the proposals table is locked")
+
+    monkeypatch.setattr(h.k.proposals, "expire_due", broken)
+    report = watchdog.sweep(h.k, FakeQueue(0))
+    assert [s.turn_id for s in report.handoff.steps] == [turn_id] and report.expired_proposals == 0
