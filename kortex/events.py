@@ -24,7 +24,8 @@ class _Event(BaseModel):
 
 
 class TurnEvent(_Event):
-    """The turn changed state: a step started running, or it is waiting for tools."""
+    """A step started running (``status`` is ``running``): once per step attempt. That the turn
+    waits for tools is told by its ``tool_call`` events; GET /v1/turns/{id} has its status."""
 
     type: Literal["turn"] = "turn"
     turn_id: str
