@@ -27,14 +27,13 @@ from kortex.errors import (
 
 log = logging.getLogger(__name__)
 
-def _detail(error: Any) -> dict[str, Any]:
-    """One refused part of a request: ``field`` and ``message``, as every other 422 names them
-    (``filter.product``, a header's or a query parameter's name), beside pydantic's ``loc``
-    and ``msg``."""
+def _detail(error: Any) -> dict[str, str]:
+    """One refused part of a request: ``field`` and ``message`` and nothing else, as every
+    other 422 names them (``filter.product``, a header's or a query parameter's name), so a
+    value refused here and the same value refused by the domain look alike to a client."""
     loc = [str(p) for p in error.get("loc", ())]
     where = loc[1:] if len(loc) > 1 and loc[0] in ("body", "query", "path", "header", "cookie") else loc
-    msg = str(error.get("msg", ""))
-    return {"field": ".".join(where) or "body", "message": msg, "loc": loc, "msg": msg}
+    return {"field": ".".join(where) or "body", "message": str(error.get("msg", ""))}
 
 
 STATUS: tuple[tuple[type[KortexError], int], ...] = (

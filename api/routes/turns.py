@@ -76,10 +76,21 @@ async def stream_events(
     k: KortexDep,
     hub: HubDep,
     tenant: TenantDep,
-    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=64)] = None,
+    # No max_length: a value too long to be an id is "not an id" like any other noise, and
+    # starts over; only an id-shaped value of at most 20 digits a part ever reaches Redis
+    # (kortex/stream/entries.py, resume_id).
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
 ) -> Response:
-    """Follow a turn as Server-Sent Events: everything so far, then live until `done`. Reconnect with
-    `Last-Event-ID` to get exactly the rest; 204 when a finished turn has nothing left."""
+    """Follow a turn as Server-Sent Events: everything so far, then live until `done`; every event
+    carries its `attempt` and the turn's `seq` (1, 2, 3 ...).
+
+    Reconnect with `Last-Event-ID` to get the rest. While the turn's stream is kept in Redis
+    (`turn.stream_ttl` after `done`), that is exactly the events after that id. Once it has
+    expired, a finished turn is rebuilt from the database under ids `0-1`, `0-2`, ... (`seq`
+    from 1 again, each step's text in one event): a client resuming from a `0-n` id gets the
+    rest of that rebuild, one resuming from an id of the live stream gets the whole turn again,
+    to show in place of what it had. A `Last-Event-ID` that is not an id starts over; an
+    id past Redis's range is a 422. 204 when a finished turn has nothing left."""
     lane = request.app.state.lanes.stream  # not behind a burst of posts (api/deps.py, Lanes)
     turn_id = object_id(turn_id, "turn")
     # The first connection to a turn this process has just accepted starts from what the POST

@@ -230,15 +230,16 @@ def start_session(k: Kortex, tenant_id: str, make: Callable[[Connection], str], 
 def _check_post(k: Kortex, content: str, model: str | None, idempotency_key: str | None) -> str | None:
     """Everything about a post that needs no lookup but the model's; returns the model."""
     if not content or not content.strip():
-        raise InvalidInput("content must not be empty", details=[{"field": "content", "message": "empty"}])
+        raise InvalidInput("content must not be empty", code="validation",
+                           details=[{"field": "content", "message": "empty"}])
     check_no_nul(content, "content")
     check_no_nul(idempotency_key, "Idempotency-Key")
     limit = k.settings.turn.max_message_chars
     if len(content) > limit:
-        raise InvalidInput(f"content is longer than {limit} characters",
+        raise InvalidInput(f"content is longer than {limit} characters", code="validation",
                            details=[{"field": "content", "message": f"longer than {limit} characters"}])
     if idempotency_key is not None and not (0 < len(idempotency_key) <= MAX_IDEMPOTENCY_KEY):
-        raise InvalidInput(f"Idempotency-Key must be 1-{MAX_IDEMPOTENCY_KEY} characters",
+        raise InvalidInput(f"Idempotency-Key must be 1-{MAX_IDEMPOTENCY_KEY} characters", code="validation",
                            details=[{"field": "Idempotency-Key", "message": f"must be 1-{MAX_IDEMPOTENCY_KEY} characters"}])
     return check_model(k, model)
 

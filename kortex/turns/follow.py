@@ -3,8 +3,9 @@
 The HTTP shell (api/sse.py) only formats what this yields. The decisions:
 - a live (or not yet written) stream is followed through the process's stream hub;
 - a finished turn whose Redis stream has expired is rebuilt from the database (ids 0-1, 0-2,
-  ...); a client that stopped part-way through the live stream cannot be placed in the
-  rebuilt one (its text is whole per step), so it gets the turn again from the start;
+  ..., seq 1, 2, ... again: kortex/turns/replay.py); a client that stopped part-way through
+  the live stream cannot be placed in the rebuilt one (its text is whole per step), so it gets
+  the turn again from the start;
 - a finished turn whose stream never got its ``done`` (the publish failed after the commit)
   gets one made from the turn's row, once the turn has been over for ``DONE_GRACE``;
 - ``nothing_left``: a finished turn resumed at its end has nothing to send (HTTP 204, which

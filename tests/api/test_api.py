@@ -126,7 +126,7 @@ def test_other_tenants_see_nothing(env) -> None:
 
 
 @pytest.mark.parametrize("body,field", [
-    ({"content": ""}, "content"), ({}, "content"), ({"content": "x", "extra": 1}, "extra"),
+    ({"content": ""}, "content"), ({"content": "   "}, "content"), ({}, "content"), ({"content": "x", "extra": 1}, "extra"),
     ({"content": "x", "model": "nope:nope"}, None),
 ])
 def test_bad_input_gets_a_clear_4xx(env, body: dict[str, Any], field: str | None) -> None:
@@ -138,7 +138,23 @@ def test_bad_input_gets_a_clear_4xx(env, body: dict[str, Any], field: str | None
     error = response.json()["error"]
     assert error["message"]
     if field:
-        assert any(field in d["loc"] for d in error["details"])
+        assert error["code"] == "validation"
+        assert any(d == {"field": field, "message": d["message"]} for d in error["details"]), error
+
+
+@pytest.mark.parametrize("value", ["", "k" * 201])
+def test_an_idempotency_key_refused_for_any_reason_gets_the_one_422_shape(env, value: str) -> None:
+    # Empty is refused by the domain, too long by the request's validation: the client sees one shape.
+    client, h, _ = env
+    key = _tenant_key(h, "acme")
+    sid = client.post("/v1/sessions", json={}, headers=auth(key)).json()["id"]
+    response = client.post(f"/v1/sessions/{sid}/messages", json={"content": "hi"},
+                           headers={**auth(key), "Idempotency-Key": value})
+    assert response.status_code == 422
+    error = response.json()["error"]
+    assert set(error) == {"code", "message", "details"} and error["code"] == "validation"
+    assert [set(d) for d in error["details"]] == [{"field", "message"}]
+    assert error["details"][0]["field"] == "Idempotency-Key"
 
 
 def test_large_bodies_and_bad_json_are_rejected(env) -> None:
@@ -205,11 +221,12 @@ def test_reconnecting_after_done_gets_204_and_noise_event_ids_start_over(env) ->
     assert done.status_code == 204
     partial = client.get(body["events_url"], headers={**auth(key), "Last-Event-ID": ids[-2]})
     assert partial.status_code == 200 and partial.text.count("event: ") == 1
-    for bogus in ("nonsense", "1-2-3"):
+    # However long: noise too long to be an id is still noise, not a 422.
+    for bogus in ("nonsense", "1-2-3", "x" * 65, "x-" * 2000):
         again = client.get(body["events_url"], headers={**auth(key), "Last-Event-ID": bogus})
         assert again.status_code == 200 and again.text.count("event: ") == len(ids)
     # An id past Redis's range is a client bug, not noise: replaying would repeat everything.
-    for out_of_range in ("99999999999999999999-0", "18446744073709551615-18446744073709551615"):
+    for out_of_range in ("99999999999999999999-0", "18446744073709551615-18446744073709551615", "1" * 65 + "-1"):
         refused = client.get(body["events_url"], headers={**auth(key), "Last-Event-ID": out_of_range})
         assert refused.status_code == 422
         assert refused.json()["error"]["details"][0]["field"] == "Last-Event-ID"

@@ -59,11 +59,13 @@ def run(args: ProposeActionInput, ctx: ToolContext) -> dict[str, Any]:
         write_timeout=max(0.05, left / 2),
     )
     if created:
-        ctx.events.append(_card(proposal, ctx.call_id))
+        ctx.events.append(card(proposal, ctx.call_id))
     return _result(proposal)
 
 
-def _card(proposal: ProposalRecord, call_id: str) -> ProposalEvent:
+def card(proposal: ProposalRecord, call_id: str) -> ProposalEvent:
+    """The ``proposal`` event of a stored proposal; a replay from the database
+    (kortex/turns/replay.py) rebuilds it with this too, so both say the same."""
     return ProposalEvent(
         proposal_id=proposal.id, call_id=call_id, action=proposal.action, product=proposal.product,
         params=proposal.params, rationale=proposal.rationale, blast_radius=proposal.blast_radius,
@@ -90,7 +92,7 @@ def recover(ctx: ToolContext) -> dict[str, Any] | None:
     proposal = service.for_call(ctx.tenant_id, ctx.turn_id, ctx.call_id)
     if proposal is None:
         return None
-    ctx.events.append(_card(proposal, ctx.call_id))
+    ctx.events.append(card(proposal, ctx.call_id))
     return _result(proposal)
 
 
