@@ -191,7 +191,19 @@ async def current_caller(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Security(bearer)] = None,
 ) -> Caller:
-    key = credentials.credentials.strip() if credentials is not None else ""
+    caller: Caller | None = getattr(request.state, "verified", None)
+    if caller is None:  # else verified before the body was read (api/main.py AuthFirst): no second lookup
+        caller = await verify(request, credentials.credentials if credentials is not None else "")
+    # Only here, behind ``allowed``, does the request get a caller: a route without a
+    # permission check finds none (current_tenant) and answers 401, whoever is calling.
+    request.state.caller = caller
+    return caller
+
+
+async def verify(request: Request, key: str) -> Caller:
+    """The caller whose API key is ``key`` (AuthError if none), kept on the request's state as
+    ``verified`` with the ``AuthCache`` generation it was verified under (api/revocation.py)."""
+    key = key.strip()
     if not key:
         raise AuthError("send 'Authorization: Bearer <api key>'")
     cache: AuthCache = request.app.state.auth_cache
@@ -202,7 +214,7 @@ async def current_caller(
     if caller is None:
         caller = await run_in_threadpool(authenticate, request.app.state.kortex, key)
         cache.put(digest, caller)
-    request.state.caller = caller
+    request.state.verified = caller
     request.state.auth_generation = generation
     logcontext.bind(tenant_id=caller.tenant.id)  # the rest of this request's records name its tenant
     return caller

@@ -68,7 +68,9 @@ def install(app: FastAPI) -> None:
             metrics.refused(str((exc.details or {}).get("limit") or exc.code) if isinstance(exc.details, dict)
                             else exc.code)
             wait = getattr(exc, "retry_after", None)
-            headers = {"Retry-After": str(max(1, math.ceil(wait)) if wait is not None else 5)}
+            # inf: waiting never helps (a session's spent tokens), so no Retry-After to obey
+            headers = None if wait == math.inf else {
+                "Retry-After": str(max(1, math.ceil(wait)) if wait is not None else 5)}
         message = exc.message if status < 500 else "a backing service is unavailable; retry shortly"
         return error_response(status, exc.code, message, exc.details if status < 500 else None, headers)
 

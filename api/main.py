@@ -12,18 +12,20 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.security.utils import get_authorization_scheme_param
 from opentelemetry.trace import SpanKind
 from starlette.concurrency import run_in_threadpool
 
 from api import errors, openapi, revocation
-from api.deps import AcceptedTurns, AuthCache, Lanes
+from api.deps import AcceptedTurns, AuthCache, Lanes, verify
 from api.revocation import OpenStreams
 from api.routes import health, ingest, keys, llm, metrics, postmortems, proposals, sessions, tools, turns
 from api.sse import StreamSlots
 from kortex import events, heap, logcontext, logsafe, switching, tracing
 from kortex.config import Settings, load_settings
 from kortex.container import Kortex, redis_factory
+from kortex.errors import KortexError
 from kortex.health import prepare_embedded
 from kortex.stream.hub import StreamHub
 from kortex.turns.handoff import Handoff
@@ -72,6 +74,42 @@ class BodyLimit:
 
 class _TooLarge(Exception):
     pass
+
+
+#: paths behind an API key: every route under it depends on ``api.deps.allowed`` (deny by
+#: default: tests/api/test_roles.py); health, metrics and the docs lie outside
+KEYED_PREFIX = "/v1/"
+
+
+class AuthFirst:
+    """The API key of a request under ``KEYED_PREFIX`` is checked before the route reads its
+    body: FastAPI parses a JSON body before it runs any dependency, so malformed JSON answered
+    422 to a caller with no key or a wrong one. The caller verified here is on the request's
+    state, where ``current_caller`` takes it: still one lookup per key and cache TTL. The role
+    is still the route's dependency to check (which route a path is becomes known only inside
+    FastAPI's routing, which parses the body next), so a key of the tenant with the wrong role
+    may still be told its body is malformed; a stranger is told nothing, not even whether the
+    path exists."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and _route_path(scope).startswith(KEYED_PREFIX):
+            request = Request(scope)
+            scheme, key = get_authorization_scheme_param(request.headers.get("authorization"))
+            try:
+                await verify(request, key if scheme.lower() == "bearer" else "")
+            except KortexError as exc:  # answered as the route's own dependency would have been
+                response = await scope["app"].exception_handlers[KortexError](request, exc)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _route_path(scope: dict[str, Any]) -> str:
+    path, root = scope["path"], scope.get("root_path", "")
+    return path[len(root):] if root and path.startswith(root) else path  # type: ignore[no-any-return]
 
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}\Z")
@@ -181,6 +219,7 @@ def create_app(settings: Settings | None = None, *, dispatch: Callable[[Handoff]
     errors.install(app)
     app.openapi = functools.partial(openapi.build, app)  # type: ignore[method-assign]
 
+    app.add_middleware(AuthFirst)  # inside BodyLimit: a body declared too large is a 413 unread
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
     app.add_middleware(RequestIds)
     app.include_router(health.router)

@@ -1,9 +1,10 @@
 """Keys revoked anywhere stop working in this API process: the keys it verified are forgotten,
 and the event streams they opened end.
 
-kortex/keys.py bumps a counter in Redis whenever a key is revoked or a tenant disabled. Each API
-process reads it about once a second; when it moves, the process forgets every key it had
-verified (``AuthCache``, whose generation moves with it). A key is checked when a request comes
+kortex/keys.py bumps a counter in Redis whenever a key is revoked or a tenant disabled (the
+embedded mode reads the database instead: ``revocation_epoch``). Each API process reads it about
+once a second; when it moves, the process forgets every key it had verified (``AuthCache``,
+whose generation moves with it). A key is checked when a request comes
 in, but an event stream stays open as long as its turn runs, and a post-mortem job's feed for up
 to an hour: so every open stream whose key was last known good under an older generation has
 its key checked again (one query for all of them), and the streams of a key that no longer
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Hashable
 
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
@@ -116,14 +118,14 @@ async def recheck(k: Kortex, cache: AuthCache, streams: OpenStreams) -> int:
 async def watch(k: Kortex, cache: AuthCache, streams: OpenStreams, every: float = 1.0) -> None:
     """Forget verified keys when a key is revoked or a tenant disabled anywhere, and end the open
     streams of such keys: within about ``every`` seconds on every API process."""
-    seen: int | None = None
+    seen: Hashable | None = None
     while True:
         try:
-            epoch = await run_in_threadpool(revocation_epoch, k.redis, k.settings.redis_prefix)
+            epoch = await run_in_threadpool(revocation_epoch, k)
             if seen is not None and epoch != seen:
                 cache.clear()
             seen = epoch
-        except Exception:  # Redis is down: keys still expire from the cache with its TTL
+        except Exception:  # Redis (or the embedded database) is down: keys still expire with the cache's TTL
             log.debug("could not read the key revocation epoch", exc_info=True)
         await recheck(k, cache, streams)  # also after a clear by this process (api/routes/keys.py)
         await asyncio.sleep(every)

@@ -3,26 +3,26 @@
 
 A revocation must stop a key at once, but API processes keep verified keys for a few seconds
 (api/deps.py AuthCache) so that a busy client does not cost a database lookup per request. Each
-change here bumps a counter in Redis (``revocation_epoch``); every API process reads it about
-once a second and forgets the keys it verified when it moves. In the embedded mode (no shared
-Redis) only the process that made the change forgets at once; others within the cache's TTL.
+change here bumps a counter in Redis; every API process reads ``revocation_epoch`` about once a
+second and forgets the keys it verified when it moves. The embedded mode has no Redis shared
+between processes (each has its own in-process store, so `kortex admin revoke-key` could not
+reach `kortex api`'s): there the epoch is read from the database the two share instead.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Hashable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from redis import Redis
 from redis.exceptions import RedisError
 from sqlalchemy import func, select, update
-from sqlalchemy.engine import Row
+from sqlalchemy.engine import Connection, Row
 
-from kortex.access import ROLES, Permission, valid_role
+from kortex.access import DEFAULT_ROLE, ROLES, Permission, valid_role
 from kortex.container import Kortex
 from kortex.errors import Conflict, InvalidInput, NotFound
 from kortex.storage import audit, tenants
@@ -55,13 +55,22 @@ def epoch_key(prefix: str) -> str:
     return f"{prefix}:auth:epoch"
 
 
-def revocation_epoch(redis: Redis, prefix: str) -> int:
-    """The counter that moves whenever a key or tenant stops being valid."""
-    value: Any = redis.get(epoch_key(prefix))
-    return int(value or 0)
+def revocation_epoch(k: Kortex) -> Hashable:
+    """A value that moves whenever a key or tenant stops being valid: Redis' counter, or in the
+    embedded mode the revoked keys and disabled tenants themselves (a few rows there)."""
+    if not k.settings.embedded:
+        value: Any = k.redis.get(epoch_key(k.settings.redis_prefix))
+        return int(value or 0)
+    with k.db.connect() as conn:
+        revoked = conn.execute(select(func.count(), func.max(api_keys.c.revoked_at))
+                               .where(api_keys.c.revoked_at.is_not(None))).one()
+        disabled = conn.execute(select(tenants_table.c.id).where(tenants_table.c.disabled.is_(True))).scalars()
+        return (revoked[0], revoked[1], frozenset(disabled))
 
 
 def _bump(k: Kortex) -> None:
+    if k.settings.embedded:
+        return  # the change itself is the epoch (revocation_epoch): no other process reads this one's store
     try:
         k.redis.incr(epoch_key(k.settings.redis_prefix))
     except RedisError:  # the change is committed; other processes forget the key within the cache TTL
@@ -92,10 +101,25 @@ def create_key(k: Kortex, tenant_id: str, *, name: str = "default", role: str = 
     if len(name) > MAX_KEY_NAME or "\x00" in name:
         raise InvalidInput(f"name must be 1-{MAX_KEY_NAME} characters without NUL")
     with k.db.begin() as conn:
-        issued = tenants.issue_api_key(conn, tenant_id, name=name, role=role)
-        row = conn.execute(select(*_COLUMNS).where(api_keys.c.key_id == issued.key_id)).one()
-        audit.write_entries(conn, [AuditEntry(tenant_id=tenant_id, kind="key_created", subject=issued.key_id,
-                                              ok=True, payload={"by": by, "role": role, "name": name})])
+        return _issue(conn, tenant_id, name=name, role=role, by=by)
+
+
+def create_tenant(k: Kortex, name: str, *, by: str) -> tuple[TenantRecord, KeyInfo, str]:
+    """A new tenant and its first key, an admin one (it can issue the others), with the secret
+    shown once; both audited in the same transaction."""
+    with k.db.begin() as conn:
+        tenant = tenants.create_tenant(conn, name)
+        audit.write_entries(conn, [AuditEntry(tenant_id=tenant.id, kind="tenant_created", subject=tenant.name,
+                                              ok=True, payload={"by": by})])
+        info, secret = _issue(conn, tenant.id, name="default", role=DEFAULT_ROLE, by=by)
+    return tenant, info, secret
+
+
+def _issue(conn: Connection, tenant_id: str, *, name: str, role: str, by: str) -> tuple[KeyInfo, str]:
+    issued = tenants.issue_api_key(conn, tenant_id, name=name, role=role)
+    row = conn.execute(select(*_COLUMNS).where(api_keys.c.key_id == issued.key_id)).one()
+    audit.write_entries(conn, [AuditEntry(tenant_id=tenant_id, kind="key_created", subject=issued.key_id,
+                                          ok=True, payload={"by": by, "role": role, "name": name})])
     return _info(row), issued.key
 
 
@@ -186,5 +210,5 @@ def tenant_by_name(k: Kortex, name: str) -> TenantRecord:
     return tenant
 
 
-__all__ = ["MANAGERS", "Caller", "KeyInfo", "TenantRecord", "authenticate", "create_key", "epoch_key", "list_keys", "revocation_epoch", "revoke_key", "rotate_key",
+__all__ = ["MANAGERS", "Caller", "KeyInfo", "TenantRecord", "authenticate", "create_key", "create_tenant", "epoch_key", "list_keys", "revocation_epoch", "revoke_key", "rotate_key",
            "set_tenant_disabled", "tenant_by_name", "valid_key_ids"]

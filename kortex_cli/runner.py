@@ -290,24 +290,19 @@ def seed_scenario(tenant: str, scenario: str) -> dict[str, int]:
 
 
 def create_tenant_with_key(name: str) -> tuple[str, str]:
+    from kortex import keys
+
     def work(k: Kortex) -> tuple[str, str]:
-        with k.db.begin() as conn:
-            tenant = tenants.create_tenant(conn, name)
-            issued = tenants.issue_api_key(conn, tenant.id)
-        return tenant.id, issued.key
+        tenant, _, secret = keys.create_tenant(k, name, by="cli")
+        return tenant.id, secret
 
     return _with_container(work)
 
 
 def issue_key(name: str, role: str = "admin") -> str:
-    def work(k: Kortex) -> str:
-        with k.db.begin() as conn:
-            tenant = tenants.get_tenant_by_name(conn, name)
-            if tenant is None:
-                raise NotFound(f"no tenant named {name!r}")
-            return (tenants.issue_api_key(conn, tenant.id, role=role)).key
+    from kortex import keys
 
-    return _with_container(work)
+    return _with_container(lambda k: keys.create_key(k, keys.tenant_by_name(k, name).id, role=role, by="cli")[1])
 
 
 def list_keys(name: str) -> list[KeyInfo]:

@@ -17,7 +17,8 @@ from starlette.concurrency import run_in_threadpool
 
 from api.deps import CallerDep, KortexDep, TenantDep, allowed, object_id
 from api.openapi import ERRORS
-from api.revocation import open_stream
+from api.revocation import StreamGate, open_stream
+from api.sse import HeldStream
 from kortex.access import Permission
 from kortex.errors import InvalidInput
 from kortex.postmortems import jobs
@@ -186,8 +187,8 @@ def _after(last_event_id: str | None) -> int:
     return int(last_event_id)
 
 
-def _sse(event: str, event_id: int, data: dict[str, Any]) -> bytes:
-    return f"id: {event_id}\nevent: {event}\ndata: {json.dumps(data, default=str)}\n\n".encode()
+def _sse(event: str, event_id: int, data: dict[str, Any]) -> str:
+    return f"id: {event_id}\nevent: {event}\ndata: {json.dumps(data, default=str)}\n\n"
 
 
 @router.get("/v1/postmortems/{job_id}/events", response_class=StreamingResponse,
@@ -207,34 +208,38 @@ async def job_events(
     after = _after(last_event_id)
     await run_in_threadpool(jobs.view, k, tenant.id, job_id)  # 404 before the stream starts
 
-    async def feed() -> AsyncIterator[bytes]:
+    async def feed(gate: StreamGate) -> AsyncIterator[str]:
         cursor = after
         until = time.monotonic() + MAX_FEED_S
-        gate = open_stream(request)  # here: a feed that never starts has nothing to close
-        try:
-            while time.monotonic() < until and not gate.ended:
-                page = await run_in_threadpool(jobs.progress, k, tenant.id, job_id, cursor)
-                if gate.ended:  # revoked during the read
-                    break
-                for event in page.events:
-                    item = page.items.get(event.item_id) if event.item_id else None
-                    data = ItemOut.of(item).model_dump(mode="json") if item is not None else \
-                        JobOut.of(page.view).model_dump(mode="json")
-                    yield _sse(event.kind, event.seq, data)
-                    cursor = event.seq
-                if page.over:
-                    return
-                if await request.is_disconnected():
-                    return
-                if not page.events:
-                    yield b": keepalive\n\n"
-                    await asyncio.sleep(POLL_S)
-            # A feed held open longer than MAX_FEED_S ends; the client resumes with Last-Event-ID.
-            # One whose key was revoked ends too, and its reconnection is refused.
-        finally:
-            gate.close()
+        while time.monotonic() < until and not gate.ended:
+            page = await run_in_threadpool(jobs.progress, k, tenant.id, job_id, cursor)
+            if gate.ended:  # revoked during the read
+                break
+            for event in page.events:
+                item = page.items.get(event.item_id) if event.item_id else None
+                data = ItemOut.of(item).model_dump(mode="json") if item is not None else \
+                    JobOut.of(page.view).model_dump(mode="json")
+                yield _sse(event.kind, event.seq, data)
+                cursor = event.seq
+            if page.over:
+                return
+            if await request.is_disconnected():
+                return
+            if not page.events:
+                yield ": keepalive\n\n"
+                await asyncio.sleep(POLL_S)
+        # A feed held open longer than MAX_FEED_S ends; the client resumes with Last-Event-ID.
+        # One whose key was revoked ends too, and its reconnection is refused.
 
-    return StreamingResponse(feed(), media_type="text/event-stream", headers=SSE_HEADERS)
+    # A feed holds one of the tenant's stream slots, as a turn's stream does: it polls the
+    # database every second for up to an hour, so the per-tenant cap bounds that load too.
+    gate = open_stream(request)  # closed by HeldStream however the response ends
+    try:
+        return HeldStream(feed(gate), slots=request.app.state.stream_slots, tenant_id=tenant.id, gate=gate,
+                          headers=SSE_HEADERS)
+    except BaseException:  # refused (429): no stream to end
+        gate.close()
+        raise
 
 
 @router.get("/v1/postmortems/{job_id}/documents", response_model=list[PostmortemOut])

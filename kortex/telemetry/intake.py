@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from kortex.budget import Quota
+from kortex.budget import Quota, take_together
 from kortex.container import Kortex
 from kortex.errors import NotFound
 from kortex.telemetry import ingest
@@ -23,16 +23,12 @@ def ingest_batch(k: Kortex, tenant_id: str, kind: str, items: Sequence[Any]) -> 
     prefix = k.settings.redis_prefix
     requests = Quota(k.redis, prefix, "ingest_requests", budget.ingest_requests_per_minute, "ingest requests")
     items_quota = Quota(k.redis, prefix, "ingest_items", budget.ingest_items_per_minute, "ingested items")
-    request_window = requests.take(tenant_id)
-    try:
-        item_window = items_quota.take(tenant_id, len(rows))
-    except BaseException:
-        requests.give_back(tenant_id, request_window)
-        raise
+    # Both or neither: a batch refused for its items never holds a request's count meanwhile.
+    window = take_together(tenant_id, (requests, 1), (items_quota, len(rows)))
     try:
         with k.db.begin() as conn:
             return ingest.write(conn, tenant_id, kind, rows)
     except BaseException:
-        requests.give_back(tenant_id, request_window)
-        items_quota.give_back(tenant_id, item_window, len(rows))
+        requests.give_back(tenant_id, window)
+        items_quota.give_back(tenant_id, window, len(rows))
         raise

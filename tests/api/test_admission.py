@@ -147,3 +147,37 @@ def test_ingest_has_per_tenant_quotas_in_requests_and_items(tight: tuple[TestCli
     assert client.post("/v1/ingest/logs", json={"items": [_log("c")]}, headers=bearer(key)).status_code == 200
     third = client.post("/v1/ingest/logs", json={"items": [_log("d")]}, headers=bearer(key))
     assert third.status_code == 429 and third.json()["error"]["details"] == {"limit": "ingest_requests"}
+
+
+PRICED = {"providers": {"scripted": {"prices": {"costly": {"input": 1_000_000, "output": 1_000_000}}}}}
+
+
+def test_a_spent_day_says_to_retry_at_midnight_utc(harness_factory: Any) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    h = harness_factory(llm={**PRICED, "budget": {"daily_usd_limit": 1000}})
+    tenant = h.tenant("acme")
+    h.ask(tenant, "go", model="scripted:costly")  # $1200 of a $1000 day
+    with _client(h) as client:
+        key = h.api_key(tenant)
+        session = client.post("/v1/sessions", json={}, headers=bearer(key)).json()["id"]
+        refused = client.post(f"/v1/sessions/{session}/messages", json={"content": "more"}, headers=bearer(key))
+    assert refused.status_code == 429 and refused.json()["error"]["details"] == {"limit": "daily_usd"}
+    now = datetime.now(UTC)
+    midnight = (now + timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0)
+    assert abs(int(refused.headers["Retry-After"]) - (midnight - now).total_seconds()) < 5
+
+
+def test_a_session_past_its_token_cap_gets_no_retry_after(harness_factory: Any) -> None:
+    from kortex.turns import chat
+
+    h = harness_factory(llm={"budget": {"per_session_token_cap": 1000}})
+    tenant = h.tenant("acme")
+    session = chat.create_session(h.k, tenant, "s", "scripted:costly")
+    h.ask(tenant, "go", session_id=session.id)  # 1200 tokens
+    with _client(h) as client:
+        refused = client.post(f"/v1/sessions/{session.id}/messages", json={"content": "more"},
+                              headers=bearer(h.api_key(tenant)))
+    assert refused.status_code == 429 and refused.json()["error"]["details"] == {"limit": "session_tokens"}
+    assert "start a new session" in refused.json()["error"]["message"]
+    assert "Retry-After" not in refused.headers  # waiting never helps: nothing to retry after

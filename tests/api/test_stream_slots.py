@@ -87,3 +87,35 @@ def test_a_tenant_past_its_open_stream_cap_gets_429_and_a_closed_stream_frees_it
         _wait(lambda: slots.open(tenant_a) == 1)  # the server noticed the client leave
         assert open_stream(key_a, events_a).status_code == 200
     _wait(lambda: slots.open(tenant_a) == 0 and slots.open(h.tenant("b")) == 0)
+
+
+def _gauge(url: str) -> float:
+    scraped = httpx.get(f"{url}/metrics").text
+    return float(next(line.split()[-1] for line in scraped.splitlines()
+                      if line.startswith("kortex_sse_streams_open")))
+
+
+def test_post_mortem_feeds_share_the_tenants_stream_cap_and_are_counted_open(server) -> None:
+    url, app, h = server
+    tenant = h.tenant("a")
+    h.seed(tenant, "incident-archive")
+    key = h.api_key(tenant)
+    auth = {"Authorization": f"Bearer {key}"}
+    job = httpx.post(f"{url}/v1/postmortems", json={"incident_ids": ["INC-1101"]}, headers=auth)
+    assert job.status_code == 202, job.text
+    feed, events = f"/v1/postmortems/{job.json()['job_id']}/events", _turn(url, key)
+    before = _gauge(url)
+    with httpx.Client(base_url=url, timeout=10) as client, contextlib.ExitStack() as stack:
+        first = stack.enter_context(client.stream("GET", feed, headers=auth))  # never run: stays open
+        assert first.status_code == 200 and _gauge(url) == before + 1
+        turn = stack.enter_context(client.stream("GET", events, headers=auth))
+        assert turn.status_code == 200  # the cap is 2: one feed and one turn stream
+        for path in (feed, events):
+            refused = client.get(path, headers=auth)
+            assert refused.status_code == 429 and refused.json()["error"]["code"] == "rate_limited", path
+        assert _gauge(url) == before + 2
+        first.close()
+        _wait(lambda: app.state.stream_slots.open(tenant) == 1)
+        second = stack.enter_context(client.stream("GET", feed, headers=auth))
+        assert second.status_code == 200
+    _wait(lambda: app.state.stream_slots.open(tenant) == 0 and _gauge(url) == before)

@@ -67,3 +67,41 @@ def test_the_concurrent_turn_cap_holds_under_concurrent_posts(pg: Harness) -> No
         # (test_metrics counts the turns that finish): they end with this test.
         for posted in admitted:
             cancel(pg.k, tenant, posted.turn.id, by="test")
+
+
+def test_a_batch_that_can_never_fit_takes_nothing_from_concurrent_ones_that_do(redis_prefix: str) -> None:
+    """A refused take is never counted, not even for an instant (one Lua script)."""
+    import redis
+
+    from kortex.budget import Quota
+    from tests.integration.conftest import REDIS_URL
+
+    client = redis.Redis.from_url(REDIS_URL)
+    quota = Quota(client, redis_prefix, "ingest_items", 100, "ingested items")
+    stop = threading.Event()
+    oversize: list[Any] = []
+
+    def too_big() -> None:
+        while not stop.is_set():
+            try:
+                oversize.append(quota.take("racing", 150))
+            except RateLimited as exc:
+                oversize.append(exc)
+
+    racers = [threading.Thread(target=too_big) for _ in range(2)]
+    for t in racers:
+        t.start()
+    refused = 0
+    try:
+        for _ in range(500):
+            try:
+                quota.give_back("racing", quota.take("racing", 1))
+            except RateLimited:
+                refused += 1
+    finally:
+        stop.set()
+        for t in racers:
+            t.join(10)
+        client.close()
+    assert oversize and all(isinstance(o, RateLimited) for o in oversize)
+    assert refused == 0

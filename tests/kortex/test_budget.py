@@ -79,3 +79,23 @@ def test_the_day_of_spend_matches_the_audit_trail(harness_factory) -> None:
         day = conn.execute(select(tenant_spend).where(tenant_spend.c.tenant_id == tenant)).one()
     assert day.cost_usd == pytest.approx(audited) == pytest.approx(2 * (1200 + 1050))
     assert day.llm_calls == 4
+
+
+def test_quotas_count_all_or_nothing_in_the_embedded_store() -> None:
+    from kortex.budget import Quota, take_together
+    from kortex.stream.embedded import embedded_redis
+
+    redis = embedded_redis()
+    requests = Quota(redis, "budget-test", "ingest_requests", 2, "ingest requests")
+    items = Quota(redis, "budget-test", "ingest_items", 3, "ingested items")
+    with pytest.raises(RateLimited) as refused:
+        take_together("acme", (requests, 1), (items, 4))  # past the items: neither counted
+    assert refused.value.details == {"limit": "ingest_items"} and refused.value.retry_after
+    take_together("acme", (requests, 1), (items, 2))
+    take_together("acme", (requests, 1), (items, 1))
+    with pytest.raises(RateLimited) as refused:
+        take_together("acme", (requests, 1), (items, 0))
+    assert refused.value.details == {"limit": "ingest_requests"}
+    window = items.take("other", 3)  # per tenant
+    items.give_back("other", window, 3)
+    assert items.take("other", 3) == window

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 from pathlib import Path
@@ -56,6 +57,25 @@ def test_create_tenant_prints_a_working_key_once(home: Path) -> None:
     assert sorted(r for _, r in roles) == ["admin", "chat", "operator"]  # the tenant's first key: admin
     bad = runner.invoke(app, ["admin", "create-key", "acme", "--role", "root"])
     assert bad.exit_code == 2 and "unknown role" in bad.output  # a usage error
+
+
+def test_tenants_and_keys_made_with_the_cli_are_audited_without_their_secrets(home: Path) -> None:
+    runner = CliRunner()
+    made = runner.invoke(app, ["admin", "create-tenant", "acme"], catch_exceptions=False)
+    first = made.output.strip().splitlines()[-1]
+    more = runner.invoke(app, ["admin", "create-key", "acme", "--role", "ingest"], catch_exceptions=False)
+    second = more.output.strip()
+    from sqlalchemy import create_engine, text
+    engine = create_engine(f"sqlite:///{home / 'kortex.db'}")
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT kind, subject, payload FROM decisions ORDER BY created_at")).all()
+    engine.dispose()
+    assert [(kind, subject) for kind, subject, _ in rows] == [
+        ("tenant_created", "acme"), ("key_created", first.split("_")[1]), ("key_created", second.split("_")[1])]
+    assert [json.loads(p) for *_, p in rows] == [{"by": "cli"}, {"by": "cli", "role": "admin", "name": "default"},
+                                                 {"by": "cli", "role": "ingest", "name": "default"}]
+    for key in (first, second):
+        assert not any(key.split("_")[2] in str(row) for row in rows)  # no secret in any audit row
 
 
 def test_worker_refuses_to_start_without_redis(home: Path) -> None:

@@ -168,3 +168,19 @@ def test_url_without_a_key_is_a_usage_error(args: list[str]) -> None:
     result = CliRunner().invoke(app, [*args, "--url", "http://127.0.0.1:9"])
     assert result.exit_code == 2 and result.stdout == ""
     assert "--api-key (or KORTEX_API_KEY) is required with --url" in result.stderr
+
+
+def test_a_key_revoked_with_the_cli_stops_working_on_the_embedded_api_within_seconds(api: Api) -> None:
+    cli = [sys.executable, "-m", "kortex_cli.main", "admin"]
+    base = Path(api.env["KORTEX_HOME"]).parent
+    made = subprocess.run([*cli, "create-key", "acme"], env=api.env, capture_output=True, text=True, check=True,
+                          cwd=base)
+    key = made.stdout.strip()
+    headers = {"Authorization": f"Bearer {key}"}
+    assert httpx.get(f"{api.url}/v1/tools", headers=headers).status_code == 200  # verified and cached
+    subprocess.run([*cli, "revoke-key", "acme", key.split("_")[1]], env=api.env, capture_output=True, check=True,
+                   cwd=base)
+    start = time.monotonic()
+    while httpx.get(f"{api.url}/v1/tools", headers=headers).status_code != 401:
+        assert time.monotonic() - start < 5, "the revoked key still works (the cache holds keys for 30 s)"
+        time.sleep(0.1)
