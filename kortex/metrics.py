@@ -16,13 +16,22 @@ scraped adds them up. A dead child's live gauges are dropped (``child_exited``).
 
 from __future__ import annotations
 
+import hmac
 import os
-from collections.abc import Callable, Iterable
+import socket
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 from prometheus_client import multiprocess as _mp
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
@@ -89,22 +98,23 @@ def watchdog(actions: dict[str, int]) -> None:
 
 
 class QueueDepth(Collector):
-    """Each queue's depth, read from the broker when Prometheus scrapes (the process that runs
-    it, ``kortex beat``, already holds a broker connection)."""
+    """Each queue's depth, read from the broker when Prometheus scrapes (``kortex beat``).
 
-    def __init__(self, depth: Callable[[str], int | None], queues: Iterable[str]) -> None:
-        self._depth = depth
-        self._queues = list(queues)
+    ``read`` returns every queue's depth at once and must give up quickly (workers/dispatch.py
+    ``CeleryQueue.depths``): a scrape waits for it. When it fails the scrape has no depth at
+    all, rather than a stale figure that would read as current."""
+
+    def __init__(self, read: Callable[[], Mapping[str, int]]) -> None:
+        self._read = read
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
         family = GaugeMetricFamily("kortex_queue_depth", "Messages waiting in each queue", labels=["queue"])
-        for queue in self._queues:
-            try:
-                depth = self._depth(queue)
-            except Exception:  # the broker is down: the scrape goes on without this figure
-                depth = None
-            if depth is not None:
-                family.add_metric([queue], float(depth))
+        try:
+            depths = self._read()
+        except Exception:  # the broker is down: the scrape goes on without these figures
+            depths = {}
+        for queue, depth in depths.items():
+            family.add_metric([queue], float(depth))
         yield family
 
 
@@ -123,15 +133,47 @@ def child_exited(pid: int) -> None:
         _mp.mark_process_dead(pid)  # type: ignore[no-untyped-call]
 
 
-def serve(port: int, host: str = "0.0.0.0", extra: Iterable[Collector] = ()) -> None:
-    """An HTTP endpoint for Prometheus on a thread of this process (workers, beat)."""
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """No line per scrape."""
+
+
+def _bearer(app: WSGIApplication, token: str) -> WSGIApplication:
+    """``app`` for callers that send ``Authorization: Bearer <token>``; 401 for the others."""
+    expected = token.encode()
+
+    def guarded(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        scheme, _, given = environ.get("HTTP_AUTHORIZATION", "").partition(" ")
+        # WSGI hands headers over as latin-1 text; bytes compare whatever a caller sent.
+        if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode("latin-1", "replace"), expected):
+            return app(environ, start_response)
+        start_response("401 Unauthorized", [("Content-Type", "text/plain; charset=utf-8"),
+                                            ("WWW-Authenticate", 'Bearer realm="metrics"')])
+        return [b"send 'Authorization: Bearer <metrics token>'\n"]
+
+    return guarded
+
+
+def serve(port: int, host: str = "0.0.0.0", extra: Iterable[Collector] = (),
+          token: str | None = None) -> WSGIServer:
+    """An HTTP endpoint for Prometheus on a thread of this process (workers, beat). With a
+    ``token`` (``[metrics] token``) a scrape must send ``Authorization: Bearer <token>``, as the
+    API's ``/metrics`` requires: these ports listen on every address."""
     merged = registry()
     if merged is None:
         from prometheus_client import REGISTRY
         merged = REGISTRY
     for collector in extra:
         merged.register(collector)
-    start_http_server(port, addr=host, registry=merged)
+    app = make_wsgi_app(merged)
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+
+    class Server(ThreadingWSGIServer):
+        address_family = family
+
+    server = make_server(host, port, _bearer(app, token) if token else app, Server, handler_class=_Quiet)
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    return server
 
 
 __all__ = ["MULTIPROC_ENV", "QueueDepth", "child_exited", "llm_call", "refused",

@@ -26,7 +26,9 @@ pool.install()
 
 
 def make_celery(settings: Settings) -> Celery:
-    app = Celery("kortex", broker=settings.effective_broker_url, include=["workers.tasks"])
+    # events: a task-event dispatcher the threads pool's threads can share (workers/pool.py)
+    app = Celery("kortex", broker=settings.effective_broker_url, include=["workers.tasks"],
+                 events="workers.pool:Events")
     broker = settings.effective_broker_url
     transport: dict[str, object] = {}
     transport_class: str | None = None
@@ -124,8 +126,9 @@ def _serve_metrics(sender: Any = None, **_: Any) -> None:
     if port:
         from kortex import metrics
 
+        token = app.conf.kortex_settings.metrics.token
         try:
-            metrics.serve(int(port))
+            metrics.serve(int(port), token=token.get_secret_value() if token is not None else None)
         except OSError as exc:
             # Celery logs a receiver's exception and starts anyway: a worker without the metrics
             # it was asked for would go unnoticed. SystemExit passes Celery's signal dispatch.

@@ -39,10 +39,10 @@ def run(settings: Settings, stop: threading.Event | None = None, alive_file: Pat
     if metrics_port is not None:  # first: a port it cannot serve on stops it before it starts anything
         from kortex import metrics
 
-        queues = {"turns": "steps", "tools": "tools"}
         try:
-            metrics.serve(metrics_port, extra=[metrics.QueueDepth(
-                lambda name: queue.backlog(queues[name]), queues)])  # type: ignore[arg-type]
+            token = settings.metrics.token
+            metrics.serve(metrics_port, extra=[metrics.QueueDepth(queue.depths)],
+                          token=token.get_secret_value() if token is not None else None)
         except OSError as exc:
             raise ConfigError(f"cannot serve metrics on --metrics-port {metrics_port}: {exc.strerror or exc}") from exc
     k = runtime.kortex(settings)

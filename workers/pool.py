@@ -12,19 +12,28 @@ results arrive on pipes the loop watches. This pool gives the threads pool one t
 
 ``workers/app.py`` installs it as what ``-P threads`` names, for ``kortex worker`` and for
 ``celery -A workers.app worker`` alike.
+
+Its tasks also send their events (started, succeeded: what Flower shows) from their own
+threads, into a buffer Celery's event dispatcher assumes only the loop touches; ``Events``
+gives the app a dispatcher that locks it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
 from celery import concurrency
+from celery.app.events import Events as CeleryEvents
 from celery.concurrency.base import apply_target
 from celery.concurrency.thread import ApplyResult
 from celery.concurrency.thread import TaskPool as ThreadTaskPool
+from celery.events import dispatcher
+from celery.events.event import Event, group_from
+from celery.utils.time import utcoffset
 
 
 class TaskPool(ThreadTaskPool):
@@ -72,6 +81,54 @@ class TaskPool(ThreadTaskPool):
         for fd in (self._wake_r, self._wake_w):
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+class EventDispatcher(dispatcher.EventDispatcher):
+    """Celery's, with its task-event buffer shared safely between threads.
+
+    A worker with an event loop buffers task events and the loop flushes them. Celery appends
+    to the buffer without the dispatcher's lock, and its flush publishes the buffer and then
+    empties it: an event a pool thread appended during that publish was dropped. A step task
+    ends within a millisecond, so its started and succeeded events nearly always landed in the
+    flush of its received event: Flower showed most step tasks RECEIVED for ever. Here the
+    append and the taking of the buffer hold the lock, and a flush publishes what it took."""
+
+    def send(self, type: str, blind: bool = False, utcoffset: Callable[[], float] = utcoffset,
+             retry: bool = False, retry_policy: Any = None, Event: Any = Event, **fields: Any) -> Any:
+        group = group_from(type)
+        if not self.enabled or group not in self.buffer_group or (self.groups and group not in self.groups):
+            return super().send(type, blind=blind, utcoffset=utcoffset, retry=retry, retry_policy=retry_policy,
+                                Event=Event, **fields)
+        event = Event(type, hostname=self.hostname, utcoffset=utcoffset(), pid=self.pid,
+                      clock=self.clock.forward(), **fields)
+        with self.mutex:
+            buffer = self._group_buffer[group]
+            buffer.append(event)
+            full = len(buffer) >= self.buffer_limit
+        if full:
+            self.flush()
+        elif self.on_send_buffered:
+            self.on_send_buffered()
+        return None
+
+    def flush(self, errors: bool = True, groups: bool = True) -> None:
+        with self.mutex:
+            if errors:
+                for event, routing_key, _ in list(self._outbound_buffer):
+                    self._publish(event, self.producer, routing_key)
+                self._outbound_buffer.clear()  # as Celery's: what failed twice is dropped, not piled up
+            if groups:
+                taken = self._group_buffer
+                self._group_buffer: defaultdict[str, list[Any]] = defaultdict(list)
+                for group, events in taken.items():
+                    if events:
+                        self._publish(events, self.producer, f"{group}.multi")
+
+
+class Events(CeleryEvents):
+    """``app.events`` with the dispatcher above (``Celery(events=...)``, workers/app.py)."""
+
+    dispatcher_cls = "workers.pool:EventDispatcher"
 
 
 def install() -> None:

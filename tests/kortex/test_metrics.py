@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx
+import pytest
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 
 from kortex import metrics
@@ -68,21 +70,42 @@ def test_the_watchdog_s_actions_and_refusals_are_counted_by_kind() -> None:
     assert _value("kortex_budget_refusals_total", limit="max_concurrent_turns_per_tenant") == refused + 1
 
 
-def test_queue_depth_is_read_at_scrape_and_a_broker_outage_leaves_it_out() -> None:
-    depths: dict[str, Any] = {"turns": 7, "tools": 0}
+def test_queue_depth_is_read_at_scrape_and_a_broker_outage_leaves_every_queue_out() -> None:
+    depths: dict[str, Any] = {"turns": 7, "tools": 0, "batch": 2}
 
-    def depth(queue: str) -> int:
-        if depths[queue] is None:
+    def read() -> dict[str, int]:
+        if depths["turns"] is None:
             raise ConnectionError("broker down")
-        return int(depths[queue])
+        return {queue: int(depth) for queue, depth in depths.items()}
 
     registry = CollectorRegistry()
-    registry.register(metrics.QueueDepth(depth, ["turns", "tools"]))
+    registry.register(metrics.QueueDepth(read))
     text = generate_latest(registry).decode()
     assert 'kortex_queue_depth{queue="turns"} 7.0' in text and 'kortex_queue_depth{queue="tools"} 0.0' in text
-    depths["turns"] = None
+    assert 'kortex_queue_depth{queue="batch"} 2.0' in text
+    depths["turns"] = None  # missing, not the last figure read as if it were current
     text = generate_latest(registry).decode()
-    assert 'queue="turns"' not in text and 'kortex_queue_depth{queue="tools"} 0.0' in text
+    assert "kortex_queue_depth{" not in text
+
+
+@pytest.mark.parametrize("token", [None, "s3cret-tøken"])
+def test_the_metrics_port_requires_the_bearer_token_when_one_is_set(token: str | None) -> None:
+    server = metrics.serve(0, host="127.0.0.1", token=token)
+    url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    try:
+        bare = httpx.get(url, timeout=5)
+        if token is None:
+            assert bare.status_code == 200 and "kortex_turns_started_total" in bare.text
+            return
+        assert bare.status_code == 401 and bare.headers["www-authenticate"].startswith("Bearer")
+        assert "kortex_" not in bare.text
+        for wrong in ("Bearer nope", f"Basic {token}", "Bearer", f"Bearer {token}x", "Bearer \xff"):
+            assert httpx.get(url, headers={"Authorization": wrong.encode("latin-1")}, timeout=5).status_code == 401
+        right = httpx.get(url, headers={"Authorization": f"Bearer {token}".encode()}, timeout=5)
+        assert right.status_code == 200 and "kortex_turns_started_total" in right.text
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_the_grafana_dashboard_only_charts_metrics_kortex_has() -> None:

@@ -73,6 +73,36 @@ def test_threads_names_the_waking_pool_once_the_app_is_loaded() -> None:
     assert celery.concurrency.get_implementation("threads") is pool.TaskPool
 
 
+def test_a_task_event_sent_while_the_loop_flushes_the_buffer_is_published_not_dropped(tmp_path: Path) -> None:
+    """The race behind step tasks RECEIVED for ever in Flower: the loop's flush publishes the
+    buffer while a pool thread's task ends and sends its event into it."""
+    from tests.conftest import make_settings
+    from workers.app import make_celery
+
+    app = make_celery(make_settings(tmp_path, f"sqlite:///{tmp_path / 'kortex.db'}"))  # our app's dispatcher
+    published: list[tuple[str, Any]] = []
+    senders: list[threading.Thread] = []
+    with app.connection_for_write() as conn:
+        events = app.events.Dispatcher(conn, hostname="w@h", buffer_group=["task"])
+
+        class Producer:
+            def publish(self, body: Any, routing_key: str, **_: Any) -> None:
+                published.append((routing_key, list(body)))  # serialized as it is sent
+                if len(senders) == 0:  # during the flush's round trip, a task ends on its thread
+                    sender = threading.Thread(target=events.send, args=("task-succeeded",), kwargs={"uuid": "s"})
+                    senders.append(sender)
+                    sender.start()
+                    sender.join(0.2)  # it waits for the flush (ours), or is lost in it (Celery's)
+
+        events.producer = Producer()
+        events.send("task-received", uuid="s")
+        events.flush()
+        senders[0].join(5)
+        events.flush()
+    assert [(key, e["type"]) for key, body in published for e in body] == [
+        ("task.multi", "task-received"), ("task.multi", "task-succeeded")]
+
+
 @pytest.mark.integration
 def test_a_worker_with_a_full_window_takes_each_next_message_as_the_last_task_ends(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
