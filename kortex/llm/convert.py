@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -87,16 +88,40 @@ def wire_id(call_id: str) -> str:
     return "call_" + hashlib.sha256(call_id.encode()).hexdigest()[:24]
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e400: past a double, PostgreSQL's jsonb refuses it
+        raise ValueError(f"{text} is out of range")
+    return value
+
+
+def load_arguments(text: str) -> Any:
+    """Tool-call argument text as JSON, strictly: ``NaN``, ``Infinity`` and numbers beyond a
+    double are refused (ValueError) like any invalid JSON. json.loads takes them, and then no
+    PostgreSQL jsonb column would store the call: the whole step would fail instead of the one
+    call the model can correct."""
+    try:
+        return json.loads(text, parse_constant=_no_constant, parse_float=_finite)
+    except RecursionError as exc:  # nested past the interpreter's limit: not arguments either
+        raise ValueError("nested too deeply") from exc
+
+
 def parse_arguments(call_id: str, name: str, raw: str | dict[str, Any] | None) -> ToolCall:
     """Assembled argument text to a call; invalid JSON (or not an object) becomes a call the
-    pipeline answers with an ``invalid_json`` error the model can correct (tool-use-spec §8)."""
+    pipeline answers with an ``invalid_json`` error the model can correct (tool-use-spec §8).
+    Arguments that came parsed (a vendor's JSON object) are checked as the step reads them
+    (kortex/turns/consume.py), for every provider at once."""
     if isinstance(raw, dict):
         return ToolCall(id=call_id, name=name, arguments=raw)
     text = (raw or "").strip()
     if not text:
         return ToolCall(id=call_id, name=name, arguments={})
     try:
-        parsed = json.loads(text)
+        parsed = load_arguments(text)
     except ValueError:
         return ToolCall(id=call_id, name=name, arguments={}, arguments_error="invalid_json")
     if not isinstance(parsed, dict):

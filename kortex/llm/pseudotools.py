@@ -14,7 +14,7 @@ from typing import Any
 
 from kortex.ids import new_call_id
 from kortex.llm.base import ToolSchema
-from kortex.llm.convert import from_user_turn, result_text
+from kortex.llm.convert import from_user_turn, load_arguments, result_text
 from kortex.messages import AssistantMessage, Message, ToolCall, ToolMessage, UserMessage
 
 OPEN = "<<TOOL"
@@ -130,7 +130,7 @@ def _call(name: str, raw: str | None) -> ToolCall:
     if raw is None:
         return ToolCall(id=new_call_id(), name=name, arguments={})
     try:
-        parsed = json.loads(raw)
+        parsed = load_arguments(raw)
     except ValueError:
         parsed = None
     if not isinstance(parsed, dict):

@@ -19,7 +19,6 @@ text, so text-then-failure is a mid-stream error) or
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -39,6 +38,7 @@ from kortex.llm.base import (
     TokenUsage,
     ToolCallChunk,
 )
+from kortex.llm.convert import load_arguments
 from kortex.messages import AssistantMessage, ToolCall, UserMessage
 from kortex.prompts import REGROUND_MARK
 
@@ -163,7 +163,7 @@ def _to_call(call: ScriptCall, step: int, index: int) -> ToolCall:
     call_id = call.id or f"call_s{step}_{index}"
     if call.arguments_raw is not None:
         try:
-            parsed = json.loads(call.arguments_raw)
+            parsed = load_arguments(call.arguments_raw)
         except ValueError:
             return ToolCall(id=call_id, name=call.name, arguments={}, arguments_error="invalid_json")
         if not isinstance(parsed, dict):

@@ -2,11 +2,13 @@
 calls with ids unique in the conversation, its final chunk; a warning becomes a notice event
 (a slow first token, an anomaly and its fallback). The read races the step's hold, so a lost
 lease or a stopping process ends it at once; an answer longer than ``llm.max_answer_chars``
-ends it too, as a failure."""
+ends it too, as a failure. What the model wrote enters Kortex here, for every provider: made
+storable first (no NUL, no NaN), so PostgreSQL never refuses the step's closing transaction."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +19,7 @@ from kortex.llm.base import DoneChunk, TextChunk, ToolCallChunk, WarningChunk
 from kortex.llm.router import RoutedStream
 from kortex.messages import AssistantMessage, Message, ToolCall
 from kortex.stream.store import StepPublisher
+from kortex.text import NUL, without_nul
 from kortex.turns.anomalies import Anomaly
 from kortex.turns.notes import Notes
 
@@ -35,6 +38,7 @@ def unique_calls(calls: list[ToolCall], taken: set[str]) -> tuple[ToolCall, ...]
     seen = set(taken)
     out = []
     for call in calls:
+        call = storable(call)
         if not call.id or call.id in seen or len(call.id) > 200:
             call = call.model_copy(update={"id": new_call_id()})
         if len(call.name) > 200:
@@ -42,6 +46,35 @@ def unique_calls(calls: list[ToolCall], taken: set[str]) -> tuple[ToolCall, ...]
         seen.add(call.id)
         out.append(call)
     return tuple(out)
+
+
+def storable(call: ToolCall) -> ToolCall:
+    """``call`` as PostgreSQL stores it. NULs in its name and argument strings (keys too) become
+    U+FFFD; an id with one is dropped (a new one is given). A non-finite number (NaN, infinity,
+    which a vendor's parsed JSON may hold) makes the arguments ``invalid_json``, as bad JSON
+    text does (kortex/llm/convert.py): the model corrects that call, the step goes on."""
+    update: dict[str, Any] = {}
+    if NUL in call.id:
+        update["id"] = ""
+    if NUL in call.name:
+        update["name"] = without_nul(call.name)
+    try:
+        update["arguments"] = _storable(call.arguments)
+    except (ValueError, RecursionError):
+        update.update(arguments={}, arguments_error="invalid_json")
+    return call.model_copy(update=update)
+
+
+def _storable(value: Any) -> Any:
+    if isinstance(value, str):
+        return without_nul(value)
+    if isinstance(value, dict):
+        return {without_nul(k) if isinstance(k, str) else k: _storable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_storable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError("not a finite number")
+    return value
 
 
 def _too_long(routed: RoutedStream, limit: int) -> ProviderError:
@@ -68,13 +101,16 @@ async def consume(
         async with aclosing(routed.stream()) as chunks:  # type: ignore[type-var]
             async for chunk in chunks:
                 if isinstance(chunk, TextChunk):
-                    size += len(chunk.text)
+                    piece = chunk.text
+                    size += len(piece)
                     if size > limit:
                         # Leaving the loop closes the vendor's stream: a provider that ignores
                         # max_tokens (or never stops) is cut off here, not at the step's time limit.
                         raise _too_long(routed, limit)
-                    text.append(chunk.text)
-                    publisher.text(chunk.text)
+                    if NUL in piece:  # streamed and stored alike, or the answer could not be kept
+                        piece = without_nul(piece)
+                    text.append(piece)
+                    publisher.text(piece)
                 elif isinstance(chunk, ToolCallChunk):
                     calls.append(chunk.call)
                 elif isinstance(chunk, WarningChunk) and chunk.code == "latency_spike" and notes is not None:
@@ -111,4 +147,4 @@ async def consume(
     return "".join(text), unique_calls(calls, taken), done
 
 
-__all__ = ["call_ids", "consume", "unique_calls"]
+__all__ = ["call_ids", "consume", "storable", "unique_calls"]

@@ -48,3 +48,15 @@ def test_unknown_scripts_and_bad_names_are_errors(tmp_path) -> None:
     (tmp_path / "x.json").write_text('{"steps": [{"text": ["hi"]}]}')
     assert p.script("x").steps[0].text == ["hi"]
     assert "x" in [m.id for m in p.models()]
+
+
+def test_raw_arguments_with_nan_or_an_overflowing_number_are_invalid_json() -> None:
+    script = Script.model_validate({"steps": [{"tool_calls": [
+        {"id": "nan", "name": "t", "arguments_raw": '{"x": NaN}'},
+        {"id": "inf", "name": "t", "arguments_raw": '{"x": -Infinity}'},
+        {"id": "big", "name": "t", "arguments_raw": '{"x": 1e400}'},
+        {"id": "ok", "name": "t", "arguments_raw": '{"x": 1e300}'}]}]})
+    chunks = _collect(ScriptedProvider({"s": script}), [UserMessage(content="q")])
+    calls = {c.call.id: c.call for c in chunks if isinstance(c, ToolCallChunk)}
+    assert [calls[i].arguments_error for i in ("nan", "inf", "big", "ok")] == ["invalid_json"] * 3 + [None]
+    assert calls["ok"].arguments == {"x": 1e300}

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 import pytest
 
 from kortex.errors import ProviderError
+from kortex.llm.convert import load_arguments, parse_arguments
 from kortex.llm.pseudotools import MarkerParser, to_plain_messages
 from kortex.llm.retry import RetryPolicy, parse_retry_after
 from kortex.llm.wire import dumps, loads, ndjson_lines, sse_events
@@ -151,6 +152,26 @@ def test_garbled_or_unfinished_markers() -> None:
     [cut] = _feed(MarkerParser(), "<<TOOL name=\"get_logs\" args='{\"product\":")
     assert isinstance(cut, ToolCall) and cut.arguments_error == "invalid_json"
     assert _feed(MarkerParser(), "a << b <<TOO") == ["a << b ", "<<TOO"]  # never a marker
+
+
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity", "1e400", "-1e400"])
+def test_arguments_with_numbers_jsonb_cannot_hold_are_invalid_json(value: str) -> None:
+    # json.loads reads these (as float nan/inf); PostgreSQL's jsonb then refuses the whole step.
+    text = f'{{"product": "checkout", "limit": {value}}}'
+    call = parse_arguments("c1", "get_logs", text)
+    assert (call.arguments, call.arguments_error) == ({}, "invalid_json")
+    [marked] = [i for i in _feed(MarkerParser(), f"<<TOOL name=\"get_logs\" args='{text}'>>")
+                if isinstance(i, ToolCall)]
+    assert (marked.arguments, marked.arguments_error) == ({}, "invalid_json")
+    with pytest.raises(ValueError):
+        load_arguments(f"[{value}]")
+
+
+def test_strict_arguments_keep_every_finite_number_and_big_integer() -> None:
+    call = parse_arguments("c1", "get_logs", '{"a": 1.5e300, "b": -0.0, "c": 123456789012345678901234567890}')
+    assert call.arguments == {"a": 1.5e300, "b": -0.0, "c": 123456789012345678901234567890}
+    assert call.arguments_error is None
+    assert parse_arguments("c1", "x", "[" * 100_000).arguments_error == "invalid_json"  # not a RecursionError
 
 
 def test_pseudo_tool_history_writes_calls_as_markers_and_results_as_user_text() -> None:

@@ -65,3 +65,17 @@ def test_an_answer_of_exactly_the_cap_is_kept(harness_factory, fake: FakeLLM) ->
     turn = h.ask(tenant, "why?")
     assert turn.status == "done"
     assert [len(m.content) for m in h.messages(tenant, turn.session_id) if m.role == "assistant"] == [CAP]
+
+
+def test_calls_are_made_storable_whatever_provider_built_them() -> None:
+    from kortex.messages import ToolCall
+    from kortex.turns.consume import unique_calls
+
+    nul, nan, deep = unique_calls([
+        ToolCall(id="c\u0000", name="get\u0000logs", arguments={"k\u0000": ["a\u0000", {"b": "\u0000"}], "n": 1.5}),
+        ToolCall(id="c2", name="get_logs", arguments={"x": [float("-inf")]}),
+        ToolCall(id="c3", name="get_logs", arguments={"x": {"y": float("nan")}})], set())
+    assert "\u0000" not in nul.id and nul.name == "get\ufffdlogs"
+    assert nul.arguments == {"k\ufffd": ["a\ufffd", {"b": "\ufffd"}], "n": 1.5} and nul.arguments_error is None
+    assert (nan.arguments, nan.arguments_error) == ({}, "invalid_json")
+    assert (deep.arguments, deep.arguments_error) == ({}, "invalid_json")
