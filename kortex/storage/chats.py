@@ -7,7 +7,7 @@ from dataclasses import asdict
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, bindparam, delete, func, literal, select, tuple_
+from sqlalchemy import ColumnElement, bindparam, delete, func, literal, select, tuple_, update
 from sqlalchemy.engine import Connection
 
 from kortex.errors import Conflict, NotFound
@@ -66,9 +66,16 @@ def delete_session(conn: Connection, tenant_id: str, session_id: str) -> list[st
     """Delete a session with its turns, messages and tool calls (the foreign keys cascade) and
     any events kept for them; audit rows and proposals stay. Returns the deleted turns' ids
     (their Redis streams are the caller's to drop). A session with a turn still active is a
-    Conflict: the session's row lock, taken first, orders this against a post to it."""
-    locked = conn.execute(select(chat_sessions.c.id).where(
-        chat_sessions.c.id == session_id, chat_sessions.c.tenant_id == tenant_id).with_for_update()).first()
+    Conflict."""
+    # Ordered against a post to the session by a write to its row, taken first: a post writes
+    # that row too (the session's next turn number), so whichever comes second waits for the
+    # other's commit and then sees its turn, or finds the session gone. A SELECT ... FOR UPDATE
+    # would do on PostgreSQL, but locks nothing on SQLite, whose driver begins the transaction
+    # only at the first write: the check read the turns before a post's commit, and the delete
+    # then took the turn the post had just answered 202 for.
+    locked = conn.execute(update(chat_sessions).where(
+        chat_sessions.c.id == session_id, chat_sessions.c.tenant_id == tenant_id)
+        .values(turn_count=chat_sessions.c.turn_count).returning(chat_sessions.c.id)).first()
     if locked is None:
         raise NotFound("session not found")
     rows = conn.execute(select(turns.c.id, turns.c.status).where(

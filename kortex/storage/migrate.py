@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,11 +13,16 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, pool
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError
 
 from kortex.errors import ConfigError
 from kortex.storage.db import sync_url
 
+log = logging.getLogger(__name__)
+
 MIGRATIONS = Path(__file__).parent / "migrations"
+#: the PostgreSQL advisory lock key ``upgrade`` holds ("kortex" in ASCII): one upgrade at a time
+MIGRATE_LOCK = 0x6B6F72746578
 
 
 def alembic_config(url: str) -> Config:
@@ -34,14 +40,33 @@ def upgrade(url: str, revision: str = "head") -> None:
         if database and database != ":memory:":
             Path(database).parent.mkdir(parents=True, exist_ok=True)
     try:
-        with engine.begin() as conn:
-            state = schema_state(conn)
-            if state.current is not None and not _known(state.current):
-                # Alembic would only say "Can't locate revision identified by ..."
-                raise ConfigError(state.problem() or "")
-            cfg = alembic_config(url)
-            cfg.attributes["connection"] = conn
-            command.upgrade(cfg, revision)
+        with engine.connect() as conn:
+            locked = engine.dialect.name == "postgresql"
+            if locked:
+                # Two `kortex migrate` at once (two deploys, two pods starting) must not both
+                # find the schema behind and both apply it: on an empty database the loser
+                # failed creating alembic_version (a duplicate key in pg_type). The second waits
+                # here, then reads the schema the first left. A session lock, not a transaction
+                # one, so it lasts for the whole upgrade whatever the migrations commit.
+                conn.exec_driver_sql(f"SELECT pg_advisory_lock({MIGRATE_LOCK})")
+                conn.commit()
+            try:
+                with conn.begin():
+                    state = schema_state(conn)
+                    if state.current is not None and not _known(state.current):
+                        # Alembic would only say "Can't locate revision identified by ..."
+                        raise ConfigError(state.problem() or "")
+                    cfg = alembic_config(url)
+                    cfg.attributes["connection"] = conn
+                    command.upgrade(cfg, revision)
+            finally:
+                if locked:
+                    try:
+                        conn.exec_driver_sql(f"SELECT pg_advisory_unlock({MIGRATE_LOCK})")
+                        conn.commit()
+                    except DBAPIError:  # a broken connection: closing it (NullPool) frees the lock
+                        log.warning("could not release the migration lock; it goes with the connection",
+                                    exc_info=True)
     finally:
         engine.dispose()
 

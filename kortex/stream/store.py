@@ -65,6 +65,11 @@ end
 return out
 """
 _STAMPS = {"attempt", "seq"}
+# A deleted turn's fence: closed at an attempt no step reaches (the turn's row is gone, so no
+# later attempt can be claimed), for longer than a step may run unaware (its lease, 60 s, and
+# its time limit, 300 s, by default); a stream recreated after that has its active TTL anyway.
+TOMBSTONE = 2**53
+TOMBSTONE_TTL = 900
 DEFAULT_TIMEOUT = 10.0  # seconds a stream write's round trip may take when the client sets none
 _dumps = partial(json.dumps, ensure_ascii=False, separators=(",", ":"))
 
@@ -191,8 +196,17 @@ class EventStore:
             raise StreamError(f"could not check {self.key(turn_id)}: {exc.__class__.__name__}") from exc
 
     def delete(self, turn_id: str) -> None:
+        """Drop the turn's events, and leave its fence closed to every attempt for
+        ``TOMBSTONE_TTL``: a step of the turn still running (cancelled, its session then
+        deleted) is refused at its next write and stops, instead of streaming (and spending)
+        into a stream born again."""
+        fence = turn_fence(self.prefix, turn_id)
         try:
-            self.redis.delete(self.key(turn_id), turn_fence(self.prefix, turn_id))
+            with self.redis.pipeline(transaction=True) as pipe:
+                pipe.delete(self.key(turn_id), fence)
+                pipe.hset(fence, "closed", str(TOMBSTONE))
+                pipe.expire(fence, TOMBSTONE_TTL)
+                pipe.execute()
         except RedisError as exc:
             raise StreamError(f"could not delete {self.key(turn_id)}: {exc.__class__.__name__}") from exc
 

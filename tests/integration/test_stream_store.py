@@ -17,6 +17,7 @@ from kortex.events import TextEvent
 from kortex.stream.store import EventStore
 from tests.integration.conftest import REDIS_URL
 from tests.integration.redisproc import RedisServer
+from tests.kortex.stream.test_store import check_deleted_turns_stay_closed
 
 pytestmark = pytest.mark.integration
 
@@ -103,3 +104,11 @@ def test_a_lane_whose_redis_restarted_reconnects_and_loses_nothing_it_was_told_w
     assert outcomes[-2:] == ["ok", "ok"]  # back up: the lane connected again by itself
     # appendfsync always: what was acknowledged survived the kill, in order
     assert [TextEvent.model_validate_json(e.data).delta for e in entries] == written
+
+
+def test_a_deleted_turns_stream_stays_closed_on_a_real_redis(prefix: str) -> None:
+    store = _store(REDIS_URL, prefix)
+    try:
+        check_deleted_turns_stay_closed(store, f"t{uuid.uuid4().hex[:8]}")
+    finally:
+        store.close()

@@ -13,7 +13,7 @@ import pytest
 from kortex.errors import StaleAttempt, StreamError
 from kortex.events import DoneEvent, TextEvent, TurnEvent
 from kortex.stream.keys import turn_fence
-from kortex.stream.store import EventStore, StepPublisher, StreamClosed
+from kortex.stream.store import TOMBSTONE_TTL, EventStore, StepPublisher, StreamClosed
 
 
 def _store(**kw) -> EventStore:
@@ -123,6 +123,49 @@ def test_only_a_later_attempt_reopens_a_closed_stream() -> None:
         store.append("u8", [TextEvent(step=0, delta="late")], attempt=4)
     assert [(e.type, json.loads(e.data)["attempt"]) for e in store.read("u8")] == [
         ("turn", 3), ("done", 3), ("turn", 4), ("text", 4), ("done", 4)]
+
+
+def check_deleted_turns_stay_closed(store: EventStore, turn: str) -> None:
+    """A turn cancelled (its ``done`` in, closing the stream) while its step still streams, and
+    its session deleted: the step's next write is refused, and nothing makes the stream again."""
+    store.append(turn, [TurnEvent(turn_id=turn, status="running", step=0), TextEvent(step=0, delta="a")], attempt=1)
+    store.append(turn, [DoneEvent(status="cancelled")], final=True)  # the cancel, unfenced
+    store.delete(turn)
+    assert not store.exists(turn)
+    for attempt in (1, 0, 2):  # the running step; a tool result or the watchdog; any later attempt
+        with pytest.raises(StreamClosed):
+            store.append(turn, [TextEvent(step=0, delta="late")], attempt=attempt)
+    assert not store.exists(turn) and store.read(turn) == []
+    assert 0 < store.redis.ttl(turn_fence(store.prefix, turn)) <= TOMBSTONE_TTL  # a tombstone, not kept forever
+
+    never_closed = turn + "-open"  # deleted with no done in (its fence expired, or none was written)
+    store.append(never_closed, [TextEvent(step=0, delta="a")], attempt=1)
+    store.delete(never_closed)
+    with pytest.raises(StreamClosed):
+        store.append(never_closed, [TextEvent(step=0, delta="late")], attempt=1)
+    assert not store.exists(never_closed)
+
+
+def test_a_deleted_turns_stream_stays_closed_to_a_step_still_running() -> None:
+    check_deleted_turns_stay_closed(_store(), "u10")
+
+
+def test_a_publisher_of_a_deleted_turn_stops_at_its_next_write() -> None:
+    async def go() -> None:
+        store = _async_store()
+        stopped: list[bool] = []
+        publisher = StepPublisher(store, "u11", step=0, attempt=1, flush_ms=0, on_stale=lambda: stopped.append(True))
+        publisher.text("first")
+        await publisher.flush()
+        store.append("u11", [DoneEvent(status="cancelled")], final=True)
+        store.delete("u11")
+        publisher.text("second")
+        with pytest.raises(StaleAttempt):
+            await publisher.flush()
+        assert stopped == [True] and not store.exists("u11")
+        await store.aclose()
+
+    asyncio.run(go())
 
 
 def test_a_stream_gets_its_ttl_whatever_event_comes_first() -> None:
