@@ -6,13 +6,20 @@ embedded Kortex and print one line each, a summary per part and the grounding fi
 A scenario is a YAML file (eval/scenarios/<part>/<name>.yaml):
 
     question: Why is ledger failing writes?
-    must_name: [disk, ledger-3]        # every one must appear in the answer (case-insensitive)
-    must_not_name: [deploy]            # none may
+    must_name: [disk, ledger-3]        # every one must appear in the answer's conclusion (case-insensitive)
+    must_not_name: [deploy]            # no idea of these may appear anywhere in it (by word stems, or re:<regex>)
     telemetry:                         # loaded only through POST /v1/ingest/{kind}
       series:  [{product, metric, before, after, onset: -35m, span: 3h, every: 1m, unit?, host?}]
       logs:    [{product, level, message, from: -35m, to?: 0m, every: 20s, host?}]
       deploys, incidents, products, spans, llm-deployments, llm-users, llm-requests: items as the
                ingest API takes them, times written relative to now (-35m, -2h, -1d)
+
+The conclusion is what the answer blames: its "Most likely cause" (or "Leading hypothesis")
+sentence with how to confirm it, and any action it proposed; an answer without one concludes in
+its summary. A quoted log line elsewhere names nothing: an answer that blames a deploy and quotes
+"x509: certificate has expired" further down does not name the certificate. A forbidden idea is
+matched by the stems of its words near each other, in any order, wherever the answer is not
+quoting: "rollback" forbids "roll api-gateway back" and "rolling back" too.
 
 The scenarios run in one embedded Kortex (a fresh home), each for a fresh tenant, so none sees
 another's data.
@@ -99,6 +106,73 @@ def expand(telemetry: dict[str, Any], now: datetime) -> dict[str, list[dict[str,
         for item in items:
             out.setdefault(kind, []).append({k: _at(now, v) if k in _TIME_FIELDS else v for k, v in item.items()})
     return out
+
+
+_CAUSE = re.compile(r"(?:Most likely cause|Leading hypothesis):[^\n]*?(?=\s*Runner-up:|\n|$)")
+_PROPOSED = re.compile(r"^.*propose_action: proposed.*$", re.M)
+_SUMMARY = re.compile(r"\*\*Summary\.\*\*[^\n]*")
+_QUOTE = re.compile(r"\"[^\"\n]*\"")
+# Words written as one that an answer writes apart too ("roll checkout back").
+_COMPOUNDS = {"rollback": ("roll", "back"), "rollout": ("roll", "out"), "failover": ("fail", "over")}
+_WORDS = re.compile(r"[a-z0-9]+")
+_NEAR = 3  # other words a forbidden idea's words may have between them
+
+
+def conclusion(answer: str) -> str:
+    """What the answer blames (see the module's docstring)."""
+    found = [m.group(0) for m in _CAUSE.finditer(answer)] + _PROPOSED.findall(answer)
+    if found:
+        return "\n".join(found)
+    summary = _SUMMARY.search(answer)
+    return _QUOTE.sub(" ", summary.group(0) if summary else answer)
+
+
+def _stem(word: str) -> str:
+    for suffix in ("ing", "ed", "es", "s"):
+        if word.endswith(suffix) and len(word) - len(suffix) >= 4:
+            return word[:-len(suffix)]
+    return word
+
+
+def _inflects(word: str, stem: str) -> bool:
+    """"rolled", "rolling" and "rolls" are "roll"; "backlog" is not "back"."""
+    return re.fullmatch(rf"{re.escape(stem)}(?:s|es|e?d|ing|ments?)?", word) is not None
+
+
+def _split(text: str) -> list[str]:
+    low = text.lower()
+    for whole, parts in _COMPOUNDS.items():
+        low = re.sub(rf"\b{whole}", " ".join(parts), low)
+    return _WORDS.findall(low)
+
+
+def _in_order(window: list[str], parts: tuple[str, ...]) -> bool:
+    at = 0
+    for part in parts:
+        at = next((i + 1 for i in range(at, len(window)) if _inflects(window[i], part)), -1)
+        if at < 0:
+            return False
+    return True
+
+
+def mentions_idea(text: str, idea: str) -> bool:
+    """Whether ``text``, outside its quotes, speaks of ``idea``: each of its words (inflected, and
+    a compound's parts in order: "roll ... back") within a few words of the others, in any order;
+    ``re:<pattern>`` is a regular expression instead."""
+    text = _QUOTE.sub(" ", text)
+    if idea.startswith("re:"):
+        return re.search(idea[3:], text, re.I) is not None
+    units = [tuple(_stem(p) for p in _COMPOUNDS.get(w, (w,))) for w in _WORDS.findall(idea.lower())]
+    if not units:
+        return False
+    words = _split(text)
+    size = sum(len(u) for u in units)
+    span = size + _NEAR * (size - 1)
+    firsts = {u[0] for u in units}
+    for start, word in enumerate(words):
+        if any(_inflects(word, f) for f in firsts) and all(_in_order(words[start:start + span], u) for u in units):
+            return True
+    return False
 
 
 @dataclass
@@ -195,9 +269,9 @@ class Embedded:
         except Exception as exc:  # the scenario fails; the run goes on
             return Result(name, part, False, error=f"{exc.__class__.__name__}: {exc}"[:300],
                           seconds=time.monotonic() - started, question=spec["question"])
-        done, low = asked.done, asked.answer.lower()
-        missing = [m for m in spec.get("must_name", []) if m.lower() not in low]
-        wrongly = [m for m in spec.get("must_not_name", []) if m.lower() in low]
+        done, concluded = asked.done, conclusion(asked.answer).lower()
+        missing = [m for m in spec.get("must_name", []) if m.lower() not in concluded]
+        wrongly = [m for m in spec.get("must_not_name", []) if mentions_idea(asked.answer, m)]
         grounding = done.get("grounding") or {}
         return Result(name, part, not missing and not wrongly and done.get("status") == "done", missing, wrongly,
                       list(grounding.get("dangling", [])), list(grounding.get("uncited_numbers", [])),

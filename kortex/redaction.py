@@ -35,13 +35,16 @@ _DESCRIPTIVE = frozenset(
     "min limit policy mode algorithm alg version rotation strength format name names id_type "
     "path file location".split())
 _WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
+# The last word of an exception's class: "KeyError: 'currency'" names the missing key, the
+# evidence an operator needs, and "InvalidTokenError: expired" is a message, not a token.
+_EXCEPTION_WORDS = frozenset({"error", "exception"})
 
 
 @functools.lru_cache(maxsize=4096)
 def is_secret_key(name: str) -> bool:
     """Whether a field or parameter called ``name`` holds a credential."""
     words = [w.lower() for w in _WORD.findall(name)]
-    if not words or any(w in _DESCRIPTIVE for w in words):
+    if not words or any(w in _DESCRIPTIVE for w in words) or words[-1] in _EXCEPTION_WORDS:
         return False
     if any(w in _SECRET_WORDS for w in words):
         return True

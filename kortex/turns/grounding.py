@@ -9,8 +9,9 @@ ordinary bracketed words do not. A citation is *dangling* when it names no call 
 
 Numbers: each number in the answer (decimals, versions, percentages) must appear in the
 question or in some tool result of the turn, as written, as a result's value rounded to the
-answer's precision (2.6 for 2.6049), in seconds where the result has milliseconds, or as the
-number of items in one of a result's lists. Small counting words ("3 probes", "step 2") are left alone:
+answer's precision (2.6 for 2.6049), in seconds where the result has milliseconds or
+microseconds, as a percentage where it has a ratio ("37%" for 0.373), or as the number of items
+in one of a result's lists. Small counting words ("3 probes", "step 2") are left alone:
 integers below 10 are not checked. What is not found is listed, not removed: the answer the
 client saw stands, the flags say how far to trust it.
 """
@@ -26,11 +27,13 @@ from typing import Any
 from kortex.messages import AssistantMessage, Message, ToolMessage, UserMessage
 
 _BRACKETS = re.compile(r"\[([^\[\]\n]{1,300})\](?!\()")
-_ID_SHAPE = re.compile(r"^(?:call|toolu|tool|fc)_[A-Za-z0-9_\-]{2,120}\Z")
+# One character after the prefix is enough: a model that invents "[call_1]" cites nothing real.
+_ID_SHAPE = re.compile(r"^(?:call|toolu|tool|fc)_[A-Za-z0-9_\-]{1,120}\Z")
 _SPLIT = re.compile(r"[\s,;]+")
 # 1,234.5 · 2.60 · v2.14.0 · 99.9% · 503 · 9.3x · 200ms (a unit may follow; not inside a word or an id)
 _NUMBER = re.compile(r"(?<![\w.\-/])v?(\d{1,3}(?:,\d{3})+|\d+)((?:\.\d+)*)(?![\d])")
 _DIGITS = re.compile(r"\d+")
+_PERCENT = re.compile(r"\s?%")
 MAX_LISTED = 50
 
 
@@ -125,6 +128,12 @@ def _numbers_in(text: str) -> set[str]:
     return {m.group(0).lstrip("v").replace(",", "") for m in _NUMBER.finditer(text)}
 
 
+def _percents_in(text: str) -> set[str]:
+    """The numbers written as a percentage ("37%", "6.5 %")."""
+    return {m.group(0).lstrip("v").replace(",", "") for m in _NUMBER.finditer(text)
+            if _PERCENT.match(text, m.end())}
+
+
 def _values(texts: Sequence[str]) -> set[float]:
     out: set[float] = set()
     for text in texts:
@@ -149,7 +158,12 @@ def _uncited(answer: str, turn: _Turn) -> list[str]:
     # 14 and 31 of a result's "2026-04-07T14:31:02Z", where no number stands alone.
     written = set().union(*(_numbers_in(s) | set(_DIGITS.findall(s)) for s in sources)) if sources else set()
     values = _values(sources) | turn.counts
-    values |= {v / 1000 for v in values}  # milliseconds quoted as seconds ("3.9 s" for a result's 3900 ms)
+    # Units the writers convert: milliseconds and microseconds quoted as seconds ("3.9 s" for
+    # a result's 3900 ms, "2.7 s" for 2734000 µs).
+    scaled = values | {v / 1000 for v in values} | {v / 1_000_000 for v in values}
+    # A ratio quoted as a percentage ("37%" for an error_rate of 0.373); only where the answer
+    # writes "%", so a bare 37 is not found in every 0.37 of the results.
+    percents, as_percent = _percents_in(text), {v * 100 for v in values}
     missing: list[str] = []
     for token in sorted(_numbers_in(text), key=text.find):
         if token in written:
@@ -159,7 +173,9 @@ def _uncited(answer: str, turn: _Turn) -> list[str]:
             if number.is_integer() and "." not in token and number < 10:
                 continue  # counting words, not quoted data
             decimals = len(token.split(".")[1]) if "." in token else 0
-            if any(round(v, decimals) == number for v in values):
+            if any(round(v, decimals) == number for v in scaled):
+                continue
+            if token in percents and any(round(v, decimals) == number for v in as_percent):
                 continue
         missing.append(token)
         if len(missing) >= MAX_LISTED:

@@ -262,3 +262,21 @@ def test_a_megabyte_of_near_misses_is_scrubbed_in_linear_time(unit: str) -> None
 def test_a_megabyte_of_secrets_is_scrubbed_in_linear_time(unit: str, redacted: str) -> None:
     count = (1 << 20) // len(unit)
     assert scrub_text(unit * count) == redacted * count
+
+
+@pytest.mark.parametrize("text", [
+    "KeyError: 'currency' in price_v2.compute_quote",
+    "TokenExpiredError: the session expired at 14:02",
+    "builtins.KeyError: 'api_key' missing from the request",
+    'raise AuthException: "login refused for user bob"',
+])
+def test_an_exception_class_is_not_a_secret_s_name(text: str) -> None:
+    # The exception's message is the evidence (which key was missing), not a credential.
+    assert not is_secret_key(text.split(":")[0].split()[-1])
+    assert scrub_text(text) == text
+
+
+def test_a_secret_after_an_exception_class_still_goes() -> None:
+    cleaned = scrub_text("AuthError: login refused, password=hunter2xyz token: tok123abc456")
+    assert "hunter2xyz" not in cleaned and "tok123abc456" not in cleaned
+    assert cleaned.startswith("AuthError: login refused, password=")

@@ -16,11 +16,27 @@ class Cause:
     advice: str
     search: str        # what to look for in past incidents
     config_hint: str   # configuration keys worth quoting from /admin/info
+    # Whether a deploy commonly brings it: a pool shrunk or a leak shipped, yes; a certificate
+    # running out or a disk filling up comes with time, so a deploy near it is a coincidence
+    # until something else ties the two.
+    deployable: bool = True
 
 
 # Log patterns and the cause they point to: policy as data, first match wins. Words are
 # matched whole ("oom" is not in "room", "429" is not in "14290").
 CAUSES: tuple[Cause, ...] = (
+    # Before the timeouts and refusals: a handshake that fails on a certificate often says so
+    # next to "connection" or "timed out" words of its own.
+    Cause(re.compile(r"\bcert(?:ificate)?[ _]?(?:has |is )?(?:expired|not yet valid)|\bexpired (?:tls |ssl |x509 )?"
+                     r"cert", re.I),
+          "an expired TLS certificate",
+          "renew the certificate the errors name (ours or the dependency's) and reload what serves it",
+          "certificate expired", "cert", deployable=False),
+    Cause(re.compile(r"\bx509\b|\bcertificate[ _]verify[ _]failed|\bunknown (?:certificate )?authority\b|"
+                     r"\bself[ -]signed certificate\b|\bbad certificate\b", re.I),
+          "a TLS certificate that fails verification",
+          "find which certificate the errors name and whether its chain, issuer or host name is wrong",
+          "certificate verify failed", "cert"),
     Cause(re.compile(r"\bpool (is )?exhausted|\bwaiting for a connection|\btoo many connections|\bconnection pool\b",
                      re.I),
           "database connection-pool exhaustion",
@@ -37,8 +53,8 @@ CAUSES: tuple[Cause, ...] = (
     Cause(re.compile(r"\bconnection refused\b|\bno route to host\b|\bname resolution\b|\bdns\b", re.I),
           "network or dependency outage", "check the health of the dependency named in the errors",
           "connection refused", "host"),
-    Cause(re.compile(r"\bdisk full\b|\bno space left\b", re.I), "disk full", "free disk space or grow the volume",
-          "disk full", "disk"),
+    Cause(re.compile(r"\bdisk full\b|\bno space left\b|\benospc\b|\bdisk quota exceeded\b", re.I), "disk full",
+          "free disk space or grow the volume", "disk full", "disk", deployable=False),
 )
 # Who is behind a cause, when the log line says so.
 CULPRITS: tuple[re.Pattern[str], ...] = (

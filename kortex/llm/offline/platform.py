@@ -10,9 +10,11 @@ from typing import Any
 from kortex.llm.offline.evidence import clock, fmt_ms, parse_ts
 from kortex.llm.offline.plan import Probe, View
 from kortex.llm.offline.question import Intent
+from kortex.messages import ToolCall
 
 RANK = {"down": 2, "degraded": 1, "healthy": 0}
 NOISY_SHARE = 0.4    # one user sending this much of a deployment's recent traffic is a neighbour problem
+NOISY_OVER_FAIR = 1.5  # ... and this many times its fair share (1/users): 40% of two users' traffic is not
 FAILING_SHARE = 0.05
 RECENT = "1 hour ago"
 
@@ -44,8 +46,8 @@ def _recent(intent: Intent, view: View) -> dict[str, Any] | None:
 
 
 def _user(intent: Intent, view: View) -> dict[str, Any] | None:
-    top = analyse_requests(view.content("llm:requests")).top_user
-    return {"user_id": top[0]} if top and top[2] >= NOISY_SHARE * 100 else None
+    reqs = analyse_requests(view.content("llm:requests"))
+    return {"user_id": reqs.top_user[0]} if reqs.top_user and reqs.noisy else None
 
 
 def _failed(intent: Intent, view: View) -> dict[str, Any] | None:
@@ -105,21 +107,51 @@ class Requests:
     failed_pct: float = 0.0
     timeouts: int = 0
     top_user: tuple[str, str, float, int] | None = None  # id, tier, share in percent, count
+    users: int = 0                 # distinct users on the page
+    top_errors: int = 0            # the busiest user's requests that failed with an error (not a timeout)
+    other_errors: int = 0          # everyone else's
 
     @property
     def error_share(self) -> float:
         return self.failed_pct / 100
+
+    @property
+    def errors_spread(self) -> bool:
+        """Whether a good share of requests fail with errors, and everyone's fail about as often as
+        the busiest user's: the deployment fails them all, whoever sends the most."""
+        if self.top_user is None or self.count == 0:
+            return False
+        errors, top_count = self.top_errors + self.other_errors, self.top_user[3]
+        if errors < FAILING_SHARE * self.count:
+            return False
+        others = self.count - top_count
+        if others == 0:
+            return True
+        return self.other_errors / others >= 0.5 * (self.top_errors / top_count)
+
+    @property
+    def noisy(self) -> bool:
+        """One user crowding out the others: there are others, it sends well over its fair share,
+        and the failures are not the deployment's own (errors every user gets alike)."""
+        if self.top_user is None or self.users < 2:
+            return False
+        share = self.top_user[2]
+        return share >= max(NOISY_SHARE * 100, NOISY_OVER_FAIR * 100 / self.users) and not self.errors_spread
 
 
 def analyse_requests(content: dict[str, Any]) -> Requests:
     rows = content.get("requests") or []
     out = Requests(count=len(rows), failed=[r for r in rows if r.get("status") != "success"],
                    failed_pct=float(content.get("failed_pct") or 0.0),
-                   timeouts=int((content.get("by_status") or {}).get("timeout", 0)))
+                   timeouts=int((content.get("by_status") or {}).get("timeout", 0)),
+                   users=len({r.get("user_id") for r in rows}))
     busiest = content.get("by_user") or []
     if busiest:
         top = busiest[0]
         out.top_user = (top["user_id"], top["user_tier"], float(top["share_pct"]), int(top["count"]))
+        errors = [r for r in rows if r.get("status") == "error"]
+        out.top_errors = sum(1 for r in errors if r.get("user_id") == top["user_id"])
+        out.other_errors = len(errors) - out.top_errors
     return out
 
 
@@ -187,12 +219,13 @@ def analyse(intent: Intent, view: View) -> PlatformFindings:
         return found
     found.incident = _incident_for(target, view.content("llm:incidents").get("incidents") or [])
     found.trend = _trend(view.content("llm:trends").get("data") or [], target["id"])
-    top = found.requests.top_user
+    reqs = found.requests
+    top = reqs.top_user
     if found.incident:
         found.kind = "incident"
         found.cause = (f"{found.incident['target_type']} {found.incident['target_id']} is degraded "
                        f"({found.incident['id']}: {found.incident['title']}), and {target['id']} with it")
-    elif top and top[2] >= NOISY_SHARE * 100 and view.get("llm:requests") is not None:
+    elif top and reqs.noisy and view.get("llm:requests") is not None:
         found.kind = "noisy"
         found.cause = (f"a noisy neighbour: user {top[0]} ({top[1]} tier) sent {pct(top[2])} of the recent requests "
                        f"to {target['id']} and fills its queue, so every other user of it waits")
@@ -203,6 +236,10 @@ def analyse(intent: Intent, view: View) -> PlatformFindings:
         if unread:  # an absence is only evidence when the call that would show it worked
             found.cause = (f"{target['id']} is {target['status']}; I could not read {' or '.join(unread)}, so what "
                            "explains it is still open")
+        elif reqs.errors_spread or (top and reqs.users < 2):
+            why = (f"its only recent user, {top[0]}, has no neighbour to crowd out" if top and reqs.users < 2
+                   else "its errors hit every user alike, so no one user is to blame")
+            found.cause = f"{target['id']} is {target['status']} by itself: no open incident explains it, and {why}"
         else:
             found.cause = f"{target['id']} is {target['status']}; neither an open incident nor one user explains it"
     return found
@@ -273,9 +310,11 @@ def evidence_lines(intent: Intent, view: View, found: PlatformFindings) -> list[
             out.append(text + ".")
         elif key == "llm:user":
             account = content.get("user") or {}
+            budget = account.get("daily_budget_usd")
+            spent = (f"${account.get('daily_budget_used_usd')} of a ${budget} daily budget used" if budget is not None
+                     else "no daily budget set")
             out.append(f"- {cite} get_user_context {account.get('id')}: {account.get('tier')} tier, "
-                       f"{account.get('requests_today')} requests today, ${account.get('daily_budget_used_usd')} of a "
-                       f"${account.get('daily_budget_usd')} daily budget used.")
+                       f"{account.get('requests_today')} requests today, {spent}.")
         elif key in ("llm:failed", "llm:request"):
             related = content.get("related_incident")
             text = f"- {cite} get_request_detail: {_routing_text(content)}"
@@ -285,7 +324,9 @@ def evidence_lines(intent: Intent, view: View, found: PlatformFindings) -> list[
     return out
 
 
-def summary(intent: Intent, view: View, found: PlatformFindings) -> str:
+def summary(intent: Intent, view: View, found: PlatformFindings,
+            known: tuple[ToolCall, list[str]] | None = None) -> str:
+    """``known``: the products list_products named this turn, offered when the platform is empty."""
     target = found.focus
     deployments = view.get("llm:deployments")
     if target is None:
@@ -294,6 +335,13 @@ def summary(intent: Intent, view: View, found: PlatformFindings) -> str:
         if not deployments.ok:
             return (f"I could not read the state of the LLM platform's deployments: get_deployment_status failed "
                     f"[{deployments.call.id}], so I cannot say whether any is unhealthy.")
+        if not found.deployments:  # nothing reported is no evidence of health
+            text = (f"The LLM platform has reported no deployments [{deployments.call.id}], so there is no "
+                    "LLM-platform data to judge by.")
+            if known is not None and known[1]:
+                text += (f" If the question is about a service, the telemetry names these products: "
+                         f"{', '.join(known[1][:20])} [{known[0].id}].")
+            return text
         return f"All {len(found.deployments)} deployments of the LLM platform report healthy [{deployments.call.id}]."
     sentences = []
     if deployments is not None and deployments.ok and target.get("status") != "unknown":
@@ -342,6 +390,8 @@ def summary(intent: Intent, view: View, found: PlatformFindings) -> str:
 
 def next_steps(intent: Intent, found: PlatformFindings) -> list[str]:
     target = found.focus
+    if target is None and not found.deployments:
+        return ["Send the LLM platform's deployment status to Kortex, or name the service the question is about."]
     if target is None:
         return ["Ask about a specific model, backend or request id."]
     if found.kind == "incident":

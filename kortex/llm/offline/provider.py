@@ -9,6 +9,7 @@ answer says plainly that it comes from rules, not from a language model.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -29,6 +30,7 @@ from kortex.llm.offline import subject as subjects
 from kortex.llm.offline.plan import PlanState, Probe, View, walk
 from kortex.llm.offline.question import Intent, read_question
 from kortex.messages import AssistantMessage, Message, ToolCall, ToolMessage, ToolResult, UserMessage
+from kortex.prompts import REGROUND_MARK
 
 LABEL = "Offline analyst (rule-based, no LLM)"
 MAX_ROUNDS = 6  # survey, metrics, logs split at the onset, one hop further, a proposal
@@ -48,10 +50,15 @@ class TurnState:
         return [(c, self.results[c.id]) for c in self.calls if c.id in self.results]
 
 
+def _asked(message: Message) -> bool:
+    """A user's question; the strict grounding check's re-ask (REGROUND_MARK) continues the turn."""
+    return isinstance(message, UserMessage) and not message.content.startswith(REGROUND_MARK)
+
+
 def read_turn(messages: Sequence[Message]) -> TurnState:
-    last_user = max((i for i, m in enumerate(messages) if isinstance(m, UserMessage)), default=-1)
+    last_user = max((i for i, m in enumerate(messages) if _asked(m)), default=-1)
     question = messages[last_user].content if last_user >= 0 else ""  # type: ignore[union-attr]
-    state = TurnState(question=question, turn_index=sum(isinstance(m, UserMessage) for m in messages))
+    state = TurnState(question=question, turn_index=sum(_asked(m) for m in messages))
     for message in messages[last_user + 1:]:
         if isinstance(message, AssistantMessage):
             state.rounds += 1
@@ -82,27 +89,29 @@ class OfflineAnalyst(Provider):
 
     async def stream(self, request: CompletionRequest) -> AsyncIterator[StreamChunk]:
         state = read_turn(request.messages)
-        available = {t.name for t in request.tools}
+        offered = {t.name for t in request.tools}
+        # A request with no tools (the grounding check's re-ask, a turn's last allowed step) is
+        # answered from the turn's results: the playbook re-reads them under the tools they came
+        # from, and calls nothing new.
+        available = offered or {c.name for c in state.calls}
         if postmortem.SUBMIT in available:  # a post-mortem turn: its answer is a submitted document
-            async for chunk in self._postmortem(state, available):
+            async for chunk in self._postmortem(state, available, can_call=bool(offered)):
                 yield chunk
             return
         intent = read_question(state.question)
-        if intent.domain != "llm" and not intent.product and not intent.trace_id and "list_products" in available:
+        if _lookup_first(intent) and "list_products" in available:
             found = subjects.listed(state.done_calls())
-            if found is None and state.rounds < MAX_ROUNDS:  # first learn what exists
+            if found is None and offered and state.rounds < MAX_ROUNDS:  # first learn what exists
                 call = self._with_id(ToolCall(id="", name="list_products", arguments={}), state, 0)
                 yield ToolCallChunk(call=call)
                 yield DoneChunk(stop_reason="tool_use", usage=TokenUsage(input_tokens=1, output_tokens=10),
                                 model="analyst")
                 return
             if found is not None:
-                product = subjects.resolve(intent.text, found[1])
-                if product is not None:
-                    intent = replace(intent, product=product)
+                intent = _placed(intent, found[1])
         in_tokens = max(1, sum(len(_text_of(m)) for m in request.messages) // 4)
         calls, view = investigate(intent, state, available)
-        if state.rounds >= MAX_ROUNDS:
+        if state.rounds >= MAX_ROUNDS or not offered:
             calls = []
         if calls:
             calls = [self._with_id(c, state, i) for i, c in enumerate(calls)]
@@ -118,7 +127,8 @@ class OfflineAnalyst(Provider):
                         usage=TokenUsage(input_tokens=in_tokens, output_tokens=max(1, len(answer) // 4)),
                         model="analyst")
 
-    async def _postmortem(self, state: TurnState, available: set[str]) -> AsyncIterator[StreamChunk]:
+    async def _postmortem(self, state: TurnState, available: set[str], *, can_call: bool = True
+                          ) -> AsyncIterator[StreamChunk]:
         usage = TokenUsage(input_tokens=max(1, len(state.question) // 4), output_tokens=20)
         wanted = postmortem.read_request(state.question)
         submitted = [(c, r) for c, r in state.done_calls() if c.name == postmortem.SUBMIT]
@@ -136,7 +146,7 @@ class OfflineAnalyst(Provider):
             # The submission never ran to a verdict (its worker died, it timed out): the same
             # document again. A refusal of the document itself is the answer and stands.
             calls = [submitted[-1][0].model_copy(update={"id": ""})]
-        if calls:
+        if calls and can_call:
             for i, call in enumerate(calls):
                 yield ToolCallChunk(call=self._with_id(call, state, i))
             yield DoneChunk(stop_reason="tool_use", usage=usage, model="analyst")
@@ -158,6 +168,30 @@ class OfflineAnalyst(Provider):
 
 
 MAX_SUBMITS = 3
+
+
+_MODEL_NAME = re.compile(r"^[a-z]+-?\d")  # gpt-4, llama-70b: a model's family and size, no product's name
+
+
+def _lookup_first(intent: Intent) -> bool:
+    """Whether what exists decides the subject: a question that names no product, or one that
+    names a product where words of the LLM platform decided the domain ("why is the tokens
+    service failing?": a product called tokens outranks the word)."""
+    if intent.trace_id or intent.request_id:
+        return False
+    if intent.domain != "llm":
+        return not intent.product
+    return intent.product is not None and not _MODEL_NAME.match(intent.product)
+
+
+def _placed(intent: Intent, names: Sequence[str]) -> Intent:
+    """The question's subject resolved against the products list_products named."""
+    if intent.domain == "llm":
+        # A product the telemetry knows, named in the question, outranks words of the platform.
+        named = [n for n in names if intent.mentions(n)]
+        return replace(intent, domain="service", product=max(named, key=len)) if named else intent
+    product = subjects.resolve(intent.text, names)
+    return replace(intent, product=product) if product is not None else intent
 
 
 def _lost(result: ToolResult) -> bool:
@@ -235,7 +269,7 @@ def write_answer(intent: Intent, state: TurnState, available: set[str], view: Vi
         return f"{head}: I have no evidence about {subject} yet."
     if intent.domain == "llm":
         found_p = platform.analyse(intent, view)
-        summary = platform.summary(intent, view, found_p)
+        summary = platform.summary(intent, view, found_p, subjects.listed(state.done_calls()))
         evidence = platform.evidence_lines(intent, view, found_p)
         steps = platform.next_steps(intent, found_p)
     elif service.product_of(intent, view) is None:

@@ -84,7 +84,10 @@ def _window(text: str) -> str:
 def _domain(text: str) -> str:
     words = set(re.findall(r"[a-z0-9_-]+", text))
     def has(w: str) -> bool:
-        return w in text if " " in w else w in words or any(x.startswith(w + "-") for x in words)
+        # Inside a hyphenated name a word counts only as a model's family before its size or
+        # version (gpt-4, llama-70b); inference-gateway and tokens-api are services' names.
+        return w in text if " " in w else w in words or any(
+            x.startswith(w + "-") and x[len(w) + 1:len(w) + 2].isdigit() for x in words)
     if any(has(w) for w in LLM_STRONG) or sum(has(w) for w in LLM_WEAK) >= 2:
         return "llm"
     return "service"

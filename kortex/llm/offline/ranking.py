@@ -1,7 +1,7 @@
 """Rank candidate causes as an SRE would: a change that lands before the onset beats one that does
 not, a cause that names one host, version or change beats a vague one, and a cause two kinds of
 evidence point at (a logged campaign and a traffic metric that rose right after it) beats one only
-a single source shows."""
+a single source shows; among equals, a cause the logs name outright wins."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ KIND_WORDS: dict[str, tuple[str, ...]] = {
     "open file descriptors": ("open files", "descriptor", "ulimit"),
     "memory use": ("memory", "oom", "heap", "leak"),
     "CPU use": ("cpu", "throttl"),
-    "disk use": ("disk", "no space", "volume"),
+    "disk use": ("disk", "no space", "volume", "enospc"),
     "queue depth": ("queue", "backlog", "poison", "redeliver"),
     "connections in use": ("connection", "pool"),
     "cache hit ratio": ("cache", "ttl", "expired"),
@@ -72,6 +72,8 @@ class Hypothesis:
     precedes: bool             # a change that landed before the onset
     specific: bool             # names one host, version, flag or change
     sources: set[str] = field(default_factory=set)   # kinds of evidence that point at it
+    kind: str = ""             # what it blames: deploy, change, dependency, logs, metric
+    classified: bool = False   # names a known cause (evidence.CAUSES) the logs spell out
 
     @property
     def score(self) -> int:
@@ -79,8 +81,10 @@ class Hypothesis:
 
 
 def rank(candidates: list[Hypothesis]) -> list[Hypothesis]:
-    """Best first; among equals, the order the candidates were found in (stable sort)."""
-    return sorted(candidates, key=lambda h: -h.score)
+    """Best first; among equals, one that names a known cause the logs spell out ("x509:
+    certificate has expired") before one that only stands next to the onset, then the order
+    the candidates were found in (stable sort)."""
+    return sorted(candidates, key=lambda h: (-h.score, not h.classified))
 
 
 __all__ = ["Hypothesis", "kind_of", "rank", "shared_names", "speaks_of"]

@@ -89,9 +89,14 @@ def evidence_lines(intent: Intent, view: View, found: ServiceFindings) -> list[s
                            f"most common, {_span(found.pattern)}: \"{found.pattern.template}\".")
             else:
                 out.append(f"- {cite} get_logs ({scope}): no matching lines.")
+        elif key == "survey" and found.unseen:
+            out.append(f"- {cite} list_products {ev.call.arguments.get('product')}: no telemetry names it.")
         elif key == "survey":
             out.append(f"- {cite} list_products {ev.call.arguments.get('product')}: "
                        f"{plural(len(content.get('metrics') or []), 'metric')}, each read for a step.")
+        elif key == "known":
+            out.append(f"- {cite} list_products: {plural(len(found.known), 'product')}"
+                       + (f": {', '.join(found.known[:20])}." if found.known else "."))
         elif key == "admin":
             out.append(f"- {cite} get_admin_info: {admin_summary(content, found.cause)}.")
         elif key == "dependency":
@@ -200,16 +205,31 @@ def _steady_text(view: View, found: ServiceFindings) -> list[str]:
     metrics = [ev for k, ev in view.by_key.items() if k.startswith("metric")]
     admin = view.get("admin")
     health = str((admin.content.get("health") if admin is not None and admin.ok else "") or "")
-    if any(ev.ok for ev in metrics) and not found.pattern and health not in ("degraded", "down", "unhealthy"):
-        logs_ev = view.get("logs")
-        parts = [f"I found no step change in {product}'s metrics over the window "
-                 + " ".join(f"[{ev.call.id}]" for ev in metrics if ev.ok)]
+    logs_ev = view.get("logs")
+    survey, known = view.get("survey"), view.get("known")
+    # No data is no evidence of a steady product: say what is missing instead of "nothing abnormal".
+    if found.unseen and survey is not None:
+        text = (f"I found no telemetry of {product} to judge by: list_products knows no metrics, logs, deploys, "
+                f"admin info or incidents that name it [{survey.call.id}]")
+        if found.known and known is not None:
+            text += f". The telemetry names these products: {', '.join(found.known[:20])} [{known.call.id}]"
+        return [text + "."]
+    read = [ev for ev in metrics if ev.ok]
+    cited = " ".join(f"[{ev.call.id}]" for ev in read)
+    if read and all(ev in found.no_data for ev in read):
+        if not found.pattern and logs_ev is not None and logs_ev.ok and not health:
+            return [f"I found no telemetry of {product} to judge by: its metrics hold no samples over the window "
+                    f"{cited}, and it wrote no warning or error lines [{logs_ev.call.id}]."]
+        reported = f", though it reports health {health} [{admin.call.id}]" if admin is not None and health else ""
+        return [f"{product}'s metrics hold no samples over the window {cited}{reported}."]
+    if read and not found.pattern and health not in ("degraded", "down", "unhealthy"):
+        parts = [f"I found no step change in {product}'s metrics over the window {cited}"]
         if logs_ev is not None and logs_ev.ok:
             parts.append(f"no warning or error lines [{logs_ev.call.id}]")
         if admin is not None and health:
             parts.append(f"it reports health {health} [{admin.call.id}]")
         return ["Nothing abnormal: " + ", ".join(parts) + "."]
-    if any(ev.ok for ev in metrics):
+    if read:
         return [f"I found no step change in {product}'s metrics over the window."]
     if metrics:  # every metric query failed: that is no evidence of a steady metric
         return [f"I could not read {product}'s metrics: "
@@ -237,7 +257,12 @@ def _ranking_text(view: View, found: ServiceFindings) -> list[str]:
 
 def next_steps(intent: Intent, found: ServiceFindings) -> list[str]:
     steps = []
-    if found.linked:
+    if found.unseen and intent.product:
+        return [f"Check the name against the products the telemetry names, or send {found.product}'s telemetry to "
+                "Kortex; there is nothing of it to investigate yet."]
+    if found.unseen:  # named by the trace, not the question
+        return [f"Send {found.product}'s metrics and logs to Kortex to see beyond this one trace."]
+    if found.linked and found.blames("deploy"):
         steps.append(f"Consider rolling back {found.product} {found.linked[0]['version']} and watch whether the "
                      "metric returns to its earlier level.")
     if found.culprit:

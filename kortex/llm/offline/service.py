@@ -65,6 +65,17 @@ def surveyed(view: View) -> list[str] | None:
     return [str(n) for n in names[:MAX_SURVEY]] or None
 
 
+def unseen(view: View) -> bool:
+    """Whether list_products, asked about the product, knows no telemetry that names it."""
+    survey = view.get("survey")
+    return survey is not None and survey.ok and not survey.content.get("products")
+
+
+def _known(intent: Intent, view: View) -> dict[str, Any] | None:
+    """A product nothing names: list what exists, so the answer can offer the real names."""
+    return {} if unseen(view) else None
+
+
 def _survey_metric(index: int) -> Any:
     def make(intent: Intent, view: View, product: str) -> dict[str, Any] | None:
         names = surveyed(view) or []
@@ -118,7 +129,7 @@ def dependency(found: ServiceFindings) -> str | None:
 def _dependency_deploys(intent: Intent, view: View) -> dict[str, Any] | None:
     found = analyse(intent, view)
     other = dependency(found)
-    if other is None or found.linked:  # its own deploy explains it first
+    if other is None or (found.linked and (found.cause is None or found.deploy_cause)):  # its own deploy first
         return None
     return {"product": other, "time_range": intent.window}
 
@@ -143,12 +154,13 @@ def _remedy(intent: Intent, view: View) -> dict[str, Any] | None:
     found = analyse(intent, view)
     if not found.product:
         return None
-    if found.linked and found.cause:
+    cause = found.deploy_cause
+    if found.linked and cause is not None and found.blames("deploy"):
         deploy = found.linked[0]
         return {"action": "rollback-deploy", "product": found.product,
                 "params": {"version": deploy["version"], "commit": deploy.get("commit")},
                 "rationale": f"{found.product} degraded after deploy {deploy['version']}; "
-                             f"the errors point to {found.cause.name}.",
+                             f"the errors point to {cause.name}.",
                 "blast_radius": "one service", "reversible": True}
     if found.culprit and found.culprit.startswith("job ") and found.cause:
         job = found.culprit[4:]
@@ -169,6 +181,7 @@ def probes(intent: Intent) -> list[Probe]:
     out.append(Probe("deploys", ("get_recent_deploys",),
                      product(lambda i, v, p: {"product": p, "time_range": i.window}), needs=("trace",)))
     out.append(Probe("survey", ("list_products",), product(lambda i, v, p: {"product": p}), needs=("trace",)))
+    out.append(Probe("known", ("list_products",), _known, needs=("survey",)))
     for index in range(MAX_SURVEY):
         out.append(Probe(f"metric:{index}", METRIC_TOOLS, _survey_metric(index), needs=("survey",)))
     for symptom in intent.symptoms:
@@ -271,6 +284,18 @@ class ServiceFindings:
 
     symptom_hints: tuple[str, ...] = ()
     hypotheses: list[Hypothesis] = field(default_factory=list)   # best first
+    no_data: list[Evidence] = field(default_factory=list)   # metric calls that worked and found no samples
+    unseen: bool = False        # list_products knows no telemetry that names the product
+    known: list[str] = field(default_factory=list)   # the products list_products does know, when unseen
+
+    @property
+    def deploy_cause(self) -> Cause | None:
+        """The cause the logs name, when the deploy next to the onset could have brought it."""
+        return self.cause if self.linked and self.cause is not None and self.cause.deployable else None
+
+    def blames(self, kind: str) -> bool:
+        """Whether the best-ranked cause is of this kind (a deploy, a change, ...)."""
+        return bool(self.hypotheses) and self.hypotheses[0].kind == kind
 
     @property
     def main_shift(self) -> MetricShift | None:
@@ -305,6 +330,7 @@ def _metric_finding(key: str, ev: Evidence, found: ServiceFindings) -> None:
         found.steady.append((ev, f"{metric}: {note}"))
     else:
         found.steady.append((ev, f"{metric} ({ev.call.arguments.get('time_range')}): no data"))
+        found.no_data.append(ev)
 
 
 def baseline_text(baseline: Baseline, unit: str | None) -> str:
@@ -320,6 +346,9 @@ def analyse(intent: Intent, view: View) -> ServiceFindings:
     for key, ev in view.by_key.items():
         if (key.startswith("metric:") or key.startswith("metric-alt:")) and ev.ok:
             _metric_finding(key, ev, found)
+    found.unseen = unseen(view)
+    found.known = [str(p.get("product")) for p in view.content("known").get("products") or []
+                   if isinstance(p, dict) and p.get("product")]
     found.deploys = view.content("deploys").get("deploys") or []
     first = found.first_shift
     if first is not None and view.get("deploys") is not None:
@@ -351,12 +380,20 @@ def _candidates(view: View, found: ServiceFindings) -> list[Hypothesis]:
     deploys, logs, changes = view.get("deploys"), view.get("logs"), view.get("changes")
     if found.linked and deploys is not None:
         deploy = found.linked[0]
-        what = f"{found.cause.name}, introduced by deploy {deploy['version']}" if found.cause else \
+        cause = found.deploy_cause
+        what = f"{cause.name}, introduced by deploy {deploy['version']}" if cause else \
             f"a change shipped in deploy {deploy['version']}"
+        # The errors name a cause no deploy brings (a certificate running out, a disk filling):
+        # then only the clock links the deploy to the symptom, which makes it a bystander until
+        # something ties the two, and reading its changes, not rolling it back, is the check.
+        plausible = found.cause is None or cause is not None
+        confirm = (f"roll {found.product} back from {deploy['version']} in one place and watch whether {watch} "
+                   "recovers") if plausible else \
+            f"read what deploy {deploy['version']} changed; nothing in the evidence ties it to {watch}"
         out.append(Hypothesis(
-            f"{what} (landed at {clock(parse_ts(deploy['ts']))}) [{deploys.call.id}]",
-            f"roll {found.product} back from {deploy['version']} in one place and watch whether {watch} recovers",
-            precedes=True, specific=True, sources={"deploys", *({"logs"} if found.cause else set())}))
+            f"{what} (landed at {clock(parse_ts(deploy['ts']))}) [{deploys.call.id}]", confirm,
+            precedes=plausible, specific=plausible, sources={"deploys", *({"logs"} if cause else set())},
+            kind="deploy", classified=cause is not None))
     folded = False  # the leading metric told as part of a cause it corroborates
     if found.change is not None and changes is not None:
         change = found.change
@@ -370,7 +407,8 @@ def _candidates(view: View, found: ServiceFindings) -> list[Hypothesis]:
         if corroborated and leading is not None:
             text += f", with {_moved(leading)} right after"
         out.append(Hypothesis(text, f"revert or pause that change and watch whether {watch} recovers",
-                              precedes=onset_after(found, change["ts"]), specific=True, sources=sources))
+                              precedes=onset_after(found, change["ts"]), specific=True, sources=sources,
+                              kind="change"))
     other = dependency(found)
     dep = view.get("dependency")
     if other is not None and dep is not None and dep.ok and first is not None:
@@ -379,8 +417,8 @@ def _candidates(view: View, found: ServiceFindings) -> list[Hypothesis]:
             out.append(Hypothesis(
                 f"{other}'s deploy {near[0]['version']} at {clock(parse_ts(near[0]['ts']))}, named in the dominant "
                 f"line [{dep.call.id}]", f"read {other}'s own latency and errors around that deploy",
-                precedes=True, specific=True, sources={"deploys", "logs"}))
-    if found.pattern and logs is not None and not (found.linked and found.cause):
+                precedes=True, specific=True, sources={"deploys", "logs"}, kind="dependency"))
+    if found.pattern and logs is not None and not found.deploy_cause:
         kinds = {kind_of(s.metric) for s in found.shifts}
         corroborated = any(speaks_of(k, pattern) for k in kinds if k not in ("latency", "failures"))
         ahead = leading is not None and not folded and speaks_of(kind_of(leading.metric), pattern)
@@ -394,6 +432,8 @@ def _candidates(view: View, found: ServiceFindings) -> list[Hypothesis]:
         else:
             what = f"what the dominant line says, \"{pattern}\""
         host = f" on host {found.pattern.host}" if found.pattern.host else ""
+        if found.cause:  # the words that name the cause, so the conclusion carries its evidence
+            host += f", as the dominant line says: \"{pattern}\""
         advice = found.cause.advice if found.cause else (
             f"read {other}'s own errors and logs from the onset on" if other is not None
             else "read the lines just before its first occurrence")
@@ -409,12 +449,13 @@ def _candidates(view: View, found: ServiceFindings) -> list[Hypothesis]:
         folded |= ahead
         out.append(Hypothesis(text, advice, precedes=ahead or early,
                               specific=bool(found.pattern.host or found.culprit or found.cause),
-                              sources={"logs", *({"metrics"} if corroborated else set())}))
+                              sources={"logs", *({"metrics"} if corroborated else set())}, kind="logs",
+                              classified=found.cause is not None))
     if leading is not None and main is not None and not folded:
         out.append(Hypothesis(
             f"{_moved(leading)}, the first metric to move, before {main.metric}",
             f"find what drove {leading.metric} at {clock(leading.shift.onset)}", precedes=True, specific=False,
-            sources={"metrics"}))
+            sources={"metrics"}, kind="metric"))
     return out
 
 

@@ -27,3 +27,12 @@ def test_texts_that_name_the_same_thing() -> None:
     assert "invoice" in shared_names("migration 0042_invoice_lines_rework applied",
                                      "slow query: SELECT * FROM invoice_lines")
     assert not shared_names("request failed upstream", "request failed: upstream error")
+
+
+def test_among_equals_a_cause_the_logs_name_beats_a_deploy_that_only_stands_next_to_the_onset() -> None:
+    deploy = Hypothesis("deploy v1.9.3", "read its diff", precedes=True, specific=True, sources={"deploys"},
+                        kind="deploy")
+    expired = Hypothesis("an expired TLS certificate", "renew it", precedes=True, specific=True, sources={"logs"},
+                         kind="logs", classified=True)
+    assert deploy.score == expired.score
+    assert [h.cause for h in rank([deploy, expired])] == ["an expired TLS certificate", "deploy v1.9.3"]

@@ -165,3 +165,23 @@ def test_milliseconds_quoted_as_seconds_are_found() -> None:
     history = _history(("call_s1", "get_deployment_status", {"latency_p95_ms": 3900, "p99_ms": 30012}, False))
     assert check("p95 3.9 s, p99 30.0 s [call_s1].", history).uncited_numbers == []
     assert check("p95 4.9 s [call_s1].", history).uncited_numbers == ["4.9"]
+
+
+def test_microseconds_quoted_as_seconds_are_found() -> None:
+    history = _history(("call_t1", "get_traces", {"root": {"duration_us": 2734000, "children": [
+        {"duration_us": 2611000}]}}, False))
+    assert check("took 2.7 s, 2.6 s of it in redis [call_t1].", history).uncited_numbers == []
+    assert check("took 3.7 s [call_t1].", history).uncited_numbers == ["3.7"]
+
+
+def test_a_ratio_quoted_as_a_percentage_is_found_only_as_a_percentage() -> None:
+    history = _history(("call_s1", "get_deployment_status", {"error_rate": 0.373, "share": 0.125}, False))
+    assert check("error rate 37% and 12.5 % of it [call_s1].", history).uncited_numbers == []
+    assert check("error rate 38% [call_s1].", history).uncited_numbers == ["38"]
+    assert check("37 requests failed [call_s1].", history).uncited_numbers == ["37"]  # a count, not a share
+
+
+def test_a_short_invented_call_id_is_a_dangling_citation() -> None:
+    history = _history(("call_m1", "get_metrics", {"v": 1}, False))
+    g = check("The cause is X [call_1] and [call_2], as [call_m1] shows.", history)
+    assert g.dangling == ["call_1", "call_2"] and not g.grounded
