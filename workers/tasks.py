@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from typing import Any
 
 from celery import Task
@@ -51,9 +52,16 @@ def step(self: Task, *, tenant_id: str, turn_id: str, step: int) -> None:
                               lane="batch" if queue == Queue.BATCH.value else "chat",
                               busy=delivery.get("priority") == BUSY_PRIORITY)
     try:
-        k.engine.submit(dispatched, _hand_on, block=False)
-    except EngineBusy:
-        raise self.retry(countdown=BUSY_BACKOFF * (1 + random.random())) from None
+        try:
+            k.engine.submit(dispatched, _hand_on, block=False)
+        except EngineBusy:
+            # No room: the engine keeps it and offers it again shortly (touched meanwhile, and
+            # handed back if the process stops warmly).
+            try:
+                k.engine.defer(dispatched, _hand_on, BUSY_BACKOFF * (1 + random.random()))
+            except EngineBusy:  # not even there: back to the queue, where any worker may take it
+                time.sleep(BUSY_BACKOFF)  # not at once: this worker would take it straight back
+                dispatch(app, Handoff(steps=(dispatched,)))
     except KortexError as exc:
         if exc.code != "shutting_down":
             raise

@@ -135,6 +135,11 @@ class StepEngine:
         self._busy: dict[str, int] = {}      # steps in flight per tenant
         self._inflight: set[_Job] = set()
         self._retrying: set[_Job] = set()    # waiting out a database error before trying again
+        # Refused for room, kept here and offered again shortly (``defer``): touched like the
+        # waiting ones, handed back with them at close. A countdown retry through Celery kept
+        # them in the worker's timer instead, where the watchdog saw an untouched turn and an
+        # empty queue (a duplicate every requeue_after) and a warm shutdown lost them.
+        self._deferred: set[_Job] = set()
         self._reporting: set[asyncio.Future[None]] = set()
         self._holds: dict[str, StepHold] = {}
         # The lease renewal has a thread (and so a database connection) of its own: behind a
@@ -188,6 +193,38 @@ class StepEngine:
             loop.call_soon_threadsafe(self._start)
         loop.call_soon_threadsafe(self._pump)
 
+    def defer(self, step: StepDispatch, done: Callable[[StepOutcome], None], delay: float) -> None:
+        """Keep a step ``submit`` had no room for, and offer it again every ``delay`` seconds
+        until it finds room; ``done`` as for ``submit``. Raises ``EngineBusy`` when as many are
+        deferred as may wait (``max_waiting_steps``): the caller gives it back to the queue."""
+        job = _Job(step, done)
+        with self._cv:
+            if self._closing:
+                raise KortexError("the step engine is stopping", code="shutting_down")
+            if len(self._deferred) >= self.max_waiting:
+                raise EngineBusy(f"this process already holds {len(self._deferred)} deferred steps")
+            self._deferred.add(job)
+            start, self._started = not self._started, True
+        loop = self.k.loop.loop
+        if start:
+            loop.call_soon_threadsafe(self._start)
+        loop.call_soon_threadsafe(loop.call_later, delay, self._offer, job, delay)
+
+    def _offer(self, job: _Job, delay: float) -> None:
+        with self._cv:
+            if self._closing or job not in self._deferred:
+                return  # close() took it
+            if not self._has_room_locked(job.step.tenant_id):
+                asyncio.get_running_loop().call_later(delay, self._offer, job, delay)
+                return
+            self._deferred.discard(job)
+            self._enqueue_locked(job)
+        self._pump()
+
+    @property
+    def deferred(self) -> int:
+        return len(self._deferred)
+
     def _has_room_locked(self, tenant: str) -> bool:
         if self._n_waiting >= self.max_waiting:
             return False
@@ -215,10 +252,11 @@ class StepEngine:
         grace = self.k.settings.turn.shutdown_grace if grace is None else grace
         with self._cv:
             self._closing = True
-            dropped = [job for q in self._waiting.values() for job in q] + list(self._retrying)
+            dropped = [job for q in self._waiting.values() for job in q] + list(self._retrying) + list(self._deferred)
             self._waiting.clear()
             self._ring.clear()
             self._retrying.clear()
+            self._deferred.clear()
             self._n_waiting = 0
             self._cv.notify_all()
         for job in dropped:
@@ -255,8 +293,9 @@ class StepEngine:
                 self._contended = self._mix.unequal(now)  # at once: a flood is cut as it arrives
 
     def _next_locked(self, at_limit: bool = False) -> _Job | None:
-        """Round robin over tenants with waiting steps, skipping those at their share; a tenant
-        of weight w is taken up to w times in a row. ``at_limit``: the loop holds all the steps
+        """Round robin over tenants with waiting steps, skipping those at their share (¾ of
+        ``max_inflight_steps`` while another tenant has steps waiting: a tenant alone may use
+        them all); a tenant of weight w is taken up to w times in a row. ``at_limit``: the loop holds all the steps
         the governor allows, and only a tenant below its fair share of that limit (the limit
         over the tenants holding or waiting for steps) is taken: a newcomer does not wait for
         a flood's steps to end."""
@@ -264,10 +303,11 @@ class StepEngine:
         if at_limit:
             active = len(self._busy.keys() | self._waiting.keys())
             fair = max(1, self.limit // max(1, active))
+        others = len(self._ring) > 1  # another tenant has steps waiting for a place
         for _ in range(len(self._ring)):
             tenant = self._ring[0]
             busy = self._busy.get(tenant, 0)
-            if busy >= self.max_per_tenant or (at_limit and busy >= fair):
+            if (others and busy >= self.max_per_tenant) or (at_limit and busy >= fair):
                 self._ring.rotate(-1)
                 continue
             queue = self._waiting[tenant]
@@ -395,6 +435,7 @@ class StepEngine:
             held = [(t.id, t.tenant_id, t.attempt) for t in (h.turn for h in holds.values()) if t is not None]
             with self._cv:
                 waiting = [job.step.turn_id for q in self._waiting.values() for job in q]
+                waiting += [job.step.turn_id for job in self._deferred]
             if not held and not waiting:
                 continue
             started = time.monotonic()

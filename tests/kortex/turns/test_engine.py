@@ -68,7 +68,9 @@ def test_steps_start_round_robin_across_tenants_whatever_order_they_came_in(harn
     assert started[:4] == [a, b, a, b] and started[4:] == [a] * 4
 
 
-def test_a_tenant_never_holds_more_than_its_share_of_slots(harness_factory) -> None:
+def test_a_tenant_alone_may_use_every_slot(harness_factory) -> None:
+    """The share is a reservation for other tenants: with nobody else waiting, one tenant's
+    steps fill every slot (a lone tenant lost a quarter of its streaming capacity)."""
     h = harness_factory(turn={"max_inflight_steps": 4, "max_inflight_per_tenant": 2, "text_flush_ms": 0},
                         llm={"budget": {"max_concurrent_turns_per_tenant": 50}})
     a = h.tenant("a")
@@ -83,7 +85,31 @@ def test_a_tenant_never_holds_more_than_its_share_of_slots(harness_factory) -> N
         peak = max(peak, engine.inflight)
         time.sleep(0.005)
     engine.close(0)
-    assert peak == 2 and all(isinstance(o, Handoff) for o in rec.outcomes)
+    assert peak == 4 and all(isinstance(o, Handoff) for o in rec.outcomes)
+
+
+def test_while_another_tenant_waits_a_tenant_holds_no_more_than_its_share(harness_factory) -> None:
+    h = harness_factory(turn={"max_inflight_steps": 4, "max_inflight_per_tenant": 2, "text_flush_ms": 0},
+                        llm={"budget": {"max_concurrent_turns_per_tenant": 50}})
+    a, b = h.tenant("a"), h.tenant("b")
+    flood, others = _post(h, a, "scripted:slow_text", 6), _post(h, b, "scripted:slow_text", 6)
+    engine = StepEngine(h.k)
+    rec = _Recorder()
+    rec.expected = 12
+    peak_a = 0
+    with engine._cv:  # both tenants' steps wait before the first slot is given
+        for s in flood + others:
+            engine._enqueue_locked(_Job(s, rec))
+    engine.k.loop.loop.call_soon_threadsafe(engine._start)
+    engine._started = True
+    engine.k.loop.loop.call_soon_threadsafe(engine._pump)
+    while not rec.done.is_set():
+        with engine._cv:
+            if engine._waiting.get(b):  # B still has steps waiting for a place
+                peak_a = max(peak_a, engine._busy.get(a, 0))
+        time.sleep(0.005)
+    engine.close(0)
+    assert peak_a == 2 and all(isinstance(o, Handoff) for o in rec.outcomes)
 
 
 def _until(condition: Any, seconds: float = 5.0, every: float = 0.01) -> None:
@@ -157,10 +183,10 @@ def test_once_the_light_tenant_has_gone_quiet_the_steps_held_back_start_at_once(
         time.sleep(0.2)
         assert (engine.inflight, engine.waiting) == (2, 15)  # B's step and one of A's; A's share is 1
         # B's peak leaves the horizon: the tenants are no longer unequal, and the flood starts
-        # (well before A's first step ends, 4 s after it began). A then holds its share of the
-        # hard bound (¾ of 10).
-        _until(lambda: engine.limit == 10 and engine._busy.get(a) == engine.max_per_tenant == 7, seconds=2.5)
-        assert (engine.inflight, engine.waiting) == (8, 9)
+        # (well before A's first step ends, 4 s after it began). With nobody else waiting, A
+        # takes every slot of the hard bound that B's step leaves.
+        _until(lambda: engine.limit == 10 and engine._busy.get(a) == 9, seconds=2.5)
+        assert (engine.inflight, engine.waiting) == (10, 7)
     finally:
         engine.close(0)
 
@@ -317,3 +343,47 @@ def test_a_claim_whose_reads_fail_is_undone_and_the_step_runs_again(harness_fact
     turn = chat.get_turn(h.k, a, s.turn_id)
     assert failures == ["running"]
     assert turn.status == "done" and turn.attempt == 1  # the undone claim left no attempt behind
+
+
+def test_a_step_without_room_is_kept_touched_offered_again_and_handed_back_at_close(harness_factory) -> None:
+    """The Celery task defers what ``submit`` refused: the engine keeps it (touched like a
+    waiting step, so the watchdog never takes it for lost), starts it once there is room, and
+    hands it back with the waiting ones if the process stops first."""
+    from sqlalchemy import select
+
+    from kortex.storage.schema import turns as turns_table
+
+    h = harness_factory(turn={"max_inflight_steps": 1, "max_waiting_steps": 1, "text_flush_ms": 0,
+                              "step_lease": 0.9},  # the renewer touches every 0.3 s
+                        llm={"budget": {"max_concurrent_turns_per_tenant": 50}})
+    a = h.tenant("a")
+    steps = _post(h, a, "scripted:slow_text", 4)
+    engine = StepEngine(h.k)
+    rec = _Recorder()
+    rec.expected = 3
+
+    def touched(turn_id: str) -> Any:
+        with h.k.db.connect() as conn:
+            return conn.scalar(select(turns_table.c.updated_at).where(turns_table.c.id == turn_id))
+
+    try:
+        engine.submit(steps[0], rec, block=False)
+        _until(lambda: engine.inflight == 1)
+        engine.submit(steps[1], rec, block=False)  # the one waiting place
+        with pytest.raises(EngineBusy):
+            engine.submit(steps[2], rec, block=False)
+        engine.defer(steps[2], rec, 0.05)
+        assert engine.deferred == 1
+        before = touched(steps[2].turn_id)
+        _until(lambda: touched(steps[2].turn_id) != before, seconds=3)  # held, not lost
+        assert rec.done.wait(30)  # all three ran, the deferred one once there was room
+        assert engine.deferred == 0 and all(isinstance(o, Handoff) for o in rec.outcomes)
+        # Full again, and the process stops before the deferred step finds room: it is handed back.
+        engine.submit(steps[3], rec, block=False)
+        _until(lambda: engine.inflight == 1)
+        again = _post(h, a, "scripted:slow_text", 2)
+        engine.submit(again[0], rec, block=False)
+        engine.defer(again[1], rec, 60)
+    finally:
+        left = engine.close(0)
+    assert again[1] in left and again[0] in left
