@@ -51,3 +51,18 @@ def test_the_compose_file_stays_under_postgres_default_100_connections() -> None
     assert total == 79 < 100  # the figure README "Sizing" and the compose header state
     assert "--appendonly" in services["redis"]["command"]
     assert services["redis"]["command"][services["redis"]["command"].index("--appendonly") + 1] == "yes"
+
+
+def test_compose_gives_the_turns_worker_time_to_hand_its_steps_on_when_stopped() -> None:
+    """docker stop sends SIGTERM, then SIGKILL after the grace period (10 s unless set): the turns
+    worker needs turn.shutdown_grace to let steps finish, and a few seconds more to release the
+    rest to another worker; killed sooner, they wait out their leases."""
+    import re
+
+    import yaml
+
+    from kortex.config import TurnSettings
+
+    services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    given = re.fullmatch(r"(\d+)s", str(services["worker-turns"].get("stop_grace_period", "10s")))
+    assert given is not None and int(given.group(1)) >= TurnSettings().shutdown_grace + 15
