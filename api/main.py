@@ -14,7 +14,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.security.utils import get_authorization_scheme_param
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from starlette.concurrency import run_in_threadpool
 
 from api import errors, openapi, revocation
@@ -129,9 +129,12 @@ class RequestIds:
         given = dict(scope.get("headers") or ()).get(b"x-request-id", b"").decode("latin-1")
         request_id = given if _REQUEST_ID.match(given) else uuid.uuid4().hex
         header = (b"x-request-id", request_id.encode())
+        status = 0
 
         async def send_with_id(message: dict[str, Any]) -> None:
+            nonlocal status
             if message["type"] == "http.response.start":
+                status = int(message.get("status", 0))
                 message["headers"] = [*message.get("headers", []), header]
             await send(message)
 
@@ -139,11 +142,27 @@ class RequestIds:
                 f"HTTP {scope.get('method', '')}", kind=SpanKind.SERVER,
                 attributes={"http.method": scope.get("method", ""), "http.target": scope.get("path", ""),
                             "kortex.request_id": request_id}) as span:
-            await self.app(scope, receive, send_with_id)
-            route = scope.get("route")
-            if span is not None and route is not None and getattr(route, "path", None):
-                span.update_name(f"HTTP {scope.get('method', '')} {route.path}")
-                span.set_attribute("http.route", route.path)
+            try:
+                await self.app(scope, receive, send_with_id)
+            finally:
+                if span is not None:
+                    _answered(span, scope, status)
+
+
+def _answered(span: Span, scope: dict[str, Any], status: int) -> None:
+    """What the request's span says of the answer. Most failures never reach the middleware as
+    an exception (api/errors.py answers them, a 503 for a storage outage): the status sent is
+    what tells a failed request from a good one. As OpenTelemetry's HTTP conventions have it, a
+    5xx fails the server's span and a 4xx (the caller's mistake) does not."""
+    route = scope.get("route")
+    if route is not None and getattr(route, "path", None):
+        span.update_name(f"HTTP {scope.get('method', '')} {route.path}")
+        span.set_attribute("http.route", route.path)
+    if status:
+        span.set_attribute("http.status_code", status)  # the older name, which most backends still read
+        span.set_attribute("http.response.status_code", status)
+        if status >= 500:
+            span.set_status(Status(StatusCode.ERROR, f"HTTP {status}"))
 
 
 def _setup_logging(settings: Settings) -> None:

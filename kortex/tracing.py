@@ -1,6 +1,7 @@
 """OpenTelemetry spans for a turn: the HTTP request that posted it, each step (a Celery task and
 the engine's run of it), each LLM call inside a step, each tool call; one trace per turn, its
-context carried from hand-off to hand-off in the task headers (``Handoff.traced``).
+context carried from hand-off to hand-off in the task headers (``Handoff.traced``) and kept on
+the turn's and each tool call's row (``traceparent``), for the work the watchdog hands on again.
 
 Off by default, and then nothing here does more than a flag check. ``[tracing] enabled = true``
 exports OTLP over HTTP to ``endpoint`` (or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` /
@@ -74,6 +75,14 @@ def carrier() -> tuple[tuple[str, str], ...]:
     return tuple(sorted(headers.items()))
 
 
+def traceparent() -> str | None:
+    """The current span's W3C ``traceparent`` (None when off or outside any span). A turn's and
+    a tool call's rows keep it: the watchdog hands their work on again from the database, where
+    no span is current, and the re-run must still join the turn's trace."""
+    value = dict(carrier()).get("traceparent")
+    return value if value is not None and len(value) <= 64 else None  # the columns' width (version 00: 55)
+
+
 @contextlib.contextmanager
 def span(name: str, *, parent: Mapping[str, str] | tuple[tuple[str, str], ...] | None = None,
          kind: SpanKind = SpanKind.INTERNAL, attributes: Mapping[str, Any] | None = None) -> Iterator[Span | None]:
@@ -107,4 +116,4 @@ def finish(current: Span | None, *, error: str | None = None, **attributes: Any)
     current.end()
 
 
-__all__ = ["carrier", "enabled", "finish", "setup", "setup_from", "span", "start"]
+__all__ = ["carrier", "enabled", "finish", "setup", "setup_from", "span", "start", "traceparent"]

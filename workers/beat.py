@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from kortex import heap
+from kortex import heap, tracing
 from kortex.config import Settings
 from kortex.errors import ConfigError
 from kortex.storage.leader import AdvisoryLeader
@@ -45,6 +45,8 @@ def run(settings: Settings, stop: threading.Event | None = None, alive_file: Pat
                           token=token.get_secret_value() if token is not None else None)
         except OSError as exc:
             raise ConfigError(f"cannot serve metrics on --metrics-port {metrics_port}: {exc.strerror or exc}") from exc
+    # Before the container, whose setup would name this process "worker" in every span it exports.
+    tracing.setup_from(settings, "beat")
     k = runtime.kortex(settings)
     leader = AdvisoryLeader(k.db, settings.redis_prefix)
     if settings.settle_heap:

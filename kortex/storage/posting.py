@@ -15,6 +15,7 @@ from sqlalchemy import and_, bindparam, func, insert, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
+from kortex import tracing
 from kortex.errors import Conflict, NotFound
 from kortex.ids import uuid7
 from kortex.messages import UserMessage
@@ -99,7 +100,8 @@ _INSERT_TURN = turns.insert()
 # Each column is bound with its own type, so values are stored exactly as by the plain inserts.
 _TURN_COLUMNS = ("id", "tenant_id", "session_id", "status", "step", "attempt", "lease_until", "pending_tools",
                  "model", "model_used", "idempotency_key", "request_hash", "error", "input_tokens", "output_tokens",
-                 "cost_usd", "deadline_at", "created_at", "updated_at", "finished_at", "profile")
+                 "cost_usd", "deadline_at", "created_at", "updated_at", "finished_at", "profile",
+                 "traceparent")
 _MESSAGE_COLUMNS = tuple(c.name for c in chat_messages.c if c.name != "turn_no")
 _next_turn = _NEXT_TURN_NO.cte("next_turn")
 _new_turn = (
@@ -209,6 +211,8 @@ def create_turn(
         "idempotency_key": idempotency_key, "request_hash": digest, "error": None,
         "input_tokens": 0, "output_tokens": 0, "cost_usd": 0.0, "deadline_at": now + deadline,
         "created_at": now, "updated_at": now, "finished_at": None, "profile": profile,
+        # the posting span's: the watchdog re-runs a step in the turn's trace (kortex/turns/watchdog.py)
+        "traceparent": tracing.traceparent(),
     }
     try:
         turn_no = _write_turn(conn, row, content)

@@ -79,6 +79,7 @@ class TurnRecord(_Record):
     #: the outbox holds events of this turn that Redis refused (known when a step is claimed)
     kept_events: bool = False
     profile: str = "chat"  # kortex/turns/profiles.py
+    traceparent: str | None = None  # the span that posted it (kortex/tracing.py)
 
     @property
     def finished(self) -> bool:
@@ -123,6 +124,7 @@ class InvocationRecord(_Record):
     attempts: int
     deadline_at: datetime | None
     profile: str = "chat"  # its turn's (kortex/turns/profiles.py)
+    traceparent: str | None = None  # the step span that made the call (kortex/tracing.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -110,6 +110,9 @@ turns = Table(
     Column("done_event_id", String(48), nullable=True),
     # The kind of turn (kortex/turns/profiles.py): its prompt, tools, budget scope, finish hook.
     Column("profile", String(32), nullable=False, default="chat", server_default="chat"),
+    # The W3C traceparent of the span that posted the turn (NULL with tracing off): a step the
+    # watchdog hands on again joins the turn's trace (kortex/turns/watchdog.py).
+    Column("traceparent", String(64), nullable=True),
     UniqueConstraint("session_id", "turn_no"),
     UniqueConstraint("tenant_id", "idempotency_key"),
     # One turn at a time per session, kept by the database: a post that loses a race to another
@@ -177,6 +180,9 @@ tool_invocations = Table(
     # The profile of the call's turn (kortex/turns/profiles.py): the tool task runs the call
     # under that profile's policy, on its lane (a batch turn's calls stay off the chat queues).
     Column("profile", String(32), nullable=False, default="chat", server_default="chat"),
+    # The traceparent of the step that made the call: a re-enqueued call, and the step a call
+    # the watchdog settled hands on, stay in the turn's trace.
+    Column("traceparent", String(64), nullable=True),
     UniqueConstraint("turn_id", "call_id"),
     Index(None, "status", "enqueued_at"),
 )

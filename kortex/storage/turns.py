@@ -23,6 +23,7 @@ from sqlalchemy import bindparam, case, exists, func, insert, literal_column, se
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 
+from kortex import tracing
 from kortex.errors import Conflict, NotFound
 from kortex.ids import uuid7
 from kortex.messages import AssistantMessage, Message, ToolMessage, ToolResult, Usage
@@ -241,6 +242,7 @@ def park_for_tools(
     refused = refused or {}
     now = utcnow()
     runnable = [c for c in message.tool_calls if c.id not in refused]
+    trace = tracing.traceparent()
     parked = _cas_and_message(conn, "park", {
         "p_id": turn.id, "p_tenant": turn.tenant_id, "p_step": step, "p_attempt": turn.attempt,
         "p_pending": len(runnable), **_usage_params(usage, model_used)},
@@ -257,6 +259,7 @@ def park_for_tools(
             turn_no=turn.turn_no, step=step, idx=idx, call_id=call.id, name=call.name,
             arguments=call.arguments, arguments_error=call.arguments_error,
             status="pending" if result is None else "done", attempts=0, deadline_at=None, profile=turn.profile,
+            traceparent=trace,
         )
         rows.append({
             "id": record.id, "tenant_id": record.tenant_id, "session_id": record.session_id,
@@ -266,6 +269,7 @@ def park_for_tools(
             "error_code": result.error_code if result else None, "truncated": False, "elapsed_ms": 0,
             "attempts": 0, "created_at": now, "enqueued_at": now, "started_at": None, "deadline_at": None,
             "finished_at": now if result else None, "profile": turn.profile,
+            "traceparent": trace,  # the step's span: a call the watchdog hands on stays in its trace
         })
         if result is None:
             records.append(record)

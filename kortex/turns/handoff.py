@@ -18,6 +18,11 @@ Trace = tuple[tuple[str, str], ...]
 Lane = Literal["chat", "batch"]
 
 
+def stored_trace(traceparent: str | None) -> Trace:
+    """The trace context a turn or tool call row kept (``tracing.traceparent``), as a hand-off's."""
+    return (("traceparent", traceparent),) if traceparent else ()
+
+
 @dataclass(frozen=True, slots=True)
 class StepDispatch:
     tenant_id: str

@@ -10,7 +10,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -31,7 +31,7 @@ from kortex.timeparse import utcnow
 from kortex.tools.spec import ToolContext
 from kortex.turns import outbox, spool
 from kortex.turns.closing import Ending, announce, end_turn, settled_calls
-from kortex.turns.handoff import Handoff, StepDispatch
+from kortex.turns.handoff import Handoff, StepDispatch, stored_trace
 from kortex.turns.ports import JOB_SWEEPS, Leadership, QueuePort, Work
 from kortex.turns.profiles import lane_of, load_builtin
 from kortex.turns.step import tool_dispatch
@@ -142,8 +142,8 @@ def sweep(k: Kortex, queue: QueuePort | None = None) -> SweepReport:
     with k.db.connect() as conn:
         overdue = sweeps.overdue_invocations(conn, now)
     for inv in overdue:
-        try:
-            handoff += _settle_overdue(k, inv)
+        try:  # the step a settled call hands on is in the turn's trace, as if the call had ended itself
+            handoff += _settle_overdue(k, inv).traced(stored_trace(inv.traceparent))
         except KortexError:
             log.exception("watchdog could not settle tool call %s", inv.id)
 
@@ -161,10 +161,14 @@ def sweep(k: Kortex, queue: QueuePort | None = None) -> SweepReport:
                                 if idle(lane_of(t.profile), steps_waiting)]
         stale_tools = [i for i in sweeps.stale_pending_invocations(conn, cutoff)
                        if idle(lane_of(i.profile), tools_waiting)]
+    # Handed on again from the rows, each with the trace context its row kept: the step runs
+    # again in its turn's trace, not in a new one of its own.
     handoff += Handoff(
-        steps=tuple(StepDispatch(tenant_id=t.tenant_id, turn_id=t.id, step=t.step, lane=lane_of(t.profile))
+        steps=tuple(StepDispatch(tenant_id=t.tenant_id, turn_id=t.id, step=t.step, lane=lane_of(t.profile),
+                                 trace=stored_trace(t.traceparent))
                     for t in stale_turns),
-        tools=tuple(tool_dispatch(k, i.tenant_id, i.id, i.name, i.profile) for i in stale_tools),
+        tools=tuple(replace(tool_dispatch(k, i.tenant_id, i.id, i.name, i.profile), trace=stored_trace(i.traceparent))
+                    for i in stale_tools),
     )
     load_builtin()  # the rooms built on the engine register their sweeps when loaded
     for job_sweep in JOB_SWEEPS:  # kinds of batch work keep their own items moving (kortex/postmortems/)

@@ -65,3 +65,34 @@ def test_a_turn_with_two_tool_calls_is_one_trace_of_request_steps_llm_calls_and_
 def test_tracing_off_puts_nothing_in_the_task_headers() -> None:
     from workers.dispatch import _headers
     assert _headers(()) is None
+
+
+def test_a_request_s_span_says_how_it_was_answered_and_a_5xx_fails_it(
+        harness: Harness, spans: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Errors api/errors.py answers (a 503 for a storage outage, a 404) never reach the
+    middleware as exceptions: the status sent is what the span goes by."""
+    from opentelemetry.trace import StatusCode
+
+    from kortex.errors import StorageError
+    from kortex.turns import chat
+
+    tenant = harness.tenant("acme")
+    auth = {"Authorization": f"Bearer {harness.api_key(tenant)}"}
+
+    def outage(*_: object, **__: object) -> None:
+        raise StorageError("the database is down")
+
+    with TestClient(create_app(harness.settings, dispatch=lambda _: None)) as client:
+        assert client.post("/v1/sessions", json={}, headers=auth).status_code == 201
+        assert client.get("/v1/sessions/0190a0b0-0000-7000-8000-000000000000", headers=auth).status_code == 404
+        monkeypatch.setattr(chat, "list_sessions", outage)
+        assert client.get("/v1/sessions", headers=auth).status_code == 503
+    served = {s.name: s for s in spans.get_finished_spans() if s.name.startswith("HTTP")}
+    created, missing, failed = (served["HTTP POST /v1/sessions"], served["HTTP GET /v1/sessions/{session_id}"],
+                                served["HTTP GET /v1/sessions"])
+    assert [s.attributes["http.status_code"] for s in (created, missing, failed)] == [201, 404, 503]
+    assert all(s.attributes["http.response.status_code"] == s.attributes["http.status_code"]
+               for s in (created, missing, failed))
+    assert failed.status.status_code is StatusCode.ERROR
+    # a caller's mistake is not the server's failure (OpenTelemetry's HTTP server conventions)
+    assert created.status.status_code is missing.status.status_code is StatusCode.UNSET
