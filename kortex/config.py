@@ -289,12 +289,18 @@ class AnomalySettings(_Section):
     @field_validator("actions")
     @classmethod
     def _kinds(cls, value: dict[str, str]) -> dict[str, str]:
-        from kortex.turns.anomalies import POLICY
+        from kortex.turns.anomalies import ACTIONS, POLICY
 
         # By position, not by name: configuration errors never quote what was written.
         unknown = [f"entry {n}{did_you_mean(kind, POLICY)}" for n, kind in enumerate(value, 1) if kind not in POLICY]
         if unknown:
             raise ValueError(f"unknown anomaly kind: {', '.join(unknown)}; known: {', '.join(POLICY)}")
+        # Known kinds and actions (our vocabulary) may be quoted. Refused here, not ignored at
+        # run time: an action recovery cannot carry out would be announced and then not taken.
+        impossible = [f"{kind} cannot {action} (it can: {', '.join(sorted(ACTIONS[kind]))})"
+                      for kind, action in value.items() if action not in ACTIONS[kind]]
+        if impossible:
+            raise ValueError(f"[llm.anomalies] actions: {'; '.join(impossible)}")
         return value
 
 
@@ -416,7 +422,7 @@ class TurnSettings(_Section):
     # The step engine of each turns-worker process (kortex/turns/engine.py): LLM steps stream
     # concurrently on one event loop; past ``max_inflight_steps`` they wait in the process,
     # taken round-robin across tenants (``tenant_weights`` gives some tenants more turns of
-    # the wheel), and past ``max_waiting_steps`` the worker stops taking messages.
+    # the wheel); past ``max_waiting_steps`` a step is set aside and offered again every 0.5-1 s.
     max_inflight_steps: int = Field(1000, ge=1, le=100_000)
     max_inflight_per_tenant: int | None = Field(None, ge=1)  # default: 3/4 of max_inflight_steps
     max_waiting_steps: int = Field(5000, ge=1)

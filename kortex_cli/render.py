@@ -31,6 +31,9 @@ class EventPrinter:
         self.as_json = as_json
         self._in_text = False
         self._attempts = AttemptFilter()
+        # The model answering now: a step's turn event names the first it tries, a recovery the
+        # one that took over (a retried or too slow answer), so the closing line names the right one.
+        self._model: str | None = None
 
     def _end_text(self) -> None:
         if self._in_text:
@@ -55,10 +58,20 @@ class EventPrinter:
             self.console.print(f"[yellow]! step {self._attempts.rerun_step} is starting again "
                                "(its worker stopped); its answer follows anew[/yellow]")
         elif event == "turn":
+            self._model = data.get("model") or self._model
             if data.get("step"):
                 c.print(f"[dim]· step {data['step']} ({data.get('model') or 'model'})[/dim]")
             else:
                 c.print(f"[dim]· thinking with {data.get('model') or 'the default model'}[/dim]")
+        elif event == "route":
+            fallback = f", fallback {data['fallback']}" if data.get("fallback") else ""
+            c.print(f"[dim]· routed to {data.get('model')} ({data.get('tier')}, "
+                    f"~${data.get('estimated_cost_usd', 0):.4f}{fallback})[/dim]")
+        elif event == "anomaly":
+            c.print(f"[yellow]! {data.get('kind')}[/yellow] ({data.get('severity')}): "
+                    f"{escape(data.get('message', ''))}")
+        elif event == "recovery":
+            self._show_recovery(data)
         elif event == "tool_call":
             c.print(f"[yellow]→ {data['name']}[/yellow]({escape(_args(data.get('arguments', {})))}) "
                     f"[dim]{data['call_id']}[/dim]")
@@ -81,5 +94,17 @@ class EventPrinter:
             c.print(f"[red]! {data.get('code')}[/red]: {escape(data.get('message', ''))}")
         elif event == "done":
             usage = data.get("usage") or {}
-            c.print(f"\n[dim]· {data.get('status')} · {usage.get('input_tokens', 0)} in / "
+            by = f" · {self._model}" if self._model and data.get("status") == "done" else ""
+            c.print(f"\n[dim]· {data.get('status')}{by} · {usage.get('input_tokens', 0)} in / "
                     f"{usage.get('output_tokens', 0)} out tokens · ${usage.get('cost_usd', 0):.4f}[/dim]")
+
+    def _show_recovery(self, data: dict[str, Any]) -> None:
+        action = data.get("action")
+        if action == "continue":  # the anomaly line said what; the step goes on as it was
+            return
+        if data.get("model"):
+            self._model = data["model"]
+        on = f" on {data['model']}" if data.get("model") else ""
+        mark = "[red]■ escalate[/red]" if action == "escalate" else f"[yellow]↻ {action}{on}[/yellow]"
+        # A retry or a rollback follows text already printed: say so, or it reads as one answer.
+        self.console.print(f"{mark}: {escape(data.get('message', ''))}")

@@ -199,12 +199,14 @@ def _ask(k: Kortex, tenant_id: str, question: str, model: str | None, printer: E
 
 
 def _check_model(settings: Settings, model: str | None) -> None:
-    """An unusable model is reported before the embedded stack starts, or anything is seeded."""
+    """An unusable model is reported before the embedded stack starts, or anything is seeded:
+    as the API checks it (``auto`` included), on a registry of this configuration."""
     if model:
         from kortex.llm.providers import BUILTIN_PROVIDERS
         from kortex.llm.registry import ProviderRegistry
+        from kortex.turns.routed import Router
 
-        ProviderRegistry(settings, BUILTIN_PROVIDERS).resolve(model)
+        chat.usable_model(ProviderRegistry(settings, BUILTIN_PROVIDERS), Router(settings), model)
 
 
 def run_demo(console: Console, *, question: str | None, scenario: str, model: str | None) -> bool:

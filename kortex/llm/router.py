@@ -17,6 +17,7 @@ conversation is scrubbed of credentials before it goes to a cloud provider.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
@@ -49,6 +50,12 @@ FRUGAL_HINT = (
 )
 #: statuses after which another provider may well succeed (bad key, unknown model)
 _FAILOVER_STATUS = frozenset({401, 403, 404})
+#: a 400 that refuses the model, not the request (Ollama's "\"all-minilm\" does not support
+#: chat" for an embedding model, a model id the server does not know): another model may well
+#: answer. A 400 about the request itself (a prompt too long, a bad tool schema) is not one.
+_MODEL_REFUSED = re.compile(r"does not support (chat|generate|completions?)\b|not a chat model|unknown model|"
+                            r"model_not_(found|supported)|\bmodel\b[^.]{0,200}?\b(not found|does not exist|"
+                            r"is not supported|not supported)", re.I)
 #: warnings said once per step, however many calls (retries, frugal escalation) repeat them
 _ONCE_PER_STEP = frozenset({"pseudo_tools"})
 
@@ -121,7 +128,9 @@ def is_cloud(provider: Provider) -> bool:
 def can_fail_over(exc: ProviderError) -> bool:
     # A 5xx is that provider's own trouble, also when trying it again is pointless (501, 505).
     server_error = exc.status is not None and exc.status >= 500
-    return exc.retryable or server_error or isinstance(exc, ProviderUnavailable) or exc.status in _FAILOVER_STATUS
+    model_refused = exc.status == 400 and bool(_MODEL_REFUSED.search(f"{exc.detail} {exc.message}"))
+    return (exc.retryable or server_error or isinstance(exc, ProviderUnavailable) or exc.status in _FAILOVER_STATUS
+            or model_refused)
 
 
 def plan(registry: ProviderRegistry, spec: str | None) -> list[Candidate]:

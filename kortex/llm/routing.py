@@ -234,9 +234,12 @@ def complexity_of(question: str) -> Complexity:
 
 
 def task_of(history: Sequence[Message], *, last_step: bool, cost_ceiling_usd: float | None,
-            latency_sla_ms: float | None, required: frozenset[str] = frozenset()) -> TaskSpec:
+            latency_sla_ms: float | None, required: frozenset[str] = frozenset(),
+            prompt_chars: int = 0) -> TaskSpec:
     """The step as a task: complexity from the question and the step's position (the first
-    planning step, digesting tool results, or the final answer when no tools are left)."""
+    planning step, digesting tool results, or the final answer when no tools are left).
+    ``prompt_chars``: what the request carries besides the history (the system prompt and the
+    tool schemas offered), billed as input like it: often most of a short question's step."""
     last_user = max((i for i, m in enumerate(history) if isinstance(m, UserMessage)), default=-1)
     question = history[last_user].content if last_user >= 0 else ""  # type: ignore[union-attr]
     after = history[last_user + 1:]
@@ -247,7 +250,7 @@ def task_of(history: Sequence[Message], *, last_step: bool, cost_ceiling_usd: fl
         complexity = "moderate"  # reading results back is lighter work than planning or concluding
     chars = sum(len(m.content) if isinstance(m, UserMessage | AssistantMessage) else len(str(m.result.content))
                 for m in history)
-    return TaskSpec(complexity=complexity, position=position, input_tokens=max(1, chars // 4),
+    return TaskSpec(complexity=complexity, position=position, input_tokens=max(1, (chars + prompt_chars) // 4),
                     required_capabilities=required, cost_ceiling_usd=cost_ceiling_usd, latency_sla_ms=latency_sla_ms)
 
 

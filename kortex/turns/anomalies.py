@@ -8,8 +8,8 @@ client already has is never repeated silently; ``fallback`` hands the step to th
 decision's fallback model (a slow first token, before any text); ``rollback`` reruns the step
 from its parent checkpoint (the boundary before it) on the same model, its tools offered again,
 replacing what the step produced (its tool calls too); ``escalate`` ends the turn with a clear
-error. A deployment maps any kind to another action in ``[llm.anomalies] actions``; by default
-no kind recommends ``rollback``.
+error. A deployment maps a kind to another action in ``[llm.anomalies] actions``, among those
+the kind can take (``ACTIONS``); by default no kind recommends ``rollback``.
 """
 
 from __future__ import annotations
@@ -37,6 +37,25 @@ POLICY: dict[str, tuple[Severity, Action]] = {
     "context_degradation": ("medium", "continue"),
     "chain_depth": ("medium", "continue"),
 }
+_ANY: frozenset[Action] = frozenset({"continue", "retry", "fallback", "rollback", "escalate"})
+_NOTE_OR_STOP: frozenset[Action] = frozenset({"continue", "escalate"})
+#: kind -> the actions recovery can carry out for it. A cost overrun, an uncited answer and the
+#: last step with tools are found once the answer is out (running it again would only say it
+#: twice, and cost more), a cut history before any call: those are noted or end the turn. A slow
+#: first token is met by the fallback before any text, or waited out.
+ACTIONS: dict[str, frozenset[Action]] = {
+    "cost_overrun": _NOTE_OR_STOP,
+    "latency_spike": frozenset({"continue", "fallback"}),
+    "empty_answer": _ANY,
+    "short_answer": _ANY,
+    "uncited_answer": _NOTE_OR_STOP,
+    "repeated_tool_call": _ANY,
+    "looping_tool_calls": _ANY,
+    "context_degradation": _NOTE_OR_STOP,
+    "chain_depth": _NOTE_OR_STOP,
+}
+#: actions that run the model again: what ``max_retries_per_turn`` counts
+RERUNS: tuple[Action, ...] = ("retry", "fallback", "rollback")
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,8 +71,21 @@ class Anomaly:
         return POLICY[self.kind][0]
 
 
+class Escalated(Exception):
+    """A recovery that ends the turn (an anomaly whose action is ``escalate``)."""
+
+    def __init__(self, anomaly: Anomaly) -> None:
+        super().__init__(anomaly.message)
+        self.anomaly = anomaly
+
+
+def action_for(kind: str, policy: AnomalySettings) -> Action:
+    """What recovery does about ``kind``: the deployment's mapping, else the recommendation."""
+    return policy.actions.get(kind, POLICY[kind][1])
+
+
 def found(kind: str, message: str, policy: AnomalySettings) -> Anomaly:
-    return Anomaly(kind, message, policy.actions.get(kind, POLICY[kind][1]))
+    return Anomaly(kind, message, action_for(kind, policy))
 
 
 def _signature(call: ToolCall) -> tuple[str, str]:
@@ -118,4 +150,5 @@ def check_depth(step: int, depth: int, calls: Sequence[ToolCall], policy: Anomal
     return []
 
 
-__all__ = ["POLICY", "Action", "Anomaly", "found", "check_answer", "check_calls", "check_context", "check_cost", "check_depth"]
+__all__ = ["ACTIONS", "POLICY", "RERUNS", "Action", "Anomaly", "Escalated", "action_for", "check_answer", "check_calls",
+           "check_context", "check_cost", "check_depth", "found"]

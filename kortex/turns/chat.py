@@ -14,6 +14,7 @@ from sqlalchemy.engine import Connection
 from kortex import budget
 from kortex.container import Kortex
 from kortex.errors import Conflict, InvalidInput, ProviderError, StreamError
+from kortex.llm.registry import ProviderRegistry
 from kortex.messages import Usage
 from kortex.storage import audit, chats, posting, turns
 from kortex.storage.audit import AuditEntry
@@ -25,7 +26,7 @@ from kortex.storage.turns import ONE_STATEMENT_WRITE
 from kortex.text import check_no_nul
 from kortex.turns.admission import Admitted, past_busy_mark
 from kortex.turns.handoff import NOTHING, Handoff, StepDispatch
-from kortex.turns.routed import AUTO
+from kortex.turns.routed import AUTO, Router
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +42,14 @@ class PostedTurn:
 
 
 def check_model(k: Kortex, model: str | None, field: str = "model") -> str | None:
-    """``model`` stripped, once it names a model that can take a turn now (or ``auto``); every
-    refusal is a 4xx whose details name ``field``."""
+    """``model`` stripped, once it names a model that can take a turn now (or ``auto`` with a
+    model to route to); every refusal is a 4xx whose details name ``field``."""
+    return usable_model(k.providers, k.router, model, field)
+
+
+def usable_model(providers: ProviderRegistry, router: Router, model: str | None, field: str = "model") -> str | None:
+    """``check_model`` on a registry and router of one's own (the CLI checks before its stack
+    starts)."""
     if model is None:
         return None
     check_no_nul(model, field)
@@ -50,9 +57,15 @@ def check_model(k: Kortex, model: str | None, field: str = "model") -> str | Non
     if not model or len(model) > 200:
         raise InvalidInput(f"{field} must be 1-200 characters, e.g. 'offline:analyst'",
                            details=[{"field": field, "message": "must be 1-200 characters"}])
-    if model == AUTO:  # each step's model is chosen by the router (kortex/turns/routed.py)
-        return model
-    resolve_model(k, model, field)
+    try:
+        if model == AUTO:  # each step's model is chosen by the router (kortex/turns/routed.py), so
+            router.check_routable(providers)  # refused now, as a pinned one is, if it has none to choose
+        else:
+            providers.resolve(model)
+    except (InvalidInput, ProviderError) as exc:  # as resolve_model names the field
+        if exc.details is None:
+            exc.details = [{"field": field, "message": exc.message}]
+        raise
     return model
 
 

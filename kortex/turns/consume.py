@@ -20,7 +20,7 @@ from kortex.llm.router import RoutedStream
 from kortex.messages import AssistantMessage, Message, ToolCall
 from kortex.stream.store import StepPublisher
 from kortex.text import NUL, without_nul
-from kortex.turns.anomalies import Anomaly
+from kortex.turns.anomalies import found
 from kortex.turns.notes import Notes
 
 if TYPE_CHECKING:
@@ -115,10 +115,11 @@ async def consume(
                     calls.append(chunk.call)
                 elif isinstance(chunk, WarningChunk) and chunk.code == "latency_spike" and notes is not None:
                     # The first model sent nothing in time; the decision's fallback answers (no
-                    # text had been shown, so nothing is said twice).
-                    spike = Anomaly("latency_spike", chunk.message, "fallback")
+                    # text had been shown, so nothing is said twice). The deadline is armed only
+                    # when [llm.anomalies] maps the kind to fallback (kortex/turns/step.py).
+                    spike = found("latency_spike", chunk.message, routed.llm.anomalies)
                     notes.anomaly(spike, publisher)
-                    notes.recovery("fallback", spike.kind, chunk.message, publisher,
+                    notes.recovery(spike.action, spike.kind, chunk.message, publisher,
                                    model=routed.candidates[-1].spec)
                 elif isinstance(chunk, WarningChunk):
                     publisher.emit(ErrorEvent(code=chunk.code, message=chunk.message, fatal=False))

@@ -10,7 +10,7 @@ from kortex.llm.routing import RoutingDecision
 from kortex.storage.audit import AuditEntry
 from kortex.storage.records import TurnRecord
 from kortex.stream.store import StepPublisher
-from kortex.turns.anomalies import Action, Anomaly, check_context
+from kortex.turns.anomalies import Action, Anomaly, Escalated, check_context
 
 
 class Notes:
@@ -49,8 +49,13 @@ class Notes:
         self._audit("recovery", action, {"anomaly": anomaly, "message": message, "model": model})
 
     def noted(self, found: Anomaly, publisher: StepPublisher) -> None:
-        """An anomaly whose recovery is to carry on: recorded, and said to be so."""
+        """An anomaly whose recovery is to carry on or to end the turn (what the kinds found
+        outside the step's answer can take, kortex/turns/anomalies.py ACTIONS): recorded, and
+        what ran said. ``escalate`` raises ``Escalated``; the step fails the turn."""
         self.anomaly(found, publisher)
+        if found.action == "escalate":
+            self.recovery("escalate", found.kind, "the turn ends here", publisher)
+            raise Escalated(found)
         self.recovery("continue", found.kind, "recorded; the step goes on", publisher)
 
     def context(self, loaded: int, total: int, policy: AnomalySettings, publisher: StepPublisher, *,

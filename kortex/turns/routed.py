@@ -3,13 +3,16 @@ their measured latency, the decision, and the failover chain it becomes.
 
 The catalog is the deployment's available providers' models (``[llm.routing] candidates``
 narrows it), constrained by the mode: ``local-only`` keeps local models, ``frugal`` leaves out
-the powerful tier. Synthetic providers (the offline analyst) compete only when nothing else
+the powerful tier. A local server's models compete only when the deployment names them (the
+provider's ``model``, ``fast_model`` or ``prices``, or ``[llm.routing] candidates``/``models``):
+whatever else it has pulled (an embedding model, say) is not a chat model to route to. Synthetic providers (the offline analyst) compete only when nothing else
 can answer. Latency is measured, not configured: the tenant's successful LLM calls of the last
 hour (audit rows), as p50/p95 time to first token and tokens per second, cached per process.
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 import threading
 import time
@@ -23,7 +26,7 @@ from sqlalchemy.engine import Connection
 
 from kortex.config import Settings
 from kortex.errors import ProviderError, ProviderUnavailable
-from kortex.llm.base import Provider
+from kortex.llm.base import Provider, ToolSchema
 from kortex.llm.registry import ProviderRegistry
 from kortex.llm.router import Candidate, is_cloud
 from kortex.llm.routing import (
@@ -116,9 +119,12 @@ def catalog(registry: ProviderRegistry, settings: Settings, latency: dict[str, L
             continue
         if settings.llm.local_only and is_cloud(provider):
             continue
+        named = _named_locally(name, provider, settings)
         for model in provider.models():
             key = model_key(name, model.id)
             if wanted is not None and key not in wanted:
+                continue
+            if named is not None and model.id not in named and key not in routing.models:
                 continue
             override = routing.models.get(key)
             tier = (override.tier if override and override.tier else model.tier)
@@ -136,6 +142,19 @@ def _synthetic(provider: Provider) -> bool:
     return bool(getattr(provider, "synthetic", False))
 
 
+def _named_locally(name: str, provider: Provider, settings: Settings) -> set[str] | None:
+    """The model ids of a local server that may be routed to (None: any it offers). Its list is
+    whatever was pulled there, embedding models included; a cloud vendor's is a chat catalogue."""
+    if is_cloud(provider) or _synthetic(provider):
+        return None
+    config = settings.llm.providers.get(name)
+    ids = {m for m in ((config.model, config.fast_model, *config.prices) if config else ()) if m}
+    routing = settings.llm.routing
+    prefix = f"{name}::"
+    ids |= {key[len(prefix):] for key in (*(routing.candidates or ()), *routing.models) if key.startswith(prefix)}
+    return ids
+
+
 def _tighter(deployment: float | None, tenant: Any) -> float | None:
     """The stricter of two limits; a tenant value that is not a positive number is ignored."""
     own = float(tenant) if isinstance(tenant, int | float) and not isinstance(tenant, bool) and tenant > 0 else None
@@ -150,21 +169,52 @@ class Router:
         self.settings = settings
         self.strategy: RoutingStrategy = load_strategy(settings.llm.routing.strategy)
         self.latency = LatencyBook()
+        # (system prompt, id of the tool schemas) -> (those schemas, kept so the id stays theirs;
+        # the characters both come to). The registry builds a policy's schemas once, so a step
+        # finds its prompt's size here instead of serialising sixteen JSON Schemas again.
+        self._prompts: dict[tuple[str, int], tuple[tuple[ToolSchema, ...], int]] = {}
+        self._routable: tuple[float, bool] | None = None
 
     def decide(self, registry: ProviderRegistry, history: Sequence[Message], latency: dict[str, Latency], *,
-               last_step: bool, tenant: dict[str, Any] | None = None) -> RoutingDecision:
+               last_step: bool, tenant: dict[str, Any] | None = None, system: str = "",
+               tools: tuple[ToolSchema, ...] = ()) -> RoutingDecision:
         """The step's model. ``tenant``: the tenant's own terms (its settings' ``routing``), which
-        tighten the deployment's: the lower cost ceiling and latency SLA win."""
+        tighten the deployment's: the lower cost ceiling and latency SLA win. ``system`` and
+        ``tools``: what the step's request carries besides the history, priced with it."""
         routing = self.settings.llm.routing
         own = tenant or {}
         task = task_of(history, last_step=last_step,
                        cost_ceiling_usd=_tighter(routing.cost_ceiling_usd, own.get("cost_ceiling_usd")),
                        latency_sla_ms=_tighter(routing.latency_sla_ms, own.get("latency_sla_ms")),
-                       required=frozenset(routing.required_capabilities))
+                       required=frozenset(routing.required_capabilities), prompt_chars=self.prompt_chars(system, tools))
         models = catalog(registry, self.settings, latency)
         if not models:
-            raise ProviderUnavailable("no provider can answer: routing found no available model", code="no_route")
+            raise _no_route()
         return replace(self.strategy.select(task, models), task=task)
+
+    def prompt_chars(self, system: str, tools: tuple[ToolSchema, ...]) -> int:
+        """Characters of a request's system prompt and tool schemas (as JSON, the way vendors get
+        them), worked out once per prompt and tool set."""
+        key = (system, id(tools))
+        cached = self._prompts.get(key)
+        if cached is not None and cached[0] is tools:
+            return cached[1]
+        chars = len(system) + (len(json.dumps([t.model_dump() for t in tools])) if tools else 0)
+        if len(self._prompts) >= 256:  # profiles x tool policies are few; stay bounded all the same
+            self._prompts.clear()
+        self._prompts[key] = (tools, chars)
+        return chars
+
+    def check_routable(self, registry: ProviderRegistry) -> None:
+        """Refuse ``model: "auto"`` up front (no_route) when no model could be routed to, as a
+        pinned model that cannot answer is refused. Configuration decides it, not a vendor call,
+        so the answer is kept a while: posts ask on every message."""
+        now = time.monotonic()
+        cached = self._routable
+        if cached is None or now - cached[0] >= CACHE_S:
+            cached = self._routable = (now, bool(catalog(registry, self.settings, {})))
+        if not cached[1]:
+            raise _no_route()
 
     def candidates(self, registry: ProviderRegistry, decision: RoutingDecision) -> list[Candidate]:
         chain = [decision.chosen] + ([decision.fallback] if decision.fallback else [])
@@ -178,6 +228,11 @@ class Router:
             return None
         routing = self.settings.llm.routing
         return max(routing.first_token_floor_ms, routing.first_token_factor * latency.first_token_p95_ms) / 1000
+
+
+def _no_route() -> ProviderUnavailable:
+    return ProviderUnavailable("no provider can answer: routing found no available model (see [llm.routing] "
+                               "candidates and the providers' configuration)", code="no_route")
 
 
 __all__ = ["AUTO", "LatencyBook", "Router", "catalog", "is_auto", "measure"]

@@ -33,7 +33,7 @@ from kortex.events import (
     ToolResultEvent,
     TurnEvent,
 )
-from kortex.llm.base import CompletionRequest, DoneChunk
+from kortex.llm.base import CompletionRequest, DoneChunk, ToolSchema
 from kortex.llm.router import Attempt, Candidate, RoutedStream, plan
 from kortex.llm.routing import Latency, RoutingDecision
 from kortex.messages import AssistantMessage, Message, ToolCall, ToolResult, Usage, UserMessage
@@ -44,7 +44,7 @@ from kortex.storage.audit import AuditEntry
 from kortex.storage.records import Spent, TurnRecord
 from kortex.stream.store import StepPublisher
 from kortex.timeparse import utcnow
-from kortex.turns.anomalies import Anomaly, check_answer, check_calls, check_cost, check_depth
+from kortex.turns.anomalies import RERUNS, Escalated, action_for, check_answer, check_calls, check_cost, check_depth
 from kortex.turns.billing import llm_audit, turn_total, usage_of
 from kortex.turns.checkpoints import checkpoint_id
 from kortex.turns.closing import Ending, announce, end_turn
@@ -128,8 +128,16 @@ async def _step_claimed(k: Kortex, claimed: Claimed, step: int, hold: StepHold) 
             if isinstance(history, KortexError):
                 candidates: list[Candidate] = []
             elif claimed.latency is not None:  # model "auto": this step's model is chosen now
-                routed = k.router.decide(k.providers, history, claimed.latency,
-                                         last_step=step >= k.settings.llm.max_tool_depth, tenant=claimed.routing)
+                last_step = step >= k.settings.llm.max_tool_depth
+                tools: tuple[ToolSchema, ...] = ()
+                try:
+                    profile = profile_of(turn.profile)
+                except ConfigError:  # the step fails the turn as unknown_profile before any call
+                    system = ""
+                else:  # what the request will carry besides the history (its price is the model's too)
+                    system, tools = profile.system, (() if last_step else profile.tool_schemas(k))
+                routed = k.router.decide(k.providers, history, claimed.latency, last_step=last_step,
+                                         tenant=claimed.routing, system=system, tools=tools)
                 candidates = k.router.candidates(k.providers, routed)
             else:
                 candidates = plan(k.providers, turn.model)
@@ -146,8 +154,13 @@ async def _step_claimed(k: Kortex, claimed: Claimed, step: int, hold: StepHold) 
         notes = Notes(turn, step)
         if routed is not None:
             publisher.emit(notes.route(routed))
-        notes.context(len(history), claimed.total_messages, k.settings.llm.anomalies, publisher,
-                      routed=routed is not None)
+        try:
+            notes.context(len(history), claimed.total_messages, k.settings.llm.anomalies, publisher,
+                          routed=routed is not None)
+        except Escalated as stop:  # a deployment that will not answer from a cut history
+            await _settle_text(publisher)
+            return await hold.io(_fail, k, turn, step, stop.anomaly.kind, stop.anomaly.message,
+                                 llm_entries=notes.entries)
         return await _run_claimed(k, turn, step, candidates, history, hold, publisher, routed, notes)
     except Released:
         return await hold.io(_release, k, turn, step)
@@ -262,10 +275,13 @@ async def _run_claimed(k: Kortex, turn: TurnRecord, step: int, candidates: list[
     )  # model, max_tokens and temperature are set per provider by the router
     # The step's model calls: the answer, and at most one re-ask when the grounding policy is
     # strict (kortex/turns/grounding.py); every call of either is billed and audited.
-    deadline = k.router.first_token_deadline(routed) if routed is not None else None
-    streams = [RoutedStream(candidates, request, settings.llm, first_token_deadline=deadline)]
     checks = settings.llm.anomalies
     checking = checked(checks, routed is not None)
+    # A slow first token is abandoned for the fallback only when the deployment checks for it
+    # and has not mapped it to another action ([llm.anomalies] scope, actions).
+    spikes = checking and routed is not None and action_for("latency_spike", checks) == "fallback"
+    deadline = k.router.first_token_deadline(routed) if spikes and routed is not None else None
+    streams = [RoutedStream(candidates, request, settings.llm, first_token_deadline=deadline)]
 
     def attempts() -> list[Attempt]:
         return [a for each in streams for a in each.attempts]
@@ -307,10 +323,13 @@ async def _run_claimed(k: Kortex, turn: TurnRecord, step: int, candidates: list[
         new answer follows what was shown instead of silently replacing it."""
         findings = check_calls(history, calls, checks) if calls else [
             f for f in check_answer(text, had_results=False, cited=None, policy=checks) if f.kind != "uncited_answer"]
-        acted = next((f for f in findings if f.action != "continue"), None)
+        # Ending the turn outranks running the model again; one rerun answers for every finding
+        # that asked for one (each is announced, and the rerun's recovery event follows).
+        acted = next((f for f in findings if f.action == "escalate"), None) or next(
+            (f for f in findings if f.action != "continue"), None)
         for other in findings:
             if other is not acted:
-                notes.noted(other, publisher)
+                (notes.noted if other.action == "continue" else notes.anomaly)(other, publisher)
         if acted is None:
             return text, calls, done
         notes.anomaly(acted, publisher)
@@ -378,10 +397,16 @@ async def _run_claimed(k: Kortex, turn: TurnRecord, step: int, candidates: list[
     answered = streams[-1].answered
     assert answered is not None
     usage = usage_of(attempts())
-    if checking:  # what the step cost and how deep it went: recorded, the step goes on
-        for noted in [*check_depth(step, depth, calls, checks),
-                      *check_cost(routed.estimated_cost_usd if routed else None, usage.cost_usd, checks)]:
-            notes.noted(noted, publisher)
+    if checking:  # what the step cost and how deep it went: recorded, and the turn ends if so mapped
+        try:
+            for noted in [*check_depth(step, depth, calls, checks),
+                          *check_cost(routed.estimated_cost_usd if routed else None, usage.cost_usd, checks)]:
+                notes.noted(noted, publisher)
+        except Escalated as stop:
+            await _settle_text(publisher)
+            return await hold.io(_fail, k, turn, step, stop.anomaly.kind, stop.anomaly.message,
+                                 llm_entries=llm_audit(turn, step, attempts(), calls=calls, text_chars=len(text))
+                                 + notes.entries, usage=usage)
     entries = llm_audit(turn, step, attempts(), calls=calls, text_chars=len(text)) + notes.entries
     if not await _settle_text(publisher):
         await hold.io(_audit_alone, k, entries, turn, usage)
@@ -490,18 +515,12 @@ def _park(k: Kortex, turn: TurnRecord, step: int, text: str, calls: tuple[ToolCa
                                for inv in invocations))
 
 
-class Escalated(Exception):
-    """A recovery that ends the turn (an anomaly whose action is ``escalate``)."""
-
-    def __init__(self, anomaly: Anomaly) -> None:
-        super().__init__(anomaly.message)
-        self.anomaly = anomaly
-
-
 def _retries_so_far(k: Kortex, turn: TurnRecord) -> int:
-    """Recovery retries earlier steps of the turn made (its audit rows)."""
+    """Recoveries that ran the model again in earlier steps of the turn (its audit rows): a
+    rollback or a fallback is a call more, as a retry is, and the turn's limit bounds them all."""
     with k.db.connect() as conn:
-        return audit.count_for_turn(conn, turn.tenant_id, turn.id, "recovery", subject="retry")
+        return sum(audit.count_for_turn(conn, turn.tenant_id, turn.id, "recovery", subject=action)
+                   for action in RERUNS)
 
 
 def _audit_alone(k: Kortex, entries: list[AuditEntry], turn: TurnRecord | None = None,

@@ -116,6 +116,17 @@ def test_a_non_retryable_failure_does_not_fail_over(fake: FakeLLM) -> None:
     assert len(fake.requests) == 1
 
 
+def test_a_400_that_refuses_the_model_fails_over_and_one_about_the_request_does_not(fake: FakeLLM) -> None:
+    # An embedding model asked to chat: another model may well answer. A prompt too long would be
+    # refused by the next one too (test_a_non_retryable_failure_does_not_fail_over).
+    fake.add("claude-opus-4-6", {"steps": [{"faults": [{"status": 400, "message": "model does not support chat"}]}]})
+    fake.add("gpt-5", {"steps": [{"text": ["from openai"]}]})
+    got, routed = run(registry(fake.url, default_provider="anthropic", fallback_providers=["openai"]), None)
+    assert isinstance(got[0], WarningChunk) and got[0].code == "provider_failover"
+    assert [c.text for c in got if isinstance(c, TextChunk)] == ["from openai"]
+    assert [a.spec for a in routed.attempts] == ["anthropic:claude-opus-4-6", "openai:gpt-5"]
+
+
 def test_local_only_refuses_cloud_providers_and_forces_the_local_one(fake: FakeLLM) -> None:
     for settings in ({"mode": "local-only"}, {"privacy": {"local_only": True}}):
         reg = registry(fake.url, default_provider="anthropic", fallback_providers=["openai"], **settings)

@@ -6,6 +6,7 @@ stopped; every decision, anomaly and recovery on the stream and in the audit."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -72,8 +73,9 @@ def test_auto_picks_the_fast_model_for_a_simple_question_and_the_strong_one_for_
 def test_a_cost_ceiling_and_a_latency_sla_filter_the_candidates(harness_factory: Any, fake: FakeLLM) -> None:
     fake.add(FAST, _answer("Cheap answer from the small model here."))
     fake.add(BALANCED, _answer("Balanced answer from the middle model here."))
-    # About $0.003 for the small model's step (600 output tokens at $5 per million), more for the others.
-    h = _stack(harness_factory, fake, cost_ceiling_usd=0.005)
+    # About $0.008 for the small model's step (~5,400 input tokens, mostly the system prompt and the
+    # tool schemas, at $1 per million; 600 output tokens at $5), $0.025 and more for the others.
+    h = _stack(harness_factory, fake, cost_ceiling_usd=0.012)
     tenant = h.tenant("acme")
     turn = h.ask(tenant, COMPLEX, model="auto")
     route = next(d for t, d in _events(h, turn.id) if t == "route")
@@ -241,7 +243,7 @@ def test_a_tenant_s_own_cost_ceiling_tightens_the_deployment_s(harness_factory: 
     tenant = h.tenant("acme")
     with h.k.db.begin() as conn:  # the tenant's settings, as an operator sets its budget there
         conn.execute(update(tenants).where(tenants.c.id == tenant).values(
-            settings={"routing": {"cost_ceiling_usd": 0.005}}))
+            settings={"routing": {"cost_ceiling_usd": 0.012}}))
     turn = h.ask(tenant, COMPLEX, model="auto")
     route = next(d for t, d in _events(h, turn.id) if t == "route")
     assert route["model"] == f"anthropic:{FAST}" and "excluded by constraints" in route["reason"]
@@ -304,3 +306,63 @@ def test_an_unknown_anomaly_kind_in_the_actions_is_refused() -> None:
 
     with pytest.raises(ValueError, match="unknown anomaly kind"):
         Settings(llm={"anomalies": {"actions": {"slow_vibes": "retry"}}})
+
+
+def test_the_step_s_cost_estimate_counts_the_system_prompt_and_the_tool_schemas(harness_factory: Any,
+                                                                              fake: FakeLLM) -> None:
+    fake.add(FAST, _answer("Checkout is up and serving normally today."))
+    h = _stack(harness_factory, fake)
+    turn = h.ask(h.tenant("acme"), SIMPLE, model="auto")
+    route = next(d for t, d in _events(h, turn.id) if t == "route")
+    body = fake.requests[0].body  # what a vendor bills as input: all of it, not only the question
+    sent = sum(len(json.dumps(body.get(part, ""))) for part in ("system", "tools", "messages"))
+    assert len(body["tools"]) > 10 and sent > 20_000
+    billed = (sent // 4) * 1.0e-6 + 600 * 5.0e-6  # haiku's prices; the estimate's 600 output tokens
+    assert route["estimated_cost_usd"] == pytest.approx(billed, rel=0.1)
+
+    # A ceiling the question alone fits under, but not the step's real prompt: nothing is called.
+    fake.requests.clear()
+    h2 = _stack(harness_factory, fake, cost_ceiling_usd=0.004)
+    refused = h2.ask(h2.tenant("acme"), SIMPLE, model="auto")
+    assert refused.status == "failed" and refused.error["code"] == "no_route" and not fake.requests
+
+
+MODERATE = "Summarise checkout's error rate over the last hour for me please"
+
+
+def _with_ollama(harness_factory: Any, fake: FakeLLM, **routing: Any) -> Harness:
+    fake.ollama_models = ["all-minilm:latest", "llama3.2", "nomic-embed-text:latest"]  # what was pulled there
+    h: Harness = harness_factory(llm={
+        "providers": {"anthropic": vendor_config("anthropic", fake.url, max_retries=0),
+                      "ollama": vendor_config("ollama", fake.url, max_retries=0)},  # model = "llama3.2"
+        "default_provider": "anthropic", "routing": routing})
+    asyncio.run(h.k.providers.probe())  # /api/tags, as GET /v1/llm/providers asks: the pulled models are listed
+    return h
+
+
+def test_routing_leaves_out_what_a_local_server_pulled_but_the_deployment_did_not_name(
+        harness_factory: Any, fake: FakeLLM) -> None:
+    fake.add("llama3.2", _answer("Local answer from llama about checkout errors."))
+    h = _with_ollama(harness_factory, fake)
+    turn = h.ask(h.tenant("acme"), MODERATE, model="auto")
+    route = next(d for t, d in _events(h, turn.id) if t == "route")
+    assert route["model"] == "ollama:llama3.2" and turn.status == "done"
+    with h.k.db.connect() as conn:
+        row = next(r for r in audit.list_for_turn(conn, h.tenant("acme"), turn.id) if r["kind"] == "route")
+    assert not any("embed" in key or "minilm" in key for key in row["payload"]["excluded"])
+    assert {r.body.get("model") for r in fake.requests if r.body} == {"llama3.2"}
+
+
+def test_a_routed_model_that_refuses_chat_hands_the_step_to_the_decision_s_fallback(
+        harness_factory: Any, fake: FakeLLM) -> None:
+    # Named on purpose (a deployment's mistake): the server says it is no chat model.
+    fake.add("all-minilm:latest", {"steps": [{"faults": [
+        {"status": 400, "message": "\"all-minilm\" does not support chat"}]}]})
+    fake.add(BALANCED, _answer("Sonnet answer about checkout errors this hour."))
+    h = _with_ollama(harness_factory, fake, candidates=["ollama::all-minilm:latest", f"anthropic::{BALANCED}"])
+    turn = h.ask(h.tenant("acme"), MODERATE, model="auto")
+    route = next(d for t, d in _events(h, turn.id) if t == "route")
+    assert route["model"] == "ollama:all-minilm:latest" and route["fallback"] == f"anthropic:{BALANCED}"
+    assert turn.status == "done" and h.messages(h.tenant("acme"), turn.session_id)[-1].content.startswith("Sonnet")
+    failover = next(d for t, d in _events(h, turn.id) if t == "error")
+    assert failover["code"] == "provider_failover" and failover["fatal"] is False
