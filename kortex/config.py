@@ -8,13 +8,16 @@ unavailable rather than broken (rfc-005 §5.3).
 
 from __future__ import annotations
 
+import math
 import os
 import re
+import typing
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -22,6 +25,7 @@ from pydantic import (
     SecretStr,
     ValidationError,
     field_validator,
+    model_validator,
 )
 from pydantic_settings import (
     BaseSettings,
@@ -31,7 +35,7 @@ from pydantic_settings import (
 )
 
 from kortex.config_errors import describe_errors, did_you_mean
-from kortex.config_urls import MASKED, URL, masked_repr
+from kortex.config_urls import MASKED, URL, check_url, masked_repr
 from kortex.errors import ConfigError, InvalidInput
 from kortex.redaction import scrub_text
 from kortex.timeparse import parse_duration
@@ -57,19 +61,28 @@ def resolve_env_refs(value: Any) -> Any:
     return None if missing else resolved
 
 
+#: The longest duration a setting may take: a year. Every duration ends up in a timedelta added
+#: to now, a Redis EXPIRE or a timer, where 1e12 seconds overflowed (a 500 for every post).
+MAX_SECONDS = 365 * 86400.0
+
+
 def _seconds(value: Any) -> Any:
     """Seconds as a number (also from the environment, where it arrives as text) or a duration
-    such as ``"90s"``, ``"5m"``, ``"PT1H"``."""
+    such as ``"90s"``, ``"5m"``, ``"PT1H"``; finite and at most a year."""
     if isinstance(value, str):
         try:
-            return float(value)
+            value = float(value)
         except ValueError:
-            pass
-        try:
-            return parse_duration(value).total_seconds()
-        except InvalidInput:
-            # Not the parser's text: it quotes the value, and a misplaced secret would be shown.
-            raise ValueError("not a number of seconds or a duration such as '90s', '5m', 'PT1H'") from None
+            try:
+                value = parse_duration(value).total_seconds()
+            except InvalidInput:
+                # Not the parser's text: it quotes the value, and a misplaced secret would be shown.
+                raise ValueError("not a number of seconds or a duration such as '90s', '5m', 'PT1H'") from None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if not math.isfinite(value):
+            raise ValueError("must be a finite number of seconds")
+        if value > MAX_SECONDS:
+            raise ValueError("must be at most a year (31536000 seconds)")
     return value
 
 
@@ -78,7 +91,18 @@ Secret = Annotated[SecretStr | None, BeforeValidator(resolve_env_refs)]
 
 # A connection URL stays a plain str for its consumers; wherever settings are shown its
 # password is masked (kortex/config_urls.py).
-EnvURL = Annotated[str | None, BeforeValidator(resolve_env_refs), MASKED]
+EnvURL = Annotated[str | None, BeforeValidator(resolve_env_refs), AfterValidator(check_url), MASKED]
+
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
+LOG_LEVELS: tuple[str, ...] = typing.get_args(LogLevel)
+
+
+def _log_level(value: Any) -> Any:
+    """A level by logging's name in any case: logging itself (and uvicorn) take only their own
+    spelling, and an unknown one crashed every command."""
+    if isinstance(value, str) and value.upper() in LOG_LEVELS:
+        return value.upper()
+    raise ValueError(f"use one of {', '.join(level.lower() for level in LOG_LEVELS)} (any case)")
 
 
 class _Section(BaseModel):
@@ -355,11 +379,12 @@ class ToolPolicySettings(_Section):
 
     allowed: list[str] | None = None  # None: every registered built-in read-only tool
     result_cap_bytes: int = Field(64 * 1024, ge=1024, le=4 * 1024 * 1024)
-    progress_after_s: Seconds = 30.0
+    progress_after_s: Seconds = Field(30.0, ge=0)  # 0: a progress event as soon as a call starts
     # Beyond its own timeout a tool task gets soft_grace before the worker interrupts it and
-    # hard_grace more before the worker process is killed (a tool that blocks its thread).
-    soft_grace: Seconds = 10.0
-    hard_grace: Seconds = 10.0
+    # hard_grace more before the worker process is killed (a tool that blocks its thread);
+    # with no hard_grace the kill would land with the interrupt, before the tool could report.
+    soft_grace: Seconds = Field(10.0, ge=0)
+    hard_grace: Seconds = Field(10.0, ge=0.1)
 
 
 class PrometheusSettings(_Section):
@@ -401,12 +426,14 @@ class TelemetrySettings(_Section):
 
 
 class TurnSettings(_Section):
-    deadline: Seconds = 600.0               # a turn not finished by then is failed by the watchdog
-    step_time_limit: Seconds = 300.0        # one LLM call, streamed
-    step_lease: Seconds = 60.0              # a step whose worker stops renewing this long is run again
-    stream_ttl: Seconds = 3600.0            # how long a finished turn's stream stays in Redis
+    # Durations below 0.1 s fail every turn (deadline, step_time_limit) or spin a core (the lease
+    # is renewed every third of it, the heartbeat and watchdog loops wait this long).
+    deadline: Seconds = Field(600.0, ge=0.1)         # a turn not finished by then is failed by the watchdog
+    step_time_limit: Seconds = Field(300.0, ge=0.1)  # one LLM call, streamed
+    step_lease: Seconds = Field(60.0, ge=0.1)        # a step whose worker stops renewing this long is run again
+    stream_ttl: Seconds = Field(3600.0, ge=1)        # how long a finished turn's stream stays in Redis (EXPIRE: whole seconds)
     stream_maxlen: int = Field(20_000, ge=100)
-    heartbeat: Seconds = 15.0
+    heartbeat: Seconds = Field(15.0, ge=0.1)
     max_streams_per_tenant: int = Field(500, ge=1)  # open event streams per tenant, per API process
     # The API's stream hub: reader connections per process, and the least time between two reads
     # of one reader (under load each read carries more entries; idle streams are not delayed).
@@ -416,8 +443,8 @@ class TurnSettings(_Section):
     # piece every 15-70 ms, so 100 ms halves the stream writes and SSE events of a turn while
     # text still reaches the reader ten times a second.
     text_flush_ms: int = Field(100, ge=0, le=1000)
-    requeue_after: Seconds = 30.0           # a queued turn or tool untouched this long is re-enqueued
-    watchdog_every: Seconds = 10.0          # how often the watchdog process sweeps
+    requeue_after: Seconds = Field(30.0, ge=0)  # a queued turn or tool untouched this long is re-enqueued (0: at once)
+    watchdog_every: Seconds = Field(10.0, ge=0.1)  # how often the watchdog process sweeps
     max_message_chars: int = Field(32_000, ge=100)
     # The step engine of each turns-worker process (kortex/turns/engine.py): LLM steps stream
     # concurrently on one event loop; past ``max_inflight_steps`` they wait in the process,
@@ -430,12 +457,22 @@ class TurnSettings(_Section):
     # The target trades a flood's speed for a light tenant's latency (figures in governor.py).
     loop_lag_target_ms: int = Field(2, ge=0, le=10_000)
     min_inflight_steps: int = Field(32, ge=1)
-    tenant_weights: dict[str, int] = Field(default_factory=dict)
+    tenant_weights: dict[str, Annotated[int, Field(ge=1)]] = Field(default_factory=dict)
     # A tenant with more live chat turns than this is busy: its steps wait in the turns queue
     # behind other tenants' (a lower message priority), so one tenant's flood does not queue
     # ahead of another's turn. 0: one priority for all.
     busy_tenant_turns: int = Field(8, ge=0)
-    shutdown_grace: Seconds = 20.0          # steps still streaming then are handed to another worker
+    shutdown_grace: Seconds = Field(20.0, ge=0)  # steps still streaming then are handed to another worker (0: at once)
+
+    @model_validator(mode="after")
+    def _limits_agree(self) -> TurnSettings:
+        # The default floor follows a lower ceiling (the governor clamps it); one set above it,
+        # or a tenant cap above the process's, is a contradiction nothing would act on.
+        if "min_inflight_steps" in self.model_fields_set and self.min_inflight_steps > self.max_inflight_steps:
+            raise ValueError("min_inflight_steps must not exceed max_inflight_steps")
+        if self.max_inflight_per_tenant is not None and self.max_inflight_per_tenant > self.max_inflight_steps:
+            raise ValueError("max_inflight_per_tenant must not exceed max_inflight_steps")
+        return self
 
 
 class BatchSettings(_Section):
@@ -456,7 +493,7 @@ class PoolSettings(_Section):
     telemetry_pool_size: int = Field(2, ge=1, le=500)  # tool queries (tools workers; lazily opened)
     telemetry_max_overflow: int = Field(2, ge=0, le=500)
     redis_max_connections: int = Field(32, ge=2, le=10_000)  # the shared client (stream writes, limits)
-    redis_pool_timeout: Seconds = 5.0                 # wait for a free Redis connection, then fail
+    redis_pool_timeout: Seconds = Field(5.0, ge=0.1)  # wait for a free Redis connection, then fail
     broker_max_connections: int = Field(32, ge=2, le=10_000)  # per broker channel; raised to concurrency + 8
 
 
@@ -513,7 +550,7 @@ class Settings(BaseSettings):
     redis_prefix: str = "kortex"
     secret_key: Secret = None  # signs paging cursors; set it in production (KORTEX_SECRET_KEY)
     home: Path = Field(default_factory=default_home)
-    log_level: str = "INFO"
+    log_level: Annotated[LogLevel, BeforeValidator(_log_level)] = "INFO"
     task_events: bool = False  # Celery task events from the start; Flower enables them itself
     # Servers (API, workers, beat) freeze their start-up heap and collect garbage less often
     # once started (kortex/heap.py): collections stalled the stream hub for 100+ ms.
@@ -534,6 +571,13 @@ class Settings(BaseSettings):
     def __repr_args__(self) -> Iterable[tuple[str | None, Any]]:
         return masked_repr(self, super().__repr_args__())
 
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, value: str | None) -> str | None:
+        if value and not value.lower().startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("use redis://, rediss:// or unix://")
+        return value
+
     @field_validator("redis_prefix")
     @classmethod
     def _prefix(cls, value: str) -> str:
@@ -550,6 +594,7 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
+        _check_environment()
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
         path = _config_file()
         if path is not None:
@@ -578,10 +623,42 @@ class Settings(BaseSettings):
         return override.timeout if override else None
 
 
+#: KORTEX_* variables read outside these settings: by the CLI, logging, the metrics server, the
+#: tests (KORTEX_TEST_*) and the bench (KORTEX_BENCH_*). Any other is a misspelt setting.
+OTHER_VARIABLES = frozenset({"KORTEX_CONFIG", "KORTEX_API_KEY", "KORTEX_API_URL", "KORTEX_DEBUG",
+                             "KORTEX_LOG_FORMAT", "KORTEX_METRICS_DIR", "KORTEX_METRICS_PORT", "KORTEX_ACCESS_LOG"})
+OTHER_PREFIXES = ("KORTEX_TEST_", "KORTEX_BENCH_")
+
+
+def _variable_names(model: type[BaseModel], prefix: str = "KORTEX_", depth: int = 2) -> list[str]:
+    names = []
+    for name, field in model.model_fields.items():
+        names.append(prefix + name.upper())
+        if depth and isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            names += _variable_names(field.annotation, f"{prefix}{name.upper()}__", depth - 1)
+    return names
+
+
+def _check_environment() -> None:
+    """Refuse a KORTEX_* variable that is no setting: pydantic-settings ignores it, and a
+    misspelt KORTEX_REDIS_URL quietly ran a process embedded. Keys under a section are refused
+    by the section itself (``_Section``); the value is never quoted."""
+    unknown = []
+    for name in os.environ:
+        upper = name.upper()
+        if (not upper.startswith("KORTEX_") or upper in OTHER_VARIABLES or upper.startswith(OTHER_PREFIXES)
+                or upper[len("KORTEX_"):].split("__")[0].lower() in Settings.model_fields):
+            continue
+        unknown.append(name)
+    if unknown:
+        known = [*_variable_names(Settings), *OTHER_VARIABLES]
+        raise ConfigError("invalid configuration: " + "; ".join(
+            f"{name} is not a setting{did_you_mean(name.upper(), known)}" for name in sorted(unknown)))
+
+
 class _StrictToml(TomlConfigSettingsSource):
-    """kortex.toml, whose top-level keys must be settings. The environment stays lenient at the
-    top level (``KORTEX_CONFIG``, ``KORTEX_API_KEY`` and the test variables share the prefix);
-    sections forbid unknown keys from either source (``_Section``)."""
+    """kortex.toml, whose top-level keys must be settings, as the environment's must be
+    (``_check_environment``); sections forbid unknown keys from either source (``_Section``)."""
 
     def __call__(self) -> dict[str, Any]:
         data = super().__call__()

@@ -51,19 +51,22 @@ def describe_errors(exc: ValidationError, root: type[BaseModel], limit: int = 20
         else:
             # pydantic's own messages quote no input (its str() appends it); a validator's may
             custom = e["type"] in ("value_error", "assertion_error")
-            parts.append(f"{where}: {_without(e['msg'], e.get('input')) if custom else e['msg']}")
+            # A section's own validator names its settings, which its input holds as keys.
+            section = _model_at(root, (*e["loc"], ""))
+            keep = set(section.model_fields) if section else set()
+            parts.append(f"{where}: {_without(e['msg'], e.get('input'), keep) if custom else e['msg']}")
     if len(errors) > limit:
         parts.append(f"... and {len(errors) - limit} more")
     return "; ".join(parts)
 
 
-def _without(message: str, value: Any) -> str:
+def _without(message: str, value: Any, keep: typing.Collection[str] = ()) -> str:
     """A validator's message with the input it failed on taken out, should it quote it (ours
     name entries by position; this is for one that forgets)."""
     if isinstance(value, str):
         texts = [value]
     elif isinstance(value, list | tuple | dict):  # a list's items, a table's keys
-        texts = [v for v in value if isinstance(v, str)]
+        texts = [v for v in value if isinstance(v, str) and v not in keep]
     else:
         texts = []
     for text in sorted(texts, key=len, reverse=True):

@@ -7,7 +7,7 @@ import re
 from collections.abc import Iterable, Iterator
 from typing import Annotated, Any
 
-from pydantic import BaseModel, PlainSerializer
+from pydantic import AfterValidator, BaseModel, PlainSerializer
 
 from kortex.redaction import REDACTED, scrub_text
 
@@ -25,11 +25,32 @@ def mask_url(url: str | None) -> str | None:
     return scrub_text(_URL_PASSWORD.sub(lambda m: m.group(1) + REDACTED + "@", url, count=1))
 
 
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def check_url(url: str | None) -> str | None:
+    """A URL with a scheme and, if it names one, a port that is a number a port can be: refused
+    at load, naming the setting, rather than by the client that first connects ("unexpected
+    ValueError"). The words never quote it (it may hold a password)."""
+    if not url:
+        return url
+    if not _SCHEME.match(url):
+        raise ValueError("not a URL: write it scheme://host[:port]/...")
+    # The host runs from the last "@" (a password may hold "/" and "@" unescaped) to the path.
+    host = url.split("://", 1)[1].rsplit("@", 1)[-1].split("/", 1)[0].split("?", 1)[0]
+    port = host.rpartition("]")[2] if host.startswith("[") else host
+    if "," not in host and ":" in port:  # several hosts (libpq): each client parses its own list
+        digits = port.rpartition(":")[2]
+        if digits and not (digits.isdigit() and 1 <= int(digits) <= 65535):
+            raise ValueError("the port is not a number from 1 to 65535")
+    return url
+
+
 # A URL that may carry a password stays a plain str for its consumers (SecretStr would make each
 # of them unwrap it); what shows it is masked instead: dumps through this serializer, reprs
 # through masked_repr, which looks for it in a field's metadata.
 MASKED = PlainSerializer(mask_url)
-URL = Annotated[str | None, MASKED]
+URL = Annotated[str | None, AfterValidator(check_url), MASKED]
 
 
 def masked_repr(model: BaseModel, args: Iterable[tuple[str | None, Any]]) -> Iterator[tuple[str | None, Any]]:
@@ -41,4 +62,4 @@ def masked_repr(model: BaseModel, args: Iterable[tuple[str | None, Any]]) -> Ite
         yield name, mask_url(value) if masked and isinstance(value, str) else value
 
 
-__all__ = ["MASKED", "URL", "mask_url", "masked_repr"]
+__all__ = ["MASKED", "URL", "check_url", "mask_url", "masked_repr"]

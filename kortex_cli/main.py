@@ -16,7 +16,7 @@ import typer
 from rich.markup import escape
 
 from kortex import logcontext, logsafe
-from kortex.config import Settings, load_settings
+from kortex.config import LOG_LEVELS, Settings, load_settings
 from kortex.errors import KortexError
 from kortex_cli.postmortem import app as postmortem_app
 from kortex_cli.render import make_console
@@ -220,16 +220,53 @@ def api(
 
     settings = load_settings()
     if settings.embedded and workers not in (None, 1):
-        _fail("the embedded mode runs in one process; use --workers 1 or set KORTEX_REDIS_URL")
+        _fail("the embedded mode runs in one process; use --workers 1 or set KORTEX_REDIS_URL", USAGE)
+    _check_configuration(settings)
     if not settings.embedded:
         _preflight(settings, "the API")
     if workers is None:
         workers = 1 if settings.embedded else DEFAULT_API_PROCESSES
     if workers > 1:
         _metrics_multiprocess("api")  # /metrics adds up every worker process
-    uvicorn.run("api.main:create_app", factory=True, host=host, port=port, workers=workers,
-                log_level=settings.log_level.lower(), access_log=access_log, proxy_headers=True,
-                timeout_keep_alive=KEEP_ALIVE, timeout_graceful_shutdown=10)
+    config = uvicorn.Config("api.main:create_app", factory=True, host=host, port=port, workers=workers,
+                            log_level=settings.log_level.lower(), access_log=access_log, proxy_headers=True,
+                            timeout_keep_alive=KEEP_ALIVE, timeout_graceful_shutdown=10)
+    _serve(config)
+
+
+def _serve(config: Any) -> None:
+    """What uvicorn.run does, keeping hold of what ran: with several processes that failed to
+    start, its supervisor stopped them and returned as from a clean stop (the API exited 0
+    having served nothing)."""
+    import uvicorn
+    from uvicorn.config import STARTUP_FAILURE
+    from uvicorn.supervisors import Multiprocess
+
+    server = uvicorn.Server(config)
+    supervisor = Multiprocess(config, sockets=[config.bind_socket()]) if config.workers > 1 else None
+    try:
+        if supervisor is not None:
+            supervisor.run()
+        else:
+            server.run()
+    except KeyboardInterrupt:
+        pass
+    if supervisor is not None and any(p.exitcode == STARTUP_FAILURE for p in supervisor.processes) or (
+            supervisor is None and not server.started):
+        _fail("the API did not start; the log above says why")
+
+
+def _check_configuration(settings: Settings) -> None:
+    """What the container refuses when a process builds it (unscoped telemetry, an unknown
+    provider), refused before the process starts: one line, not a server's traceback, and not
+    a worker that reports ready and fails every task."""
+    from kortex.errors import ConfigError
+    from workers.runtime import check
+
+    try:
+        check(settings)
+    except ConfigError as exc:
+        _fail(str(exc))
 
 
 @app.command()
@@ -270,6 +307,7 @@ def worker(
     settings = load_settings()
     if settings.embedded:
         _fail("set KORTEX_REDIS_URL (and KORTEX_DATABASE_URL) to run workers; the embedded mode needs none")
+    _check_configuration(settings)
     port = metrics_port if settings.metrics.enabled else None
     if port is not None:
         _require_free_port(port)
@@ -456,8 +494,12 @@ def enable_tenant(name: Annotated[str, typer.Argument(help="Tenant name")]) -> N
 
 
 def main(argv: list[str] | None = None) -> Any:
-    logging.basicConfig(level=os.environ.get("KORTEX_LOG_LEVEL", "WARNING").upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    level = os.environ.get("KORTEX_LOG_LEVEL", "WARNING").upper()
+    if level not in LOG_LEVELS:  # logging would raise on it before any command could say so
+        err.print(f"[red]error:[/red] invalid configuration: log_level (KORTEX_LOG_LEVEL): use one of "
+                  f"{', '.join(name.lower() for name in LOG_LEVELS)} (any case)", soft_wrap=True)
+        sys.exit(1)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     logsafe.install()
     logcontext.configure()  # KORTEX_LOG_FORMAT=json: one JSON object a line, with the work's ids
     try:

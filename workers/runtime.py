@@ -25,6 +25,7 @@ from celery.signals import (
 from kortex import heap, logcontext, logsafe, tracing
 from kortex.config import Settings
 from kortex.container import Kortex
+from kortex.errors import ConfigError
 from kortex.turns.handoff import Handoff
 
 log = logging.getLogger(__name__)
@@ -104,6 +105,11 @@ def _build_on_start(sender: Any = None, **_: Any) -> None:
     if type(getattr(sender, "pool", None)).__module__ == "celery.concurrency.prefork":
         from workers.app import app
 
+        try:
+            check(app.conf.kortex_settings)  # a child's refusal would only have it replaced
+        except ConfigError as exc:
+            refuse(exc)
+            return
         _settle(app.conf.kortex_settings)  # its pool and consumer, built since worker_init
         return
     _build_soon()
@@ -127,14 +133,45 @@ def _settle(settings: Settings) -> None:
         heap.settle()
 
 
+def check(settings: Settings) -> None:
+    """Raise the ConfigError ``Kortex.create`` would, without connecting to anything or starting
+    a thread: a process refuses such a configuration before it serves (``kortex api``,
+    ``kortex worker``, a prefork parent), where the container's own build happens too late."""
+    from kortex.llm.providers import BUILTIN_PROVIDERS
+    from kortex.llm.registry import ProviderRegistry
+    from kortex.storage.db import Database
+    from kortex.telemetry.factory import build_sources
+
+    ProviderRegistry(settings, BUILTIN_PROVIDERS)
+    db = Database(settings.effective_database_url, pool_size=1)  # an engine: it connects on first use only
+    try:
+        build_sources(settings, db).close()
+    finally:
+        db.dispose()
+
+
+def refuse(exc: ConfigError) -> None:
+    """Stop this worker with a failure: every task would fail on this configuration, and a
+    worker that reports ready on it hides that from whoever started it."""
+    from celery.platforms import EX_FAILURE
+    from celery.worker import state
+
+    log.error("cannot run with this configuration: %s", exc)
+    state.should_stop = EX_FAILURE  # the consumer's loop stops the worker, which exits with it
+
+
 def build() -> None:
-    """Build this process's container now, then settle the heap with it; if the build fails
-    (the database is down, say), the first task tries again and reports what is wrong."""
+    """Build this process's container now, then settle the heap with it. A configuration it
+    refuses stops the worker; if the build fails otherwise (the database is down, say), the
+    first task tries again and reports what is wrong."""
     from workers.app import app
 
     settings: Settings = app.conf.kortex_settings
     try:
         kortex(settings)
+    except ConfigError as exc:
+        refuse(exc)
+        return
     except Exception:
         log.warning("could not build this process's Kortex container at start; its first task will try again",
                     exc_info=True)

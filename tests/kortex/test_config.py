@@ -122,8 +122,9 @@ def test_unknown_keys_are_refused_with_the_likely_one_named_and_no_value_shown(
     with pytest.raises(ConfigError, match=r"turn.deadlin: unknown key \(did you mean 'deadline'\?\)"):
         load_settings()
     monkeypatch.delenv("KORTEX_TURN__DEADLIN")
-    monkeypatch.setenv("KORTEX_SOMETHING_ELSE", "1")  # the prefix is shared at the top level: not ours to refuse
-    assert load_settings().embedded
+    monkeypatch.setenv("KORTEX_SOMETHING_ELSE", "1")
+    with pytest.raises(ConfigError, match="KORTEX_SOMETHING_ELSE is not a setting"):
+        load_settings()
 
 
 def test_connection_urls_keep_their_password_for_consumers_and_hide_it_wherever_settings_show(
@@ -223,3 +224,111 @@ def test_servers_that_fail_on_a_bad_configuration_never_print_the_value(
     assert run.returncode != 0
     assert "llm.providers.openai.apikey: unknown key (did you mean 'api_key'?)" in said
     assert key not in said and SECRET not in said and "input_value" not in said
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("KORTEX_TURN__DEADLINE", "-5"), ("KORTEX_TURN__DEADLINE", "0"), ("KORTEX_TURN__DEADLINE", "inf"),
+    ("KORTEX_TURN__DEADLINE", "nan"), ("KORTEX_TURN__DEADLINE", "1e12"), ("KORTEX_TURN__STEP_LEASE", "0"),
+    ("KORTEX_TURN__WATCHDOG_EVERY", "0"), ("KORTEX_TURN__HEARTBEAT", "0"), ("KORTEX_TURN__STREAM_TTL", "0"),
+    ("KORTEX_TURN__STEP_TIME_LIMIT", "0"), ("KORTEX_TURN__REQUEUE_AFTER", "-1"),
+    ("KORTEX_TURN__SHUTDOWN_GRACE", "-infinity"), ("KORTEX_TOOLS__PROGRESS_AFTER_S", "-1"),
+    ("KORTEX_TOOLS__SOFT_GRACE", "nan"), ("KORTEX_TOOLS__HARD_GRACE", "0"),
+    ("KORTEX_POOLS__REDIS_POOL_TIMEOUT", "0"), ("KORTEX_POOLS__REDIS_POOL_TIMEOUT", "1e12"),
+    ("KORTEX_LLM__PROVIDERS__OPENAI__TIMEOUT", "inf"),
+])
+def test_a_duration_out_of_its_bounds_is_refused_in_one_line_naming_it(
+        monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    setting = name.removeprefix("KORTEX_").lower().replace("__", ".")
+    text = str(caught.value)
+    assert text.startswith(f"invalid configuration: {setting}: ") and "\n" not in text, text
+
+
+def test_durations_from_toml_must_be_finite_and_zero_stays_where_it_means_at_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "kortex.toml").write_text("[turn]\ndeadline = inf\n")
+    with pytest.raises(ConfigError, match=r"turn\.deadline: "):
+        load_settings()
+    (tmp_path / "kortex.toml").write_text("[turn]\nheartbeat = nan\n")
+    with pytest.raises(ConfigError, match=r"turn\.heartbeat: "):
+        load_settings()
+    (tmp_path / "kortex.toml").unlink()
+    # 0: re-enqueue at once, hand steps back at once, report progress at once, interrupt at the timeout
+    s = Settings(turn={"requeue_after": 0, "shutdown_grace": 0, "deadline": 0.3, "step_lease": 0.3,
+                       "step_time_limit": 0.3, "heartbeat": 0.1, "watchdog_every": 0.5},
+                 tools={"progress_after_s": 0, "soft_grace": 0}, pools={"redis_pool_timeout": 1.5})
+    assert s.turn.requeue_after == 0 and s.turn.deadline == 0.3 and s.tools.soft_grace == 0
+    assert Settings(turn={"stream_ttl": "7d", "deadline": "1h"}).turn.stream_ttl == 7 * 86400
+
+
+@pytest.mark.parametrize("source", ["env", "toml"])
+def test_the_log_level_is_a_choice_in_any_case(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str) -> None:
+    def use(level: str) -> None:
+        if source == "env":
+            monkeypatch.setenv("KORTEX_LOG_LEVEL", level)
+        else:
+            (tmp_path / "kortex.toml").write_text(f'log_level = "{level}"\n')
+
+    use("debug")
+    assert load_settings().log_level == "DEBUG"
+    use("Warning")
+    assert load_settings().log_level == "WARNING"
+    use("LOUD")
+    with pytest.raises(ConfigError, match=r"^invalid configuration: log_level: .*use one of debug, info, warning, error, critical"):
+        load_settings()
+
+
+@pytest.mark.parametrize(("name", "meant"), [
+    ("KORTEX_REDIS_ULR", "KORTEX_REDIS_URL"), ("KORTEX_TURN_DEADLINE", "KORTEX_TURN__DEADLINE"),
+    ("KORTEX_TRUN__DEADLINE", "KORTEX_TURN__DEADLINE"), ("kortex_database_ulr", "KORTEX_DATABASE_URL"),
+])
+def test_an_environment_variable_that_is_no_setting_is_refused_with_the_likely_one(
+        monkeypatch: pytest.MonkeyPatch, name: str, meant: str) -> None:
+    monkeypatch.setenv(name, "redis://:s3cret-pw@redis:6379/0")
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    text = str(caught.value)
+    assert f"{name} is not a setting (did you mean {meant!r}?)" in text and "s3cret" not in text, text
+
+
+def test_the_variables_read_outside_the_settings_still_load(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    (tmp_path / "k.toml").write_text("")
+    for name in ("KORTEX_API_KEY", "KORTEX_API_URL", "KORTEX_DEBUG", "KORTEX_LOG_FORMAT", "KORTEX_METRICS_DIR",
+                 "KORTEX_METRICS_PORT", "KORTEX_ACCESS_LOG", "KORTEX_TEST_PG_URL", "KORTEX_BENCH_PYSPY",
+                 "KORTEX_BENCH_SET_TURN__LOOP_LAG_TARGET_MS", "KORTEX_HOME", "KORTEX_LOG_LEVEL"):
+        monkeypatch.setenv(name, "info" if name == "KORTEX_LOG_LEVEL" else str(tmp_path))
+    monkeypatch.setenv("KORTEX_CONFIG", str(tmp_path / "k.toml"))
+    assert load_settings().embedded
+
+
+@pytest.mark.parametrize(("turn", "names"), [
+    ({"min_inflight_steps": 64, "max_inflight_steps": 32}, "min_inflight_steps"),
+    ({"max_inflight_per_tenant": 2000}, "max_inflight_per_tenant"),
+    ({"max_inflight_per_tenant": 8, "max_inflight_steps": 4}, "max_inflight_per_tenant"),
+    ({"tenant_weights": {"acme": 0}}, "turn.tenant_weights.acme"),
+])
+def test_contradictory_engine_limits_are_refused(turn: dict[str, object], names: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(turn=turn)
+    text = str(caught.value)
+    assert names in text and "\n" not in text, text
+
+
+def test_a_lower_ceiling_alone_takes_the_default_floor_down_with_it() -> None:
+    # The governor clamps its floor to the ceiling: only a floor set above it contradicts it.
+    assert load_settings(turn={"max_inflight_steps": 1}).turn.max_inflight_steps == 1
+
+
+@pytest.mark.parametrize(("name", "url"), [
+    ("KORTEX_REDIS_URL", "htp://redis:6379/0"), ("KORTEX_REDIS_URL", "redis://:pw-s3cret@redis:xx/0"),
+    ("KORTEX_BROKER_URL", "redis://redis:99999/0"), ("KORTEX_DATABASE_URL", "postgresql://kortex:pw-s3cret@db:port/x"),
+])
+def test_a_malformed_url_is_refused_naming_the_setting(monkeypatch: pytest.MonkeyPatch, name: str, url: str) -> None:
+    monkeypatch.setenv(name, url)
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    text = str(caught.value)
+    assert text.startswith(f"invalid configuration: {name.removeprefix('KORTEX_').lower()}: "), text
+    assert "s3cret" not in text and "unexpected" not in text

@@ -220,3 +220,74 @@ def test_a_shared_database_is_migrated_by_kortex_migrate_only(tmp_path: Path, em
     assert kortex(tmp_path, "migrate", env=env).returncode == 0
     made = kortex(tmp_path, "admin", "create-tenant", "acme", env=env)
     assert made.returncode == 0 and "kx_" in made.stdout
+
+
+UNSCOPED_PROMETHEUS = '[telemetry]\nmetrics = "prometheus"\n[telemetry.prometheus]\nurl = "http://127.0.0.1:9"\n'
+
+
+@pytest.mark.parametrize("args", [["api", "--port", "{port}"], ["api", "--port", "{port}", "--workers", "1"],
+                                  ["worker"]])
+def test_a_configuration_the_container_refuses_stops_the_process_in_one_line(
+        tmp_path: Path, args: list[str]) -> None:
+    # The worker's check comes before Redis (NOWHERE): nothing is reached for a configuration error.
+    (tmp_path / "kortex.toml").write_text(UNSCOPED_PROMETHEUS)
+    env = NOWHERE if args == ["worker"] else None
+    result = kortex(tmp_path, *[a.format(port=free_port()) for a in args], env=env, timeout=30)
+    assert result.returncode == 1, result.stderr
+    assert "every tenant could read every other tenant's metrics" in one_line_error(result)
+
+
+def test_an_invalid_log_level_variable_is_one_line_for_every_command(tmp_path: Path) -> None:
+    result = kortex(tmp_path, "seed", "--list", env={"KORTEX_LOG_LEVEL": "VERBOSE"}, timeout=30)
+    assert result.returncode == 1
+    line = one_line_error(result)
+    assert "KORTEX_LOG_LEVEL" in line and "debug, info, warning, error, critical" in line
+    assert kortex(tmp_path, "seed", "--list", env={"KORTEX_LOG_LEVEL": "error"}, timeout=30).returncode == 0
+
+
+def test_a_misspelt_variable_stops_the_api_instead_of_running_it_embedded(tmp_path: Path) -> None:
+    result = kortex(tmp_path, "api", "--port", str(free_port()),
+                    env={"KORTEX_REDIS_ULR": "redis://:s3cret-pw@127.0.0.1:9/0",
+                         "KORTEX_DATABASE_URL": NOWHERE["KORTEX_DATABASE_URL"]}, timeout=30)
+    assert result.returncode == 1
+    assert "KORTEX_REDIS_ULR is not a setting (did you mean 'KORTEX_REDIS_URL'?)" in one_line_error(result)
+    assert "s3cret-pw" not in result.stderr
+
+
+def test_several_api_processes_in_the_embedded_mode_is_a_usage_error(tmp_path: Path) -> None:
+    result = kortex(tmp_path, "api", "--port", str(free_port()), "--workers", "2", timeout=30)
+    assert result.returncode == 2
+    assert "--workers 1" in one_line_error(result)
+
+
+def test_api_processes_that_never_served_make_the_api_exit_non_zero(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """uvicorn's supervisor stops when its processes fail at startup and returns as from a
+    clean stop; the command must not exit 0 then."""
+    import uvicorn.supervisors
+    from typer.testing import CliRunner
+    from uvicorn.config import STARTUP_FAILURE
+
+    from kortex_cli import main
+
+    class Failed:
+        exitcode = STARTUP_FAILURE
+
+    class Supervisor:
+        def __init__(self, config: object, sockets: list[socket.socket]) -> None:
+            for sock in sockets:
+                sock.close()
+            self.processes = [Failed(), Failed()]
+
+        def run(self) -> None:
+            pass
+
+    monkeypatch.setattr(uvicorn.supervisors, "Multiprocess", Supervisor)
+    monkeypatch.setattr(uvicorn, "run", lambda *args, **kwargs: None)  # what uvicorn.run did then: return
+    monkeypatch.setattr(main, "_preflight", lambda settings, what: None)
+    monkeypatch.setattr(main, "_metrics_multiprocess", lambda service: None)
+    monkeypatch.setenv("KORTEX_REDIS_URL", "redis://127.0.0.1:9/0")
+    monkeypatch.setenv("KORTEX_DATABASE_URL", f"sqlite:///{tmp_path / 'k.db'}")
+    result = CliRunner().invoke(main.app, ["api", "--port", str(free_port()), "--workers", "2"])
+    assert result.exit_code == 1, result.output
+    assert "the API did not start" in result.output
