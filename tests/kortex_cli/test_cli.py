@@ -6,6 +6,7 @@ import json
 import re
 import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -138,9 +139,8 @@ def test_demo_exits_non_zero_when_its_turn_fails(fake_anthropic) -> None:
 ])
 def test_api_runs_two_processes_by_default_in_the_distributed_mode(
         home: Path, monkeypatch: pytest.MonkeyPatch, env: dict[str, str], args: list[str], processes: int) -> None:
-    import uvicorn
-
     from kortex.storage import migrate
+    from kortex_cli import main
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setattr(migrate, "require_schema", lambda url: None)  # its own tests: tests/integration/test_startup.py
@@ -148,17 +148,17 @@ def test_api_runs_two_processes_by_default_in_the_distributed_mode(
     # out of this test process's (monkeypatch restores what it first records).
     monkeypatch.setenv("KORTEX_METRICS_DIR", str(home))
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "")
-    ran: dict[str, object] = {}
-    monkeypatch.setattr(uvicorn, "run", lambda target, **kw: ran.update(kw, target=target))
+    ran: list[Any] = []
+    monkeypatch.setattr(main, "_serve", ran.append)
     result = CliRunner().invoke(app, ["api", *args], catch_exceptions=False)
     assert result.exit_code == 0, result.output
-    assert ran["target"] == "api.main:create_app" and ran["workers"] == processes
+    assert ran[0].app == "api.main:create_app" and ran[0].workers == processes
 
 
 def test_api_refuses_more_processes_in_the_embedded_mode_and_less_than_one(home: Path) -> None:
     runner = CliRunner()
     many = runner.invoke(app, ["api", "--workers", "2"])
-    assert many.exit_code == 1 and "embedded mode runs in one process" in many.output
+    assert many.exit_code == 2 and "embedded mode runs in one process" in many.output  # a usage error
     none = runner.invoke(app, ["api", "--workers", "0"])
     assert none.exit_code == 2 and "--workers" in none.output
 
