@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from sqlalchemy import select
 from kortex.errors import StreamError
 from kortex.storage.schema import stream_outbox, turns
 from kortex.testing.inline import drive
+from kortex.testing.scratch import throwaway_prefix
 from kortex.turns import chat, watchdog
 from kortex.turns.cancel import cancel
 from tests.conftest import Harness, make_settings
@@ -28,8 +28,8 @@ from tests.integration.redisproc import private_database
 @pytest.fixture
 def h(tmp_path: Path) -> Iterator[Harness]:
     # A database of its own: the test sweeps with the watchdog, which reads every tenant's rows.
-    with private_database(PG_ADMIN) as url:
-        harness = Harness(make_settings(tmp_path, url, redis_url=REDIS_URL, redis_prefix=f"kxcl-{uuid.uuid4().hex[:8]}"))
+    with private_database(PG_ADMIN) as url, throwaway_prefix(REDIS_URL, "kxcl") as prefix:
+        harness = Harness(make_settings(tmp_path, url, redis_url=REDIS_URL, redis_prefix=prefix))
         try:
             yield harness
         finally:
