@@ -119,6 +119,14 @@ def read_until(proc: subprocess.Popen[bytes], wanted: str, timeout: float = 60) 
             return lines + [buffer.decode()]
 
 
+def interruptible() -> None:
+    """``preexec_fn`` of a command a test will Ctrl-C: a suite started in the background of a
+    non-interactive shell inherits SIGINT ignored, and Python then never raises
+    KeyboardInterrupt, as a command started that way should not: the test would see the turn run
+    to its end."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def interrupt_after(proc: subprocess.Popen[bytes], wanted: str) -> tuple[list[str], bytes]:
     """Ctrl-C once ``wanted`` is out; the lines read until then and what the process wrote to
     stderr. A process that does not end is killed, so no test leaves one behind."""
@@ -143,7 +151,7 @@ def test_ctrl_c_cancels_the_turn_and_exits_130(tmp_path: Path, slow_script: Path
     home = tmp_path / "kortex"
     args = [sys.executable, "-m", "kortex_cli.main", "ask", "hi", "--model", "scripted:slow"]
     proc = subprocess.Popen(args + (["--json"] if as_json else []), env=cli_env(home, slow_script),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=interruptible)
     lines, stderr = interrupt_after(proc, "word0")  # the turn is streaming
     if as_json:
         turn_id = json.loads(lines[0])["data"]["turn_id"]

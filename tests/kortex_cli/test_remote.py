@@ -20,7 +20,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kortex_cli.main import app
-from tests.kortex_cli.test_ask import SLOW, interrupt_after
+from tests.kortex_cli.test_ask import SLOW, interrupt_after, interruptible
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -120,7 +120,7 @@ def test_the_session_is_printed_and_followed_with_session(api: Api) -> None:
 def test_ctrl_c_cancels_the_turn_at_the_server(api: Api) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "kortex_cli.main", *api.ask("hi", "--model", "scripted:slow",
                                                                                "--json")],
-                            env=api.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            env=api.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=interruptible)
     lines, stderr = interrupt_after(proc, "word0")
     turn_id = json.loads(lines[0])["data"]["turn_id"]
     assert api.turn(turn_id)["status"] == "cancelled", stderr.decode()  # not left queued or running
