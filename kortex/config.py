@@ -8,21 +8,17 @@ unavailable rather than broken (rfc-005 §5.3).
 
 from __future__ import annotations
 
-import math
 import os
 import re
-import typing
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
-    SecretStr,
     ValidationError,
     field_validator,
     model_validator,
@@ -34,75 +30,12 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from kortex.config_env import check_environment
 from kortex.config_errors import describe_errors, did_you_mean
-from kortex.config_urls import MASKED, URL, check_url, masked_repr
+from kortex.config_urls import URL, masked_repr
+from kortex.config_values import EnvURL, LogLevel, Seconds, Secret, _log_level
 from kortex.errors import ConfigError, InvalidInput
 from kortex.redaction import scrub_text
-from kortex.timeparse import parse_duration
-
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-
-
-def resolve_env_refs(value: Any) -> Any:
-    """Replace ``${VAR}`` with the variable's value; a wholly unresolved value becomes None."""
-    if not isinstance(value, str) or "${" not in value:
-        return value
-    missing = False
-
-    def sub(match: re.Match[str]) -> str:
-        nonlocal missing
-        found = os.environ.get(match.group(1))
-        if not found:
-            missing = True
-            return ""
-        return found
-
-    resolved = _VAR.sub(sub, value)
-    return None if missing else resolved
-
-
-#: The longest duration a setting may take: a year. Every duration ends up in a timedelta added
-#: to now, a Redis EXPIRE or a timer, where 1e12 seconds overflowed (a 500 for every post).
-MAX_SECONDS = 365 * 86400.0
-
-
-def _seconds(value: Any) -> Any:
-    """Seconds as a number (also from the environment, where it arrives as text) or a duration
-    such as ``"90s"``, ``"5m"``, ``"PT1H"``; finite and at most a year."""
-    if isinstance(value, str):
-        try:
-            value = float(value)
-        except ValueError:
-            try:
-                value = parse_duration(value).total_seconds()
-            except InvalidInput:
-                # Not the parser's text: it quotes the value, and a misplaced secret would be shown.
-                raise ValueError("not a number of seconds or a duration such as '90s', '5m', 'PT1H'") from None
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        if not math.isfinite(value):
-            raise ValueError("must be a finite number of seconds")
-        if value > MAX_SECONDS:
-            raise ValueError("must be at most a year (31536000 seconds)")
-    return value
-
-
-Seconds = Annotated[float, BeforeValidator(_seconds)]
-Secret = Annotated[SecretStr | None, BeforeValidator(resolve_env_refs)]
-
-# A connection URL stays a plain str for its consumers; wherever settings are shown its
-# password is masked (kortex/config_urls.py).
-EnvURL = Annotated[str | None, BeforeValidator(resolve_env_refs), AfterValidator(check_url), MASKED]
-
-LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
-LOG_LEVELS: tuple[str, ...] = typing.get_args(LogLevel)
-
-
-def _log_level(value: Any) -> Any:
-    """A level by logging's name in any case: logging itself (and uvicorn) take only their own
-    spelling, and an unknown one crashed every command."""
-    if isinstance(value, str) and value.upper() in LOG_LEVELS:
-        return value.upper()
-    raise ValueError(f"use one of {', '.join(level.lower() for level in LOG_LEVELS)} (any case)")
 
 
 class _Section(BaseModel):
@@ -223,7 +156,6 @@ def _vocabulary(check: Any, values: Any) -> Any:
     pydantic reports with the field's path like any other. The router's text quotes the value;
     here it names the entry by position instead, as a secret pasted on the wrong line would
     otherwise be printed."""
-    from kortex.errors import InvalidInput
 
     out = []
     for n, value in enumerate(values, 1):
@@ -594,7 +526,7 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        _check_environment()
+        check_environment(Settings)
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
         path = _config_file()
         if path is not None:
@@ -621,39 +553,6 @@ class Settings(BaseSettings):
     def tool_timeout(self, tool: str) -> float | None:
         override = self.llm.tools.get(tool)
         return override.timeout if override else None
-
-
-#: KORTEX_* variables read outside these settings: by the CLI, logging, the metrics server, the
-#: tests (KORTEX_TEST_*) and the bench (KORTEX_BENCH_*). Any other is a misspelt setting.
-OTHER_VARIABLES = frozenset({"KORTEX_CONFIG", "KORTEX_API_KEY", "KORTEX_API_URL", "KORTEX_DEBUG",
-                             "KORTEX_LOG_FORMAT", "KORTEX_METRICS_DIR", "KORTEX_METRICS_PORT", "KORTEX_ACCESS_LOG"})
-OTHER_PREFIXES = ("KORTEX_TEST_", "KORTEX_BENCH_")
-
-
-def _variable_names(model: type[BaseModel], prefix: str = "KORTEX_", depth: int = 2) -> list[str]:
-    names = []
-    for name, field in model.model_fields.items():
-        names.append(prefix + name.upper())
-        if depth and isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
-            names += _variable_names(field.annotation, f"{prefix}{name.upper()}__", depth - 1)
-    return names
-
-
-def _check_environment() -> None:
-    """Refuse a KORTEX_* variable that is no setting: pydantic-settings ignores it, and a
-    misspelt KORTEX_REDIS_URL quietly ran a process embedded. Keys under a section are refused
-    by the section itself (``_Section``); the value is never quoted."""
-    unknown = []
-    for name in os.environ:
-        upper = name.upper()
-        if (not upper.startswith("KORTEX_") or upper in OTHER_VARIABLES or upper.startswith(OTHER_PREFIXES)
-                or upper[len("KORTEX_"):].split("__")[0].lower() in Settings.model_fields):
-            continue
-        unknown.append(name)
-    if unknown:
-        known = [*_variable_names(Settings), *OTHER_VARIABLES]
-        raise ConfigError("invalid configuration: " + "; ".join(
-            f"{name} is not a setting{did_you_mean(name.upper(), known)}" for name in sorted(unknown)))
 
 
 class _StrictToml(TomlConfigSettingsSource):

@@ -16,7 +16,8 @@ import typer
 from rich.markup import escape
 
 from kortex import logcontext, logsafe
-from kortex.config import LOG_LEVELS, Settings, load_settings
+from kortex.config import Settings, load_settings
+from kortex.config_values import LOG_LEVELS
 from kortex.errors import KortexError
 from kortex_cli.postmortem import app as postmortem_app
 from kortex_cli.render import make_console
