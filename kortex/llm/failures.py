@@ -10,6 +10,8 @@ Translation (here for httpx; ``kortex/llm/transport.py`` does the same for aioht
     request we cannot send (bad header, URL) -> code "request_invalid",    not retryable
     HTTP 408/409/429/5xx/529                 -> retryable, Retry-After kept (not 501/505:
                                                 those fail over to the next provider only)
+    HTTP 402, or a 429 saying the account's   -> code "provider_quota", not retryable (the key
+    quota or credit is spent                    gets the same answer until someone pays); fails over
     other HTTP 4xx                           -> not retryable (auth, bad request, unknown model)
 
 Vendor and network texts quote key fragments, account and request ids; they go in
@@ -34,11 +36,15 @@ from kortex.redaction import request_secrets, scrub_text, without_secrets
 MAX_DETAIL = 500
 MAX_ERROR_BODY = 16 * 1024
 _CODES = {401: "provider_auth", 403: "provider_auth", 404: "provider_not_found", 429: "rate_limited",
-          529: "provider_overloaded", 503: "provider_overloaded"}
+          529: "provider_overloaded", 503: "provider_overloaded", 402: "provider_quota"}
+#: error types or codes in a vendor's body that mean the account, not the moment: OpenAI sends
+#: its spent quota as a 429 like a rate limit, and a retry only spends the turn's time
+_QUOTA_KINDS = frozenset({"insufficient_quota", "billing_error", "billing_hard_limit_reached"})
 
 MESSAGES: dict[str, str] = {
     "provider_auth": "the provider rejected the API key",
     "rate_limited": "the provider is rate limiting requests",
+    "provider_quota": "the provider account has no quota or credit left",
     "provider_overloaded": "the provider is overloaded",
     "provider_server_error": "the provider had a server error",
     "provider_not_found": "the provider does not know this model or endpoint",
@@ -117,8 +123,25 @@ def status_failure(status: int, reason: str, headers: Mapping[str, str], body: b
     detail = vendor_message(body, secrets) or reason or "error"
     retryable = status in RETRYABLE_STATUS
     code = _CODES.get(status) or ("provider_server_error" if status >= 500 else "provider_rejected")
+    if status < 500 and vendor_kinds(body) & _QUOTA_KINDS:
+        code, retryable = "provider_quota", False
+    elif code == "provider_quota":
+        retryable = False
     return failure(code, provider=provider, model=model, status=status, retryable=retryable, detail=detail,
                    retry_after=parse_retry_after(headers) if retryable else None, secrets=secrets)
+
+
+def vendor_kinds(body: bytes) -> frozenset[str]:
+    """The error ``type`` and ``code`` a vendor's JSON error body names (OpenAI sends both,
+    Anthropic a type); empty when the body is no such JSON."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return frozenset()
+    error = parsed.get("error") if isinstance(parsed, dict) else None
+    if not isinstance(error, dict):
+        return frozenset()
+    return frozenset(v for v in (error.get("type"), error.get("code")) if isinstance(v, str))
 
 
 def vendor_message(body: bytes, secrets: Iterable[str] = ()) -> str:

@@ -130,7 +130,7 @@ def can_fail_over(exc: ProviderError) -> bool:
     server_error = exc.status is not None and exc.status >= 500
     model_refused = exc.status == 400 and bool(_MODEL_REFUSED.search(f"{exc.detail} {exc.message}"))
     return (exc.retryable or server_error or isinstance(exc, ProviderUnavailable) or exc.status in _FAILOVER_STATUS
-            or model_refused)
+            or model_refused or exc.code == "provider_quota")  # another account may well have credit
 
 
 def plan(registry: ProviderRegistry, spec: str | None) -> list[Candidate]:

@@ -86,7 +86,7 @@ class WireFormat(Protocol):
     def conversation(body: dict[str, Any]) -> Conversation: ...
 
     @staticmethod
-    def error(status: int, message: str) -> bytes: ...
+    def error(status: int, message: str, kind: str | None = None) -> bytes: ...
 
     @staticmethod
     def stream_error(error: FakeStreamError) -> bytes: ...
@@ -148,9 +148,10 @@ class Anthropic:
         return _conversation(body.get("messages") or [], user_turn)
 
     @staticmethod
-    def error(status: int, message: str) -> bytes:
-        kind = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                404: "not_found_error", 429: "rate_limit_error", 529: "overloaded_error"}.get(status, "api_error")
+    def error(status: int, message: str, kind: str | None = None) -> bytes:
+        kind = kind or {400: "invalid_request_error", 401: "authentication_error", 402: "billing_error",
+                        403: "permission_error", 404: "not_found_error", 429: "rate_limit_error",
+                        529: "overloaded_error"}.get(status, "api_error")
         return _dumps({"type": "error", "error": {"type": kind, "message": message}}).encode()
 
     @staticmethod
@@ -238,9 +239,9 @@ class OpenAI:
         return _conversation(body.get("messages") or [], lambda m: m.get("role") == "user")
 
     @staticmethod
-    def error(status: int, message: str) -> bytes:
-        kind = {401: "invalid_api_key", 429: "rate_limit_exceeded",
-                400: "invalid_request_error"}.get(status, "server_error")
+    def error(status: int, message: str, kind: str | None = None) -> bytes:
+        kind = kind or {401: "invalid_api_key", 429: "rate_limit_exceeded",
+                        400: "invalid_request_error"}.get(status, "server_error")
         return _dumps({"error": {"message": message, "type": kind, "param": None, "code": kind}}).encode()
 
     @staticmethod
@@ -316,8 +317,8 @@ class Ollama:
         return _conversation(body.get("messages") or [], user_turn)
 
     @staticmethod
-    def error(status: int, message: str) -> bytes:
-        return _dumps({"error": message}).encode()
+    def error(status: int, message: str, kind: str | None = None) -> bytes:
+        return _dumps({"error": message}).encode()  # Ollama's errors are a bare message
 
     @staticmethod
     def stream_error(error: FakeStreamError) -> bytes:

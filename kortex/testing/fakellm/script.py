@@ -54,6 +54,7 @@ class FakeFault(_Model):
     status: int = Field(500, ge=400, le=599)
     message: str = "fake failure"
     retry_after: float | None = None
+    kind: str | None = None  # the vendor's error type/code in the body (OpenAI "insufficient_quota"); else the status's
     disconnect: bool = False  # reset the connection instead of answering (status unused)
 
 

@@ -257,7 +257,7 @@ class FakeLLM:
             return False
         if fault is not None:
             extra = {"retry-after": f"{fault.retry_after:g}"} if fault.retry_after is not None else {}
-            await self._reply(writer, fault.status, wire.error(fault.status, fault.message), extra=extra)
+            await self._reply(writer, fault.status, wire.error(fault.status, fault.message, fault.kind), extra=extra)
             return True
         if body.get("stream") is False:
             await self._reply(writer, 400, wire.error(400, "fake: only streaming is scripted"))

@@ -20,6 +20,7 @@ from kortex.llm.base import CompletionRequest, DoneChunk, StreamChunk, TextChunk
 from kortex.llm.providers import BUILTIN_PROVIDERS
 from kortex.llm.registry import ProviderRegistry
 from kortex.llm.wire import SSEvent
+from kortex.messages import UserMessage
 from kortex.testing.fakellm import FakeLLM
 from tests.kortex.llm.conftest import VENDORS, collect, make_provider, model_of, request, vendor_config
 from tests.kortex.llm.test_adapters import texts
@@ -328,6 +329,27 @@ def test_a_server_error_that_says_never_is_not_tried_again(fake: FakeLLM, waits:
     error = caught.value
     assert error.code == "provider_server_error" and error.status == status and not error.retryable
     assert len(fake.requests) == 1 and waits == []
+
+
+@pytest.mark.parametrize(("vendor", "status", "kind"), [
+    ("openai", 429, "insufficient_quota"),  # OpenAI's spent quota looks like a rate limit but for its code
+    ("anthropic", 402, None),  # Anthropic's billing_error
+])
+def test_a_spent_quota_is_not_tried_again_and_a_plain_rate_limit_is(fake: FakeLLM, waits: list[float], vendor: str,
+                                                                   status: int, kind: str | None) -> None:
+    fake.add(model_of(vendor), {"steps": [{"faults": [{"status": status, "kind": kind, "retry_after": 0.01,
+                                                       "message": "You exceeded your current quota"}],
+                                           "text": ["ok"]}]})
+    with pytest.raises(ProviderError) as caught:
+        collect(make_provider(vendor, fake.url), request(vendor))
+    error = caught.value
+    assert error.code == "provider_quota" and not error.retryable and error.status == status
+    assert error.message == "the provider account has no quota or credit left" and "quota" in error.detail
+    assert len(fake.requests) == 1 and waits == []
+    # The same status without the account's word is a rate limit, tried again after its pause.
+    fake.add(model_of(vendor), {"steps": [{"faults": [{"status": 429, "retry_after": 0.01}], "text": ["ok"]}]})
+    again = request(vendor, UserMessage(content="again"))  # the fake counts faults per question
+    assert texts(collect(make_provider(vendor, fake.url), again)) == ["ok"] and len(waits) == 1
 
 
 # -- messages clients see ------------------------------------------------------------------------

@@ -127,6 +127,20 @@ def test_a_400_that_refuses_the_model_fails_over_and_one_about_the_request_does_
     assert [a.spec for a in routed.attempts] == ["anthropic:claude-opus-4-6", "openai:gpt-5"]
 
 
+def test_a_spent_quota_fails_over_at_once(fake: FakeLLM) -> None:
+    # Not retried (the account says the same until someone pays) and not the end of the step:
+    # another provider's account may well have credit.
+    fake.add("gpt-5", {"steps": [{"faults": [{"status": 429, "kind": "insufficient_quota",
+                                              "message": "You exceeded your current quota"}]}]})
+    fake.add("claude-opus-4-6", {"steps": [{"text": ["from anthropic"]}]})
+    got, routed = run(registry(fake.url, default_provider="openai", fallback_providers=["anthropic"]), None)
+    assert isinstance(got[0], WarningChunk) and got[0].code == "provider_failover"
+    assert "no quota or credit" in got[0].message
+    assert [c.text for c in got if isinstance(c, TextChunk)] == ["from anthropic"]
+    assert [r.path for r in fake.requests] == ["/v1/chat/completions", "/v1/messages"]
+    assert routed.attempts[0].error is not None and routed.attempts[0].error.code == "provider_quota"
+
+
 def test_local_only_refuses_cloud_providers_and_forces_the_local_one(fake: FakeLLM) -> None:
     for settings in ({"mode": "local-only"}, {"privacy": {"local_only": True}}):
         reg = registry(fake.url, default_provider="anthropic", fallback_providers=["openai"], **settings)
