@@ -5,10 +5,10 @@ Every statement filters on ``tenant_id`` first and is bounded by a LIMIT."""
 from __future__ import annotations
 
 import re
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, case, func, literal, not_, or_, select, tuple_
+from sqlalchemy import BigInteger, Integer, and_, case, cast, func, literal, not_, or_, select, tuple_
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.functions import Function
 
@@ -46,6 +46,7 @@ from kortex.telemetry.sources import (
 
 INVALID_REGEX = "2201B"  # PostgreSQL's SQLSTATE for a pattern its engine rejects
 MAX_TOKENS = 12
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _WORD = re.compile(r"[a-z0-9][a-z0-9._/-]*")
 _STOP = frozenset("a an and are as at be by for from has have in is it of on or that the this to was were "
                   "with why what how when".split())
@@ -192,18 +193,35 @@ class EmbeddedTelemetry:
             # Span ids in code-point order, as Python compares them (get_traces pages by that
             # order): a database whose collation is not C (en_US, ICU) would sort 'B1' after 'a1'.
             span_id = t.c.span_id if self.db.is_sqlite else t.c.span_id.collate("C")
+            of_trace = (t.c.tenant_id == tenant_id, t.c.trace_id == trace_id)
             rows = conn.execute(
-                select(t).where(t.c.tenant_id == tenant_id, t.c.trace_id == trace_id)
+                select(t).where(*of_trace)
                 .order_by(t.c.start_ts, span_id)
                 .limit(MAX_TRACE_SPANS + 1)
             ).all()
+            cut = len(rows) > MAX_TRACE_SPANS
+            # Past the cap, the trace's size and end still describe all of it (get_traces shows them).
+            whole = conn.execute(select(func.count(), func.max(self._end_us(t.c.start_ts, t.c.duration_us)))
+                                 .where(*of_trace)).one() if cut else None
         spans = [
             Span(trace_id=r.trace_id, span_id=r.span_id, parent_span_id=r.parent_span_id, service=r.service,
                  operation=r.operation, start=r.start_ts, duration_us=int(r.duration_us), status=r.status,
                  error_message=r.error_message, tags=dict(r.tags or {}), request_id=r.request_id)
             for r in rows[:MAX_TRACE_SPANS]
         ]
-        return Trace(trace_id=trace_id, spans=spans, truncated=len(rows) > MAX_TRACE_SPANS)
+        if whole is None:
+            return Trace(trace_id=trace_id, spans=spans)
+        return Trace(trace_id=trace_id, spans=spans, truncated=True, span_total=int(whole[0]),
+                     ends_at=EPOCH + timedelta(microseconds=int(whole[1])))
+
+    def _end_us(self, start: Any, duration_us: Any) -> Any:
+        """When a span ends, in microseconds since the epoch, exactly. SQLite stores the start as
+        text, 'YYYY-MM-DD HH:MM:SS.ffffff': its fraction is read from the text (strftime keeps
+        milliseconds only), as embedded_metrics does."""
+        if self.db.is_sqlite:
+            whole = cast(func.strftime("%s", start), Integer) * 1_000_000
+            return whole + cast(func.substr(start, 21, 6), Integer) + duration_us
+        return cast(func.extract("epoch", start) * 1_000_000, BigInteger) + duration_us
 
     # ---- incidents -------------------------------------------------------------------------
 
@@ -249,8 +267,9 @@ class EmbeddedTelemetry:
                             position=(int(r.score), r.opened_at, int(r.id))) for r in rows[:limit]]
         return IncidentPage(hits=hits, has_more=len(rows) > limit)
 
-    def incidents_at(self, tenant_id: str, at: datetime | None, *, target_type: str | None = None,
-                     target_ids: tuple[str, ...] = (), limit: int = 100) -> list[Incident]:
+    @staticmethod
+    def _open_at(tenant_id: str, at: datetime | None, target_type: str | None,
+                 target_ids: tuple[str, ...]) -> list[Any]:
         t = telemetry_incidents
         where: list[Any] = [t.c.tenant_id == tenant_id]
         if at is None:
@@ -265,10 +284,23 @@ class EmbeddedTelemetry:
             where.append(shown_type == target_type)
         if target_ids:
             where.append(and_(shown_id.is_not(None), shown_id.in_(target_ids)))
+        return where
+
+    def incidents_at(self, tenant_id: str, at: datetime | None, *, target_type: str | None = None,
+                     target_ids: tuple[str, ...] = (), limit: int = 100) -> list[Incident]:
+        t = telemetry_incidents
+        where = self._open_at(tenant_id, at, target_type, target_ids)
         with self.db.connect() as conn:
             rows = conn.execute(select(t).where(*where).order_by(t.c.opened_at.desc(), t.c.id.desc())
                                 .limit(max(1, min(limit, 500)))).all()
         return [self._incident(r) for r in rows]
+
+    def count_incidents_at(self, tenant_id: str, at: datetime | None, *, target_type: str | None = None,
+                           target_ids: tuple[str, ...] = ()) -> int:
+        t = telemetry_incidents
+        where = self._open_at(tenant_id, at, target_type, target_ids)
+        with self.db.connect() as conn:
+            return int(conn.scalar(select(func.count()).select_from(t).where(*where)) or 0)
 
     def select_incidents(self, tenant_id: str, *, refs: tuple[str, ...] = (), product: str | None = None,
                          severity: str | None = None, start: datetime | None = None, end: datetime | None = None,

@@ -78,6 +78,7 @@ class LLMRequest:
 class RequestPage:
     requests: list[LLMRequest]
     has_more: bool
+    total_matches: int = 0  # every request the query matches, on every page
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +113,18 @@ class LatencyBucket:
 
 
 @dataclass(frozen=True, slots=True)
+class LatencyTrend:
+    """Buckets per (period, deployment), oldest first, and figures over every matching request:
+    a cut leaves the oldest periods out of ``buckets``, never out of the figures."""
+
+    buckets: list[LatencyBucket]
+    cut: bool
+    total_requests: int
+    avg_latency_p50_ms: float | None  # the buckets' p50, weighted by their request counts
+    avg_latency_p95_ms: float | None
+
+
+@dataclass(frozen=True, slots=True)
 class QualityRow:
     model_id: str
     task_type: str
@@ -129,12 +142,29 @@ class VolumeRow:
     total_cost_usd: float
 
 
+@dataclass(frozen=True, slots=True)
+class Volume:
+    """Rows per (period, group), oldest first, and each group's totals over the whole window: a
+    cut leaves the oldest periods out of ``rows`` (a cut always keeps the newest), never out of
+    ``totals``."""
+
+    rows: list[VolumeRow]
+    cut: bool
+    totals: dict[str, Usage]
+
+
 class LLMOpsSource(Protocol):
     def deployments(self, tenant_id: str, where: DeploymentFilter, limit: int = 500) -> list[DeploymentStatus]:
         """Ordered by deployment id, at most ``limit``."""
         ...
 
-    def requests(self, tenant_id: str, query: RequestQuery) -> RequestPage: ...
+    def deployment_counts(self, tenant_id: str, where: DeploymentFilter) -> dict[str, int]:
+        """How many deployments match, by status (every one, not a page of them)."""
+        ...
+
+    def requests(self, tenant_id: str, query: RequestQuery) -> RequestPage:
+        """A page, newest first, with how many requests match in all."""
+        ...
 
     def request(self, tenant_id: str, request_id: str) -> LLMRequest | None: ...
 
@@ -143,15 +173,10 @@ class LLMOpsSource(Protocol):
     def user_usage(self, tenant_id: str, user_id: str, start: datetime, end: datetime) -> Usage: ...
 
     def latency_trends(self, tenant_id: str, where: TrendFilter, start: datetime, end: datetime,
-                       granularity: Granularity) -> tuple[list[LatencyBucket], bool]:
-        """Buckets per (period, deployment), oldest first, and whether the data was cut short."""
-        ...
+                       granularity: Granularity) -> LatencyTrend: ...
 
     def quality_summary(self, tenant_id: str, model_id: str | None, task_type: str | None,
                         start: datetime, end: datetime, limit: int = 500) -> list[QualityRow]: ...
 
     def request_volume(self, tenant_id: str, group_by: GroupBy, start: datetime, end: datetime,
-                       granularity: Granularity) -> tuple[list[VolumeRow], bool]:
-        """Rows per (period, group), oldest first, and whether the oldest periods were cut (a
-        cut always keeps the newest)."""
-        ...
+                       granularity: Granularity) -> Volume: ...

@@ -122,6 +122,10 @@ class Trace:
     trace_id: str
     spans: list[Span]  # ordered by start time, then span id
     truncated: bool = False
+    #: when ``truncated``: how many spans the trace has and when its last one ends (the spans
+    #: listed are only the first ones; None: the spans listed are all of them)
+    span_total: int | None = None
+    ends_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +193,11 @@ class IncidentSource(Protocol):
     def incidents_at(self, tenant_id: str, at: datetime | None, *, target_type: str | None = None,
                      target_ids: tuple[str, ...] = (), limit: int = 100) -> list[Incident]:
         """Incidents open at ``at`` (None: open now), optionally only those about some targets."""
+        ...
+
+    def count_incidents_at(self, tenant_id: str, at: datetime | None, *, target_type: str | None = None,
+                           target_ids: tuple[str, ...] = ()) -> int:
+        """How many incidents ``incidents_at`` matches in all, past any limit."""
         ...
 
     def select_incidents(self, tenant_id: str, *, refs: tuple[str, ...] = (), product: str | None = None,

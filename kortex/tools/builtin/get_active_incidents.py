@@ -23,23 +23,26 @@ MAX_INCIDENTS = 100
 
 
 def run(args: GetActiveIncidentsInput, ctx: ToolContext) -> dict[str, Any]:
-    found = ctx.sources.incidents.incidents_at(
-        ctx.tenant_id, None, target_type=args.target_type, target_ids=(args.target_id,) if args.target_id else (),
-        limit=MAX_INCIDENTS + 1)
+    target_ids = (args.target_id,) if args.target_id else ()
+    found = ctx.sources.incidents.incidents_at(ctx.tenant_id, None, target_type=args.target_type,
+                                               target_ids=target_ids, limit=MAX_INCIDENTS + 1)
     cut = len(found) > MAX_INCIDENTS
-    found = found[:MAX_INCIDENTS]
     incidents = [
         {"id": i.ref, "target_type": i.target_type or ("product" if i.product else None),
          "target_id": i.target_id or i.product, "title": i.title, "severity": i.severity,
          "started_at": isoformat(i.opened_at),
          "duration_minutes": max(0, int((ctx.now - i.opened_at).total_seconds() // 60)),
          "findings": i.findings}
-        for i in found
+        for i in found[:MAX_INCIDENTS]
     ]
-    result: dict[str, Any] = {"incidents": incidents, "count": len(incidents)}
-    if cut:
-        result["truncated"] = True
-    return result
+    if not cut:
+        return {"incidents": incidents, "count": len(incidents)}
+    # count is how many are open, the figure a model quotes: past the cap the source counts them.
+    count = ctx.sources.incidents.count_incidents_at(ctx.tenant_id, None, target_type=args.target_type,
+                                                     target_ids=target_ids)
+    return {"incidents": incidents, "count": count, "truncated": True,
+            "note": f"only {len(incidents)} of {count} open incidents are listed, the most recent (count is all "
+                    "of them); filter by target_type or target_id"}
 
 
 SPEC = ToolSpec(
@@ -49,6 +52,6 @@ SPEC = ToolSpec(
     input_model=GetActiveIncidentsInput,
     run=run,
     category="lookup",
-    redact=("incidents", "count", "truncated"),
+    redact=("incidents", "count", "truncated", "note"),
     list_field="incidents",
 )

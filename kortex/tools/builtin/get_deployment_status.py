@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import timedelta
 from typing import Any, Literal
 
 from pydantic import Field
 
-from kortex.telemetry.llmops import DeploymentFilter
+from kortex.telemetry.llmops import DeploymentFilter, DeploymentStatus
 from kortex.timeparse import isoformat
 from kortex.tools.builtin.common import Identifier
 from kortex.tools.spec import ToolContext, ToolInput, ToolSpec
 
 STALE_AFTER = timedelta(minutes=5)
+STATUSES = ("healthy", "degraded", "down")
 
 
 class GetDeploymentStatusInput(ToolInput):
@@ -25,27 +27,27 @@ class GetDeploymentStatusInput(ToolInput):
 MAX_DEPLOYMENTS = 500
 
 
+def _shown(d: DeploymentStatus, ctx: ToolContext) -> dict[str, Any]:
+    return {"id": d.deployment_id, "model_id": d.model_id, "backend_id": d.backend_id, "status": d.status,
+            "latency_p50_ms": d.latency_p50_ms, "latency_p95_ms": d.latency_p95_ms, "error_rate": d.error_rate,
+            "queue_depth": d.queue_depth, "cost_per_1k_tokens": d.cost_per_1k_tokens,
+            "rate_limit_remaining": d.rate_limit_remaining, "sample_count": d.sample_count,
+            "updated_at": isoformat(d.updated_at), "is_stale": ctx.now - d.updated_at > STALE_AFTER}
+
+
 def run(args: GetDeploymentStatusInput, ctx: ToolContext) -> dict[str, Any]:
-    found = ctx.sources.llmops.deployments(
-        ctx.tenant_id, DeploymentFilter(model_id=args.model_id, backend_id=args.backend_id, status=args.status),
-        limit=MAX_DEPLOYMENTS + 1)
+    where = DeploymentFilter(model_id=args.model_id, backend_id=args.backend_id, status=args.status)
+    found = ctx.sources.llmops.deployments(ctx.tenant_id, where, limit=MAX_DEPLOYMENTS + 1)
     cut = len(found) > MAX_DEPLOYMENTS
-    found = found[:MAX_DEPLOYMENTS]
-    deployments = [
-        {"id": d.deployment_id, "model_id": d.model_id, "backend_id": d.backend_id, "status": d.status,
-         "latency_p50_ms": d.latency_p50_ms, "latency_p95_ms": d.latency_p95_ms, "error_rate": d.error_rate,
-         "queue_depth": d.queue_depth, "cost_per_1k_tokens": d.cost_per_1k_tokens,
-         "rate_limit_remaining": d.rate_limit_remaining, "sample_count": d.sample_count,
-         "updated_at": isoformat(d.updated_at), "is_stale": ctx.now - d.updated_at > STALE_AFTER}
-        for d in found
-    ]
-    summary = {"total": len(deployments)}
-    for status in ("healthy", "degraded", "down"):
-        summary[status] = sum(1 for d in deployments if d["status"] == status)
-    if cut:  # the summary counts what is listed; say so rather than pass it off as the whole fleet
+    deployments = [_shown(d, ctx) for d in found[:MAX_DEPLOYMENTS]]
+    # The summary is the fleet's: past the cap the source counts it, not the list.
+    by_status = (ctx.sources.llmops.deployment_counts(ctx.tenant_id, where) if cut
+                 else Counter(d["status"] for d in deployments))
+    summary = {"total": sum(by_status.values()), **{status: by_status.get(status, 0) for status in STATUSES}}
+    if cut:
         return {"deployments": deployments, "summary": summary, "truncated": True,
-                "note": f"only the first {MAX_DEPLOYMENTS} deployments by id are listed and counted; filter by "
-                        "model_id, backend_id or status"}
+                "note": f"only the first {len(deployments)} of {summary['total']} deployments by id are listed "
+                        "(summary counts them all); filter by model_id, backend_id or status"}
     return {"deployments": deployments, "summary": summary}
 
 

@@ -2,7 +2,8 @@
 
 Pages of at most 100 with a signed cursor; the window is pinned in the cursor so relative
 times mean the same span on every page. The page comes with its counts by status and its busiest
-users with their share, so a model quotes them instead of counting rows itself."""
+users with their share, so a model quotes them instead of counting rows itself, and with how many
+requests match on all pages (total_matches, as get_logs gives)."""
 
 from __future__ import annotations
 
@@ -80,8 +81,9 @@ def run(args: GetRecentRequestsInput, ctx: ToolContext) -> dict[str, Any]:
         start=start, end=end, user_id=args.user_id, user_tier=args.user_tier, deployment_id=args.deployment_id,
         model_id=args.model_id, backend_id=args.backend_id, status=args.status, limit=args.limit, before=before))
     shown = [summary(r) for r in page.requests]
-    result: dict[str, Any] = {"requests": shown, "count": len(shown), **tally(shown),
-                              "has_more": page.has_more, "since": isoformat(start), "until": isoformat(end),
+    # count and the tallies describe this page; total_matches, every page (as get_logs' does).
+    result: dict[str, Any] = {"requests": shown, "count": len(shown), "total_matches": page.total_matches,
+                              **tally(shown), "has_more": page.has_more, "since": isoformat(start), "until": isoformat(end),
                               "_keys": [(r.created_at.isoformat(), r.row_id) for r in page.requests],
                               "_window": (start.isoformat(), end.isoformat())}
     if page.has_more and page.requests:
@@ -113,12 +115,13 @@ SPEC = ToolSpec(
         "Recent requests served by the LLM platform, newest first, filtered by user, tier, deployment, model, "
         "backend, status and time (since/until accept ISO times or '1 hour ago', 'last 30m', 'yesterday'). "
         "The page's counts by status, its failed share (failed_pct) and its busiest users with their share "
-        "(by_user) come with it. When has_more is true, call again with next_cursor."
+        "(by_user) come with it, and total_matches: how many requests match on all pages. When has_more is true, "
+        "call again with next_cursor."
     ),
     input_model=GetRecentRequestsInput,
     run=run,
     category="query",
-    redact=("requests", "count", "by_status", "failed_pct", "by_user", "has_more", "since", "until", "next_cursor", "truncated"),
+    redact=("requests", "count", "total_matches", "by_status", "failed_pct", "by_user", "has_more", "since", "until", "next_cursor", "truncated"),
     list_field="requests",
     on_truncate=on_truncate,
 )

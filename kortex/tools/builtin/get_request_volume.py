@@ -27,31 +27,29 @@ def run(args: GetRequestVolumeInput, ctx: ToolContext) -> dict[str, Any]:
     start, end = since_until(args.since, args.until, ctx, "7 days ago")
     if args.granularity == "hour" and end - start > MAX_HOURLY:
         raise InvalidInput(f"hourly volume covers at most {MAX_HOURLY.days} days; use granularity 'day'")
-    rows, cut = ctx.sources.llmops.request_volume(ctx.tenant_id, args.group_by, start, end, args.granularity)
-    totals: dict[str, dict[str, float]] = {}
-    for r in rows:
-        entry = totals.setdefault(r.group, {"requests": 0, "cost_usd": 0.0})
-        entry["requests"] += r.request_count
-        entry["cost_usd"] = round(entry["cost_usd"] + r.total_cost_usd, 6)
+    volume = ctx.sources.llmops.request_volume(ctx.tenant_id, args.group_by, start, end, args.granularity)
     period = (lambda p: p.date().isoformat()) if args.granularity == "day" else isoformat
+    data = [{"period": period(r.period), "group": r.group, "request_count": r.request_count,
+             "total_cost_usd": r.total_cost_usd} for r in volume.rows]
     result: dict[str, Any] = {
-        "data": [{"period": period(r.period), "group": r.group, "request_count": r.request_count,
-                  "total_cost_usd": r.total_cost_usd} for r in rows],
-        "totals": totals, "group_by": args.group_by, "since": isoformat(start), "until": isoformat(end),
-        "truncated": cut,
+        "data": data,
+        # Over the whole window, however many periods data lists (the source's cut or the
+        # output cap's): these are the figures a model quotes.
+        "totals": {group: {"requests": u.requests, "cost_usd": u.cost_usd} for group, u in volume.totals.items()},
+        "group_by": args.group_by, "since": isoformat(start), "until": isoformat(end), "truncated": volume.cut,
     }
-    if cut:
-        first = period(rows[0].period) if rows else isoformat(end)
-        result["note"] = (f"too many periods and groups: only those from {first} on are shown, and the totals cover "
-                          "only them; narrow the window or use a coarser granularity")
+    if volume.cut:
+        first = data[0]["period"] if data else isoformat(end)
+        result["note"] = (f"too many periods and groups to list: data holds only the periods from {first} on; "
+                          "totals cover the whole window. Narrow the window or use a coarser granularity")
     return result
 
 
 SPEC = ToolSpec(
     name="get_request_volume",
     description="LLM request counts and cost per period (hour or day), grouped by tier, model, backend or "
-                "deployment, with totals per group. since defaults to '7 days ago'; hourly periods cover at most "
-                "31 days.",
+                "deployment, with totals per group over the whole window (even when data lists only its latest "
+                "periods). since defaults to '7 days ago'; hourly periods cover at most 31 days.",
     input_model=GetRequestVolumeInput,
     run=run,
     category="analysis",

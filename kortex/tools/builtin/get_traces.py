@@ -142,6 +142,8 @@ def run(args: GetTracesInput, ctx: ToolContext) -> dict[str, Any]:
     t0 = min(s.start for s in spans)
     t0_us = int(t0.timestamp() * 1_000_000)
     end_us = max(int(s.start.timestamp() * 1_000_000) + s.duration_us for s in spans)
+    if trace.ends_at is not None:  # the trace goes on past the spans read: its end is the source's
+        end_us = max(end_us, int(trace.ends_at.timestamp() * 1_000_000))
     parent, cut, orphans = parents(spans)
     budget = ctx.result_cap_bytes - _RESERVE
     logs: list[dict[str, Any]] = []
@@ -193,7 +195,7 @@ def run(args: GetTracesInput, ctx: ToolContext) -> dict[str, Any]:
 
     result: dict[str, Any] = {
         "trace_id": trace.trace_id,
-        "span_count": len(spans),
+        "span_count": trace.span_total or len(spans),  # the whole trace's, as duration_us
         "duration_us": end_us - t0_us,
         "root": root,
         "fragments": fragments,
@@ -211,6 +213,8 @@ def run(args: GetTracesInput, ctx: ToolContext) -> dict[str, Any]:
         result["logs_truncated"] = True
     if trace.truncated:
         result["trace_truncated"] = True  # the trace itself has more spans than we read
+        result["note"] = (f"only the first {len(spans)} of {result['span_count']} spans (by start time) are "
+                          "returned, over all pages; span_count and duration_us cover the whole trace")
     if has_more:
         last = page[-1]
         result["next_cursor"] = _cursor(args, ctx, last.start.isoformat(), last.span_id)
@@ -279,7 +283,7 @@ SPEC = ToolSpec(
     run=run,
     category="query",
     redact=("trace_id", "span_count", "duration_us", "root", "fragments", "errors", "logs", "truncated",
-            "trace_truncated", "cycles", "orphans", "logs_truncated", "next_cursor"),
+            "trace_truncated", "cycles", "orphans", "logs_truncated", "next_cursor", "note"),
     list_field="fragments",
     on_truncate=on_truncate,
 )

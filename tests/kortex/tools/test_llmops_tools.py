@@ -252,7 +252,8 @@ def test_request_volume_cut_keeps_the_newest_periods_whole_and_says_so(platform,
     assert full["truncated"] is False and len(full["data"]) > 20
     monkeypatch.setattr(embedded_llmops, "MAX_VOLUME_ROWS", 12)
     cut = h.call(tenant, "get_request_volume", args, now=now).content
-    assert cut["truncated"] is True and "totals cover only them" in cut["note"]
+    assert cut["truncated"] is True and "totals cover the whole window" in cut["note"]
+    assert cut["totals"] == full["totals"]  # the cut is the listing's, never the totals
     newest = max(r["period"] for r in full["data"])
     assert max(r["period"] for r in cut["data"]) == newest  # the newest hour is never the part dropped
     for period in {r["period"] for r in cut["data"]}:  # and every hour shown is whole
@@ -314,7 +315,7 @@ def test_lists_past_their_cap_say_truncated_instead_of_ending_silently(platform,
     monkeypatch.setattr(get_quality_summary, "MAX_ROWS", 2)
     deployments = h.call(tenant, "get_deployment_status", {})
     assert deployments.truncated and deployments.content["deployments"] == whole["get_deployment_status"][:2]
-    assert deployments.content["summary"]["total"] == 2 and "first 2" in deployments.content["note"]
+    assert deployments.content["summary"]["total"] == 5 and "first 2 of 5" in deployments.content["note"]
     quality = h.call(tenant, "get_quality_summary", {})
     assert quality.truncated and quality.content["data"] == whole["get_quality_summary"][:2]
     with h.k.db.begin() as conn:  # a second open incident
@@ -323,5 +324,5 @@ def test_lists_past_their_cap_say_truncated_instead_of_ending_silently(platform,
              "target_type": "backend", "target_id": "k8s"}], now=utcnow()))
     monkeypatch.setattr(get_active_incidents, "MAX_INCIDENTS", 1)
     incidents = h.call(tenant, "get_active_incidents", {})
-    assert incidents.truncated and incidents.content["count"] == 1
+    assert incidents.truncated and incidents.content["count"] == 2 and len(incidents.content["incidents"]) == 1
     assert incidents.content["incidents"][0]["id"] == "INC-9000"  # the most recent is kept
