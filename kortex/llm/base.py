@@ -25,23 +25,45 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+#: characters of text a token comes to, roughly, where a vendor has not said (English prose and JSON)
+CHARS_PER_TOKEN = 4
+
+_COUNTS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
+
+
+def _tokens(chars: int) -> int:
+    return -(-max(0, chars) // CHARS_PER_TOKEN)  # rounded up: a call that said anything cost something
+
+
 class TokenUsage(_Frozen):
     """Billed tokens of one call. The cache counts are parts of ``input_tokens`` (vendors bill
-    prompt-cache reads and writes at their own prices)."""
+    prompt-cache reads and writes at their own prices). ``estimated``: some count is our guess
+    (``estimate``), not the vendor's, e.g. from a server that reported no usage."""
 
     input_tokens: int = 0
     output_tokens: int = 0
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
+    estimated: bool = False
+
+    @classmethod
+    def estimate(cls, *, input_chars: int = 0, output_chars: int = 0) -> TokenUsage:
+        """What a call the vendor reported no usage for is billed: its characters at
+        ``CHARS_PER_TOKEN``, so budgets and cost ceilings see it instead of a free call."""
+        return cls(input_tokens=_tokens(input_chars), output_tokens=_tokens(output_chars), estimated=True)
 
     def most(self, other: TokenUsage | None) -> TokenUsage:
         """The larger count of each kind (running counts only grow; a retry's are added elsewhere)."""
         if other is None:
             return self
-        return TokenUsage(**{k: max(getattr(self, k), getattr(other, k)) for k in TokenUsage.model_fields})
+        # Estimated only where a guess is what stands: a reported count at least as large wins.
+        guessed = any((getattr(self, k) > getattr(other, k) and self.estimated)
+                      or (getattr(other, k) > getattr(self, k) and other.estimated) for k in _COUNTS)
+        return TokenUsage(**{k: max(getattr(self, k), getattr(other, k)) for k in _COUNTS}, estimated=guessed)
 
     def __add__(self, other: TokenUsage) -> TokenUsage:
-        return TokenUsage(**{k: getattr(self, k) + getattr(other, k) for k in TokenUsage.model_fields})
+        return TokenUsage(**{k: getattr(self, k) + getattr(other, k) for k in _COUNTS},
+                          estimated=self.estimated or other.estimated)
 
 
 class ModelInfo(_Frozen):

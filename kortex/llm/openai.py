@@ -11,14 +11,18 @@ A body that ends without ``[DONE]`` is accepted once ``finish_reason`` came, unl
 chunk was still owed: api.openai.com always sends one for ``include_usage``, and so does any
 server whose chunks carry ``"usage": null`` (the API's documented way of saying one will
 follow). Without it the answer would be costed at nothing; the body was cut. A compatible
-server that shows no sign of honouring ``include_usage`` is taken at its word.
+server that shows no sign of honouring ``include_usage`` is taken at its word that the body is
+whole. A call whose usage never came (no sign of it, or ``null`` keys and then ``[DONE]``) is
+billed an estimate, marked so (``TokenUsage.estimate``: the prompt as sent and the answer, at
+four characters a token): costed at nothing, it would pass every budget and cost ceiling.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import AsyncGenerator, Iterator
+from contextlib import aclosing
 from typing import Any
 
 from kortex.config import ProviderSettings, Settings
@@ -86,6 +90,22 @@ class OpenAIProvider(SSEProvider):
     def decoder(self, model: str) -> Decoder:
         return Decoder(self.name, model, usage_owed=self.official)
 
+    async def _stream_once(self, request: CompletionRequest) -> AsyncGenerator[StreamChunk, None]:
+        async with aclosing(super()._stream_once(request)) as chunks:
+            async for chunk in chunks:
+                if isinstance(chunk, DoneChunk) and chunk.usage.estimated:
+                    # The decoder estimated the answer it read; the prompt is known only here.
+                    prompt = TokenUsage.estimate(input_chars=prompt_chars(self.body(request)))
+                    chunk = chunk.model_copy(update={"usage": chunk.usage + prompt})
+                yield chunk
+
+
+def prompt_chars(body: dict[str, Any]) -> int:
+    """Characters of the prompt a body sends: its messages and tool schemas as JSON (the
+    punctuation stands in for the chat template the server wraps them in)."""
+    return len(json.dumps([body.get("messages") or [], body.get("tools") or []], ensure_ascii=False,
+                          separators=(",", ":")))
+
 
 def to_messages(request: CompletionRequest) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
@@ -125,6 +145,7 @@ class Decoder:
         self.usage = TokenUsage()
         self.usage_owed = usage_owed  # the server will send a usage chunk (see the module docstring)
         self.usage_seen = False
+        self.output_chars = 0  # text and tool calls received: what an answer without usage is billed by
 
     def _invalid(self, what: str) -> ProviderError:
         return failure("stream_invalid", provider=self.provider, model=self.model, usage=self.usage, detail=what)
@@ -194,6 +215,7 @@ class Decoder:
             text = self._text(delta.get("content"), "delta.content") or self._text(delta.get("refusal"),
                                                                                  "delta.refusal")
             if text:
+                self.output_chars += len(text)
                 yield TextChunk(text=text)
             for part in self._list(delta.get("tool_calls"), "delta.tool_calls"):
                 self._tool_part(self._dict(part, "a tool call delta"))
@@ -206,6 +228,7 @@ class Decoder:
         function = self._dict(part.get("function"), "tool_calls.function")
         name = self._text(function.get("name"), "function.name")
         arguments = self._text(function.get("arguments"), "function.arguments")
+        self.output_chars += len(name) + len(arguments)
         index = part.get("index")
         if index is None:
             # Servers that send no index: an id opens a call, a fragment without one continues
@@ -245,6 +268,8 @@ class Decoder:
 
     def finish(self) -> Iterator[StreamChunk]:
         self.finished = True
+        if not self.usage_seen:
+            self.usage = TokenUsage.estimate(output_chars=self.output_chars)  # the provider adds the prompt
         calls = self._calls.finish_all()
         for call in calls:
             yield ToolCallChunk(call=call)

@@ -60,10 +60,6 @@ _MODEL_REFUSED = re.compile(r"does not support (chat|generate|completions?)\b|no
 _ONCE_PER_STEP = frozenset({"pseudo_tools"})
 
 
-#: characters of text a token comes to, roughly, where a vendor has not said (English prose and JSON)
-CHARS_PER_TOKEN = 4
-
-
 @dataclass(frozen=True, slots=True)
 class Candidate:
     """One provider in the failover chain, with the model it answers with."""
@@ -118,7 +114,7 @@ class Attempt:
             # so a call cut short (a runaway answer stopped at llm.max_answer_chars, a step's time
             # limit) has reported little of what it produced. It is billed at least for the text
             # it sent, at about four characters a token, so budgets see a runaway's spend.
-            self.usage = self.usage.most(TokenUsage(output_tokens=self.text_chars // CHARS_PER_TOKEN))
+            self.usage = self.usage.most(TokenUsage.estimate(output_chars=self.text_chars))
 
 
 def is_cloud(provider: Provider) -> bool:

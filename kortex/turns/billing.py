@@ -53,6 +53,8 @@ def llm_audit(
             "retries": attempt.retries,
             "first_token_ms": attempt.first_token_ms,  # what routing measures latency from
         }
+        if attempt.usage.estimated:  # the vendor never said: the tokens are counted from characters
+            payload["usage_estimated"] = True
         if failure is not None:
             payload.update(error_code=failure.code, status=failure.status, retryable=failure.retryable)
         # A label per model a caller may name at will would be a series per name: those share one.

@@ -250,7 +250,7 @@ class OpenAI:
 
     @staticmethod
     def render(step: FakeStep, model: str, body: dict[str, Any], conv: Conversation) -> list[Piece]:
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage")) and not step.usage_omitted
         base = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion.chunk",
                 "created": int(time.time()), "model": model, "system_fingerprint": "fp_fake"}
         if include_usage:

@@ -21,7 +21,9 @@ in slices of that many bytes (2 splits every 3-byte character across reads). ``e
 sent verbatim after the text (the JSON of an SSE ``data:`` or an NDJSON line): malformed frames.
 OpenAI only: ``tool_call_style`` ``"interleaved"`` sends one fragment of every call per chunk
 (several indexes in one chunk), ``"no_index"`` omits ``index`` as some compatible servers do;
-``usage_with_finish`` puts usage in the chunk with ``finish_reason``.
+``usage_with_finish`` puts usage in the chunk with ``finish_reason``; ``usage_omitted`` sends
+no usage at all, not even ``"usage": null``, as a compatible server or proxy that ignores
+``stream_options.include_usage`` does.
 
 Pacing, to stand in for a real model in benchmarks: ``first_token_ms`` holds the first text
 piece back (time to first token; the headers and ``message_start`` go out at once, as the
@@ -87,6 +89,7 @@ class FakeStep(_Model):
     extra_frames: list[Any] = Field(default_factory=list)
     tool_call_style: Literal["sequential", "interleaved", "no_index"] = "sequential"
     usage_with_finish: bool = False
+    usage_omitted: bool = False
     first_token_ms: float = Field(0, ge=0, le=600_000)
     tokens_per_s: float | None = Field(None, gt=0, le=1_000_000)
     piece_tokens: int = Field(1, ge=1, le=10_000)

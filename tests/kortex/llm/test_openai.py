@@ -1,17 +1,24 @@
-"""OpenAI specifics the fake server cannot say: bodies cut between ``finish_reason`` and the
-usage chunk, and tool calls that compatible servers number oddly; served byte for byte."""
+"""OpenAI specifics: bodies cut between ``finish_reason`` and the usage chunk, and tool calls
+that compatible servers number oddly, served byte for byte; servers that report no usage."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
+from contextlib import aclosing
 from typing import Any
 
 import pytest
 
+from kortex.config import Settings
 from kortex.errors import ProviderError
 from kortex.llm.base import DoneChunk, TokenUsage
-from tests.kortex.llm.conftest import make_provider, request
+from kortex.llm.providers import BUILTIN_PROVIDERS
+from kortex.llm.registry import ProviderRegistry
+from kortex.llm.router import RoutedStream, plan
+from kortex.testing.fakellm import FakeLLM
+from tests.kortex.llm.conftest import collect, make_provider, request, vendor_config
 from tests.kortex.llm.test_adapters import calls, texts
 
 DONE = b"data: [DONE]\n\n"
@@ -114,7 +121,8 @@ def test_a_compatible_server_that_never_sends_usage_may_omit_done(transport: str
     fake = ExactBytes(body)
     got, error = fake.stream(transport)
     assert error is None and texts(got) == ["The pool", " ran dry."]
-    assert isinstance(got[-1], DoneChunk) and got[-1].usage == TokenUsage() and got[-1].stop_reason == "end_turn"
+    assert isinstance(got[-1], DoneChunk) and got[-1].stop_reason == "end_turn"
+    assert got[-1].usage.estimated and got[-1].usage.output_tokens == math.ceil(len("The pool ran dry.") / 4)
 
 
 def test_a_whole_body_with_usage_and_without_done_is_accepted(transport: str, waits: list[float]) -> None:
@@ -141,3 +149,60 @@ def test_two_calls_at_one_index_with_different_ids_stay_two_calls(transport: str
     assert [(c.id, c.arguments, c.arguments_error) for c in calls(got)] == [
         ("a", {"p": "1"}, None), ("b", {"p": "2"}, None)]
     assert got[-1].stop_reason == "tool_use"
+
+
+# -- a server that reports no usage is billed an estimate, not $0 ------------------------------
+
+
+def test_a_server_that_ignores_include_usage_is_billed_an_estimate(transport: str, fake: FakeLLM) -> None:
+    fake.add("gpt-4o", {"steps": [{"text": ["The pool ", "ran dry."], "usage_omitted": True}]})
+    provider = make_provider("openai", fake.url, transport=transport)
+    chunks = collect(provider, request("openai"))
+    assert texts(chunks) == ["The pool ", "ran dry."]
+    usage = chunks[-1].usage
+    assert usage.output_tokens == math.ceil(len("The pool ran dry.") / 4) and usage.estimated
+    sent = fake.requests[-1].body
+    assert "usage" not in json.dumps(sent["messages"])  # the fake really said nothing about usage
+    # the prompt as sent (system, question, tool schemas), at four characters a token
+    content = len("You investigate.") + len("why is checkout slow?") + len(json.dumps(sent["tools"]))
+    assert content // 4 <= usage.input_tokens <= len(json.dumps(sent)) // 4 + 1
+    assert provider.model_info("gpt-4o").cost_of(usage) > 0
+
+
+def test_usage_null_then_done_without_a_usage_chunk_is_billed_an_estimate(transport: str, waits: list[float]) -> None:
+    # "usage": null on every chunk and [DONE], but the usage chunk never comes (a proxy that
+    # passes the key on and drops the last chunk): whole, and not free.
+    call = frame({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                                  "function": {"name": "get_logs", "arguments": "{\"product\":\"api\"}"}}]})
+    fake = ExactBytes(call + frame({}, "tool_calls") + DONE)
+    got, error = fake.stream(transport)
+    assert error is None and [(c.id, c.arguments) for c in calls(got)] == [("call_1", {"product": "api"})]
+    usage = got[-1].usage
+    assert usage.output_tokens == math.ceil(len("get_logs" + "{\"product\":\"api\"}") / 4)
+    assert usage.input_tokens > 0 and usage.estimated
+
+
+def test_reported_usage_is_not_marked_estimated(transport: str, waits: list[float]) -> None:
+    got, error = ExactBytes(b"".join(TEXT_ANSWER) + usage_frame() + DONE).stream(transport)
+    assert error is None and got[-1].usage == TokenUsage(input_tokens=100, output_tokens=20)
+    assert not got[-1].usage.estimated
+
+
+def test_the_router_bills_the_estimate_so_budgets_see_it(fake: FakeLLM) -> None:
+    fake.add("gpt-4o", {"steps": [{"text": ["The pool ran dry."], "usage_omitted": True}]})
+    settings = Settings(llm={"providers": {"openai": vendor_config("openai", fake.url, max_retries=0)}})
+    reg = ProviderRegistry(settings, BUILTIN_PROVIDERS)
+    routed = RoutedStream(plan(reg, "openai:gpt-4o"), request("openai"), settings.llm)
+
+    async def go() -> None:
+        try:
+            async with aclosing(routed.stream()) as chunks:
+                async for _ in chunks:
+                    pass
+        finally:
+            await reg.aclose()
+
+    asyncio.run(go())
+    [attempt] = routed.attempts
+    assert attempt.error is None and attempt.cost_usd > 0
+    assert attempt.usage.input_tokens > 0 and attempt.usage.output_tokens > 0 and attempt.usage.estimated

@@ -224,3 +224,22 @@ def test_a_step_cut_by_the_turns_deadline_says_so(harness_factory, fake: FakeLLM
     assert turn.error["message"].endswith("the turn did not finish before its deadline")
     [row] = [r for r in _audit(h, tenant, turn.id) if r["kind"] == "llm_call"]
     assert row["payload"]["error_code"] == "deadline_exceeded"
+
+
+def test_a_server_that_reports_no_usage_is_billed_an_estimate_the_audit_row_calls_so(harness_factory,
+                                                                                     fake: FakeLLM) -> None:
+    # A compatible server that ignores include_usage: costed at nothing, the turn would pass
+    # every budget; its tokens are counted from characters instead, and the audit row says so.
+    fake.add("gpt-5", {"steps": [{"text": ["The pool ", "ran dry at 14:31."], "usage_omitted": True}]})
+    fake.add("gpt-4o", {"steps": [{"text": ["Reported."], "usage": {"input_tokens": 900, "output_tokens": 3}}]})
+    h = harness_for(harness_factory, fake, default_provider="openai")
+    tenant = h.tenant("acme")
+    guessed = h.ask(tenant, "why is checkout slow?")
+    reported = h.ask(tenant, "why is checkout slow?", model="openai:gpt-4o")
+    assert guessed.status == reported.status == "done"
+    assert guessed.output_tokens == -(-len("The pool ran dry at 14:31.") // 4) and guessed.input_tokens > 100
+    assert guessed.cost_usd > 0
+    [row] = [r for r in _audit(h, tenant, guessed.id) if r["kind"] == "llm_call"]
+    assert row["payload"]["usage_estimated"] is True and row["cost_usd"] == pytest.approx(guessed.cost_usd)
+    [row] = [r for r in _audit(h, tenant, reported.id) if r["kind"] == "llm_call"]
+    assert "usage_estimated" not in row["payload"] and (row["input_tokens"], row["output_tokens"]) == (900, 3)
