@@ -24,7 +24,11 @@ def serve(app: Any) -> Iterator[str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+    # A stream its client left open (a reader thread still in it) is cut after a second, as
+    # `kortex api` cuts them after its own grace: the server must be gone before the test's
+    # database is, or it lingers into the next tests.
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on",
+                                        timeout_graceful_shutdown=1))
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
@@ -36,6 +40,7 @@ def serve(app: Any) -> Iterator[str]:
     finally:
         srv.should_exit = True
         thread.join(10)
+        assert not thread.is_alive(), "uvicorn did not stop"
 
 
 @pytest.fixture
