@@ -108,21 +108,31 @@ class CeleryQueue:
     def dispatch(self, handoff: Handoff) -> None:
         dispatch(self.app, handoff)
 
-    def backlog(self, work: Work) -> int | None:
-        # Not passive: on Redis an empty queue has no key, and a passive declare calls that NOT_FOUND.
-        # Declaring a virtual transport's queue only names it; its depth is the answer's count.
-        with self.app.connection_for_read() as conn:
-            declared = conn.default_channel.queue_declare(queue=self._QUEUES[work].value)
-        return int(declared.message_count)
+    def backlog(self, work: Work, timeout: float = 1.0) -> int | None:
+        """The depth of one queue, given up after ``timeout`` (see ``_fail_fast``): the watchdog
+        reads three in each sweep, and with the broker down the connection's own retries held a
+        sweep (and the deadline and lease work in it, which needs only the database) about
+        6 s per queue."""
+        with self._fail_fast(timeout) as conn:
+            return self._depth(conn.default_channel, self._QUEUES[work])
 
     def depths(self, timeout: float = 0.4) -> dict[str, int]:
         """Every queue's depth by its name, for a scrape: one connection, each connect or
         command given up after ``timeout`` with no retry, and the first error raised (the
-        rest would only fail too). ``backlog``'s connection retries for seconds, per queue:
-        with Redis down, a scrape of three queues outlasted Prometheus's 10 s timeout and beat
-        looked down with it."""
+        rest would only fail too): Prometheus gives up on a scrape after 10 s."""
+        with self._fail_fast(timeout) as conn:
+            channel = conn.default_channel
+            return {q.value: self._depth(channel, q) for q in self._QUEUES.values()}
+
+    def _fail_fast(self, timeout: float) -> Any:
+        """A broker connection whose connect and commands each give up after ``timeout``, with
+        no retry: a connection for reading otherwise retries for seconds."""
         fail_fast = {"max_retries": 0, "socket_connect_timeout": timeout, "socket_timeout": timeout,
                      "retry_on_timeout": False}
-        with self.app.connection_for_read(connect_timeout=timeout, transport_options=fail_fast) as conn:
-            channel = conn.default_channel
-            return {q.value: int(channel.queue_declare(queue=q.value).message_count) for q in self._QUEUES.values()}
+        return self.app.connection_for_read(connect_timeout=timeout, transport_options=fail_fast)
+
+    @staticmethod
+    def _depth(channel: Any, queue: Queue) -> int:
+        # Not passive: on Redis an empty queue has no key, and a passive declare calls that NOT_FOUND.
+        # Declaring a virtual transport's queue only names it; its depth is the answer's count.
+        return int(channel.queue_declare(queue=queue.value).message_count)
