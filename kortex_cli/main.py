@@ -63,17 +63,21 @@ def _metrics_multiprocess(service: str) -> None:
     atexit.register(shutil.rmtree, base, True)
 
 
-def _preflight(settings: Settings, what: str) -> None:
+def _preflight(settings: Settings, what: str, processes: int = 1, scaled_by: str | None = None) -> None:
     """A distributed process refuses to start on a database it cannot share or use: without
     ``KORTEX_DATABASE_URL`` each process would quietly open a SQLite file of its own, and on
-    an unmigrated schema every request would fail."""
+    an unmigrated schema every request would fail. Then it warns, without refusing, when its
+    ``processes`` pool sets (``scaled_by`` the option that multiplies them) could take more
+    PostgreSQL connections than the server has free: otherwise that shows only under load."""
     if not settings.database_url:
         _fail(f"set KORTEX_DATABASE_URL to run {what} with KORTEX_REDIS_URL: the distributed processes share "
               "one PostgreSQL database (without it each would use a SQLite file of its own)")
+    from kortex.storage.connections import warn_if_short
     from kortex.storage.migrate import require_schema
 
     require_schema(settings.database_url)
     _require_redis(settings.redis_url or "", what)
+    warn_if_short(settings.database_url, settings.pools, processes, what=what, scaled_by=scaled_by)
 
 
 def _require_redis(url: str, what: str) -> None:
@@ -223,10 +227,10 @@ def api(
     if settings.embedded and workers not in (None, 1):
         _fail("the embedded mode runs in one process; use --workers 1 or set KORTEX_REDIS_URL", USAGE)
     _check_configuration(settings)
-    if not settings.embedded:
-        _preflight(settings, "the API")
     if workers is None:
         workers = 1 if settings.embedded else DEFAULT_API_PROCESSES
+    if not settings.embedded:
+        _preflight(settings, "the API", processes=workers, scaled_by="--workers")  # each process its pools
     if workers > 1:
         _metrics_multiprocess("api")  # /metrics adds up every worker process
     config = uvicorn.Config("api.main:create_app", factory=True, host=host, port=port, workers=workers,
@@ -270,11 +274,20 @@ def _check_configuration(settings: Settings) -> None:
         _fail(str(exc))
 
 
+#: The most --concurrency a worker takes: a worker is one process per core (README), whose slots
+#: only hand turn steps over (the engine streams them on its event loop whatever the slots) or run
+#: one tool call each, waiting on I/O. A few hundred cover any of that; more is a typo (16000
+#: threads, or as many prefork children with their pools and memory) or a sizing better met by
+#: more workers.
+MAX_CONCURRENCY = 256
+
+
 @app.command()
 def worker(
     queues: Annotated[str, typer.Option(help="Comma-separated queues: turns, tools, batch (post-mortem jobs)")] = "turns,tools",
     concurrency: Annotated[int | None, typer.Option(
-        min=1, help="Task slots (default: 8 for turns alone, else 16); LLM steps do not hold one")] = None,
+        min=1, help=f"Task slots (default: 8 for turns alone, else 16; at most {MAX_CONCURRENCY}); LLM steps do "
+                    "not hold one")] = None,
     # Not gevent or eventlet: they would need monkey-patching before anything is imported, and
     # the step engine already multiplexes LLM streams on its own event loop.
     pool: Annotated[Literal["threads", "prefork", "solo"], typer.Option(
@@ -305,6 +318,12 @@ def worker(
               f"use one or more of: {', '.join(known)}", USAGE)
     if (max_memory_per_child or max_tasks_per_child) and pool != "prefork":
         _fail("--max-memory-per-child and --max-tasks-per-child recycle prefork children: add --pool prefork", USAGE)
+    if concurrency is not None and concurrency > MAX_CONCURRENCY:
+        _fail(f"--concurrency {concurrency}: at most {MAX_CONCURRENCY} slots per worker. A worker is one process "
+              "per core whose slots hand turn steps over or run one tool call each; for more, start more "
+              "workers (README \"Sizing\")", USAGE)
+    if concurrency is None:
+        concurrency = 8 if names == [Queue.TURNS.value] else 16
     settings = load_settings()
     if settings.embedded:
         _fail("set KORTEX_REDIS_URL (and KORTEX_DATABASE_URL) to run workers; the embedded mode needs none")
@@ -312,15 +331,16 @@ def worker(
     port = metrics_port if settings.metrics.enabled else None
     if port is not None:
         _require_free_port(port)
-    _preflight(settings, "a worker")
+    from kortex.storage.connections import worker_processes
+
+    _preflight(settings, "a worker", processes=worker_processes(pool, concurrency),
+               scaled_by="--concurrency" if pool == "prefork" else None)
     if port is not None:
         os.environ["KORTEX_METRICS_PORT"] = str(port)  # workers/app.py serves it at worker_init
         if pool == "prefork":
             _metrics_multiprocess("worker")
     from workers.app import app as celery_app
 
-    if concurrency is None:
-        concurrency = 8 if names == [Queue.TURNS.value] else 16
     if not task_logs:
         # Celery writes two INFO lines per task; at hundreds of hand-offs a second they cost
         # more CPU than the hand-off itself (py-spy: 4% of a busy turns worker) and bury the

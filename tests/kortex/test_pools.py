@@ -1,5 +1,6 @@
 """Connection budgets: every pool is sized from settings, waits instead of raising, and the
-compose file's processes add up to less than PostgreSQL's default 100 connections."""
+compose file's processes add up (with the start-up check's arithmetic) to less than PostgreSQL's
+default 100 connections."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from redis import BlockingConnectionPool
 
 from kortex.config import PoolSettings, Settings
 from kortex.container import Kortex
+from kortex.storage.connections import per_process, worker_processes
 
 ROOT = Path(__file__).resolve().parents[2]
 PG = "postgresql://kortex@127.0.0.1:5432/never_connected"
@@ -38,17 +40,36 @@ def test_pools_come_from_settings_and_the_redis_pool_blocks(tmp_path: Path) -> N
 def _per_process(env: dict[str, str]) -> int:
     p = PoolSettings(**{k.removeprefix("KORTEX_POOLS__").lower(): v for k, v in env.items()
                         if k.startswith("KORTEX_POOLS__")})
-    return p.db_pool_size + p.db_max_overflow + p.telemetry_pool_size + p.telemetry_max_overflow
+    return per_process(p)
+
+
+def _processes(command: list[str]) -> int:
+    """Pool sets a compose service's command runs, as the start-up check counts them."""
+    from kortex_cli.main import DEFAULT_API_PROCESSES
+
+    def option(name: str, default: str) -> str:
+        return command[command.index(name) + 1] if name in command else default
+
+    if command[:2] == ["kortex", "api"]:
+        return int(option("--workers", str(DEFAULT_API_PROCESSES)))
+    if command[:2] == ["kortex", "worker"]:
+        return worker_processes(option("--pool", "threads"), int(option("--concurrency", "16")))
+    return 1
 
 
 def test_the_compose_file_stays_under_postgres_default_100_connections() -> None:
     import yaml
     services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
-    processes = {"api": 2, "worker-turns": 1, "worker-tools": 8, "beat": 1}  # --workers 2; prefork -c 8
-    assert "--workers" in services["api"]["command"] and "8" in services["worker-tools"]["command"]
-    total = sum(n * _per_process(services[name].get("environment") or {}) for name, n in processes.items())
+    kortex = {name: s for name, s in services.items() if s.get("command", [None])[0] == "kortex"
+              and s["command"][1] != "migrate"}  # migrate runs before the others and exits
+    assert sorted(kortex) == ["api", "beat", "worker-batch", "worker-tools", "worker-turns"]
+    processes = {name: _processes(s["command"]) for name, s in kortex.items()}
+    assert processes == {"api": 2, "worker-turns": 1, "worker-tools": 8, "worker-batch": 1, "beat": 1}
+    total = sum(n * _per_process(kortex[name].get("environment") or {}) for name, n in processes.items())
     assert "KORTEX_DATABASE_URL" in str(services["flower"])  # Flower builds no container: no pool
-    assert total == 79 < 100  # the figure README "Sizing" and the compose header state
+    assert total == 89 < 100  # the figure README "Sizing" and the compose header state
+    assert "at most 89 PostgreSQL" in (ROOT / "docker-compose.yml").read_text()
+    assert "**89** of PostgreSQL's default 100" in (ROOT / "README.md").read_text()
     assert "--appendonly" in services["redis"]["command"]
     assert services["redis"]["command"][services["redis"]["command"].index("--appendonly") + 1] == "yes"
 

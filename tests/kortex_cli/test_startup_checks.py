@@ -96,6 +96,18 @@ def test_a_usage_error_exits_2_with_its_message_on_stderr(tmp_path: Path, args: 
     assert result.stdout == "" and names in result.stderr and "Traceback" not in result.stderr, result.stderr
 
 
+def test_a_worker_concurrency_past_its_bound_is_a_usage_error_that_says_why(tmp_path: Path) -> None:
+    # A typo (16000 for 16) would start 16,000 threads or prefork children.
+    result = kortex(tmp_path, "worker", "--concurrency", "16000", env=NOWHERE, timeout=30)
+    assert result.returncode == 2, result.stderr
+    line = one_line_error(result)
+    assert line.startswith("error: --concurrency 16000: at most 256 slots per worker")
+    assert "one process per core" in line and "start more workers" in line
+    # The bound itself is taken: the command goes on to the database, which is NOWHERE.
+    at_bound = kortex(tmp_path, "worker", "--concurrency", "256", env=NOWHERE, timeout=30)
+    assert at_bound.returncode == 1 and "--concurrency" not in at_bound.stderr, at_bound.stderr
+
+
 def test_the_log_levels_are_accepted_in_any_case(tmp_path: Path) -> None:
     # Past the option, the command goes on to its next check (KORTEX_REDIS_URL unset).
     result = kortex(tmp_path, "beat", "--loglevel", "debug", timeout=30)
@@ -284,7 +296,7 @@ def test_api_processes_that_never_served_make_the_api_exit_non_zero(
 
     monkeypatch.setattr(uvicorn.supervisors, "Multiprocess", Supervisor)
     monkeypatch.setattr(uvicorn, "run", lambda *args, **kwargs: None)  # what uvicorn.run did then: return
-    monkeypatch.setattr(main, "_preflight", lambda settings, what: None)
+    monkeypatch.setattr(main, "_preflight", lambda settings, what, **counted: None)
     monkeypatch.setattr(main, "_metrics_multiprocess", lambda service: None)
     monkeypatch.setenv("KORTEX_REDIS_URL", "redis://127.0.0.1:9/0")
     monkeypatch.setenv("KORTEX_DATABASE_URL", f"sqlite:///{tmp_path / 'k.db'}")
