@@ -82,7 +82,8 @@ def replay_events(k: Kortex, turn: TurnRecord) -> list[Entry]:
     # A cancel publishes only its done (kortex/turns/cancel.py); every other ending with an
     # error (a failed step, the deadline, the tool depth) publishes a fatal error before it.
     if error and turn.status != "cancelled":
-        events.append(ErrorEvent(code=str(error.get("code", "error")), message=str(error.get("message", ""))))
+        events.append(ErrorEvent(code=str(error.get("code", "error")), message=str(error.get("message", "")),
+                                 retryable=error.get("retryable") is True))
     usage = Usage(input_tokens=turn.input_tokens, output_tokens=turn.output_tokens, cost_usd=turn.cost_usd)
     checked = next((r.grounding for r in reversed(records) if r.role == "assistant" and r.grounding), None)
     grounded: dict[str, Any] = {}

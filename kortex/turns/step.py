@@ -560,6 +560,12 @@ def _depth_exceeded(
     return announce(k, ending)
 
 
+def _stored_error(code: str, message: str, retryable: bool) -> dict[str, Any]:
+    """The turn's error as stored: what its error event said, so a replay says it too (a client
+    offers "try again" on ``retryable``)."""
+    return {"code": code, "message": message, **({"retryable": True} if retryable else {})}
+
+
 def _fail(
     k: Kortex, turn: TurnRecord, step: int, code: str, message: str, *, retryable: bool = False,
     llm_entries: list[AuditEntry] | None = None, usage: Usage | None = None,
@@ -568,7 +574,7 @@ def _fail(
     ending: Ending | None = None
     with k.db.begin() as conn:
         finished = turns.finish_turn(conn, turn, step=step, message=None, usage=usage, model_used=None,
-                                     status="failed", error={"code": code, "message": message},
+                                     status="failed", error=_stored_error(code, message, retryable),
                                      audit_entries=llm_entries or ())
         if finished:
             ending = end_turn(k, conn, turn, [ErrorEvent(code=code, message=message, retryable=retryable),

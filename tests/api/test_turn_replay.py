@@ -142,3 +142,14 @@ def test_a_turn_failed_by_its_deadline_replays_its_ending_as_live(env: Env) -> N
     settled = [_without_stamps(d) for _, e, d in (*live, *replayed) if e == "tool_result"
                and d["call_id"] == "call_deploys"]
     assert settled[0] == settled[1] and settled[0]["error_code"] == "cancelled"
+
+
+@pytest.mark.parametrize(("script", "retryable"), [("cut_off", True), ("fail", False)])
+def test_a_failed_turn_replays_whether_its_error_may_be_tried_again(env: Env, script: str, retryable: bool) -> None:
+    turn_id = env.post(f"scripted:{script}")
+    drive(env.h.k, env.handoffs[-1])
+    live, replayed = env.live_then_replayed(turn_id)
+    [said] = [d for _, e, d in live if e == "error"]
+    [again] = [d for _, e, d in replayed if e == "error"]
+    assert said["retryable"] is again["retryable"] is retryable  # a client offers "try again" on it
+    assert _without_stamps(again) == _without_stamps(said)
