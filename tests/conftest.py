@@ -60,6 +60,18 @@ def make_settings(tmp_path: Path, database_url: str, **overrides: Any) -> Settin
 
 
 @pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[Any]:
+    """A redis-server of the test's own, on its own port (never the shared one), for tests that
+    stop, pause or kill it (tests/integration/redisproc.py)."""
+    from tests.integration.redisproc import RedisServer
+
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
 def sqlite_url(tmp_path: Path, sqlite_template: Path) -> str:
     path = tmp_path / "kortex.db"
     shutil.copy(sqlite_template, path)

@@ -34,14 +34,6 @@ def pg_url() -> Iterator[str]:
 
 
 @pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path / "redis")
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
 def harness(pg_url: str, redis_server: RedisServer, tmp_path: Path) -> Iterator[Harness]:
     settings = make_settings(tmp_path, pg_url, redis_url=redis_server.url, redis_prefix="kxrestart")
     h = Harness(settings)

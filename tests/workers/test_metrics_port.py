@@ -28,14 +28,6 @@ def pg_url() -> Iterator[str]:
         yield url
 
 
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path / "redis")
-    server.start()
-    yield server
-    server.stop()
-
-
 def _start(name: str, args: list[str], env: dict[str, str], log: Path, port: int, ready: str) -> Service:
     service = Service(name, kortex_command(*args, "--metrics-port", str(port)), env, log)
     try:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,14 +16,6 @@ from kortex.config import Settings
 from tests.integration.redisproc import RedisServer
 from workers.app import make_celery
 from workers.dispatch import CeleryQueue
-
-
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path / "redis")
-    server.start()
-    yield server
-    server.stop()
 
 
 def _timed_failure(queue: CeleryQueue) -> float:

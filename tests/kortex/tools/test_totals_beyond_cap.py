@@ -22,6 +22,12 @@ DEPLOYMENTS = ("gpt-4/aws", "gpt-4/azure", "llama-70b/k8s")
 TIERS = ("premium", "standard", "budget")
 
 
+@pytest.fixture
+def h(harness: Harness) -> Harness:
+    """SQLite here; tests/integration/test_totals_beyond_cap_pg.py runs the same tests on PostgreSQL."""
+    return harness
+
+
 def _tenant(h: Harness, name: str) -> str:
     return h.tenant(f"{name}-{uuid.uuid4().hex[:8]}")  # a database of its own or not
 
@@ -59,7 +65,7 @@ def _ts(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
-def check_request_volume_totals_cover_the_whole_window(h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_request_volume_totals_cover_the_whole_window(h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
     tenant = _tenant(h, "volume")
     now = utcnow()
     _requests(h, tenant, now)
@@ -77,7 +83,7 @@ def check_request_volume_totals_cover_the_whole_window(h: Harness, monkeypatch: 
     assert content["data"] == whole["data"][-len(content["data"]):]  # the newest periods, each one whole
 
 
-def check_latency_trend_summary_covers_every_request(h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_latency_trend_summary_covers_every_request(h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
     tenant = _tenant(h, "latency")
     now = utcnow()
     seeded = _requests(h, tenant, now)
@@ -94,7 +100,7 @@ def check_latency_trend_summary_covers_every_request(h: Harness, monkeypatch: py
     assert content["data"] == whole["data"][-len(content["data"]):]  # the newest periods, each one whole
 
 
-def check_latency_buckets_are_those_of_their_requests(h: Harness) -> None:
+def test_latency_buckets_are_those_of_their_requests(h: Harness) -> None:
     """The database picks the latencies either side of each percentile: the same figures as
     interpolating over every latency of the bucket."""
     tenant = _tenant(h, "buckets")
@@ -117,7 +123,7 @@ def check_latency_buckets_are_those_of_their_requests(h: Harness) -> None:
         assert bucket["error_rate"] == round(sum(r.status != "success" for r in mine) / len(mine), 4)
 
 
-def check_deployment_summary_counts_every_deployment(h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_deployment_summary_counts_every_deployment(h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
     tenant = _tenant(h, "fleet")
     now = utcnow()
     statuses = ("healthy", "degraded", "healthy", "down", "healthy")
@@ -136,7 +142,7 @@ def check_deployment_summary_counts_every_deployment(h: Harness, monkeypatch: py
     assert down["summary"] == {"total": 3, "healthy": 3, "degraded": 0, "down": 0}
 
 
-def check_active_incident_count_is_every_open_one(h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_active_incident_count_is_every_open_one(h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
     tenant = _tenant(h, "incidents")
     now = utcnow()
     with h.k.db.begin() as conn:
@@ -154,7 +160,7 @@ def check_active_incident_count_is_every_open_one(h: Harness, monkeypatch: pytes
     assert k8s["count"] == 2 and len(k8s["incidents"]) == 1
 
 
-def check_trace_span_count_and_duration_cover_every_span(h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_trace_span_count_and_duration_cover_every_span(h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
     tenant = _tenant(h, "traces")
     # Whole seconds: get_traces reads times as float timestamps, exact for these.
     start = utcnow().replace(microsecond=0) - timedelta(minutes=10)
@@ -181,7 +187,7 @@ def check_trace_span_count_and_duration_cover_every_span(h: Harness, monkeypatch
     assert trace.ends_at == start + timedelta(seconds=7, microseconds=654321)
 
 
-def check_recent_requests_count_every_match_beside_the_page(h: Harness) -> None:
+def test_recent_requests_count_every_match_beside_the_page(h: Harness) -> None:
     tenant = _tenant(h, "requests")
     now = utcnow()
     seeded = _requests(h, tenant, now)
@@ -198,32 +204,3 @@ def check_recent_requests_count_every_match_beside_the_page(h: Harness) -> None:
     assert aws["total_matches"] == expected > 0
     later = h.call(tenant, "get_recent_requests", {**args, "cursor": first["next_cursor"]}, now=now).content
     assert later["total_matches"] == seeded and later["requests"][0]["id"] != first["requests"][0]["id"]
-
-
-def test_request_volume_totals_cover_the_whole_window(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
-    check_request_volume_totals_cover_the_whole_window(harness, monkeypatch)
-
-
-def test_latency_trend_summary_covers_every_request(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
-    check_latency_trend_summary_covers_every_request(harness, monkeypatch)
-
-
-def test_latency_buckets_are_those_of_their_requests(harness: Harness) -> None:
-    check_latency_buckets_are_those_of_their_requests(harness)
-
-
-def test_deployment_summary_counts_every_deployment(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
-    check_deployment_summary_counts_every_deployment(harness, monkeypatch)
-
-
-def test_active_incident_count_is_every_open_one(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
-    check_active_incident_count_is_every_open_one(harness, monkeypatch)
-
-
-def test_trace_span_count_and_duration_cover_every_span(harness: Harness,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    check_trace_span_count_and_duration_cover_every_span(harness, monkeypatch)
-
-
-def test_recent_requests_count_every_match_beside_the_page(harness: Harness) -> None:
-    check_recent_requests_count_every_match_beside_the_page(harness)
