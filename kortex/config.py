@@ -32,6 +32,7 @@ from pydantic_settings import (
 
 from kortex.config_env import check_environment
 from kortex.config_errors import describe_errors, did_you_mean
+from kortex.config_retention import RetentionSettings
 from kortex.config_urls import URL, masked_repr
 from kortex.config_values import EnvURL, LogLevel, Seconds, Secret, _log_level
 from kortex.errors import ConfigError, InvalidInput
@@ -498,6 +499,7 @@ class Settings(BaseSettings):
     pools: PoolSettings = Field(default_factory=PoolSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     tracing: TracingSettings = Field(default_factory=TracingSettings)
+    retention: RetentionSettings = Field(default_factory=RetentionSettings)
     testing: TestingSettings = Field(default_factory=TestingSettings)
 
     def __repr_args__(self) -> Iterable[tuple[str | None, Any]]:

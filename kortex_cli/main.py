@@ -514,6 +514,33 @@ def enable_tenant(name: Annotated[str, typer.Argument(help="Tenant name")]) -> N
     console.print(f"tenant {name!r} enabled")
 
 
+@admin.command("prune")
+def prune(
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Count what would go; delete nothing")] = False,
+) -> None:
+    """Delete now, in short batches, every row the `[retention]` settings no longer keep (README
+    "Retention"): what `kortex beat` does once per `retention.every`, here until none is left."""
+    from kortex.storage.db import Database
+    from kortex.storage.migrate import prepare
+    from kortex.storage.retention import prune as prune_rows
+    from kortex.timeparse import utcnow
+
+    settings = load_settings()
+    try:
+        prepare(settings.effective_database_url)
+        db = Database(settings.effective_database_url, pool_size=1)
+        try:
+            report = prune_rows(db, settings.retention, now=utcnow(), dry_run=dry_run, until_done=True)
+        finally:
+            db.dispose()
+    except KortexError as exc:
+        _fail(str(exc))
+    for table, n in report.rows.items():
+        console.print(f"{table:<20} {n:>10}")
+    console.print(f"{report.total} row{'' if report.total == 1 else 's'} "
+                  f"{'would be deleted (dry run)' if dry_run else 'deleted'}")
+
+
 def main(argv: list[str] | None = None) -> Any:
     level = os.environ.get("KORTEX_LOG_LEVEL", "WARNING").upper()
     if level not in LOG_LEVELS:  # logging would raise on it before any command could say so

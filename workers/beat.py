@@ -52,6 +52,12 @@ def run(settings: Settings, stop: threading.Event | None = None, alive_file: Pat
     if settings.settle_heap:
         heap.settle()  # started (kortex/heap.py)
     log.info("watchdog process started: sweeps every %.1fs while it leads", settings.turn.watchdog_every)
+    kept = settings.retention
+    if kept.enabled:
+        policy = (("telemetry", kept.telemetry_days), ("audit rows", kept.audit_days),
+                  ("finished post-mortem jobs", kept.postmortem_days))
+        log.info("retention: while it leads, it deletes (at most every %gs) %s", kept.every,
+                 ", ".join(f"{what} after {days} days" if days is not None else f"{what} never" for what, days in policy))
     try:
         alive = alive_file.touch if alive_file is not None else None
         run_watchdog(k, queue, leader, every=settings.turn.watchdog_every, stop=stop, alive=alive)

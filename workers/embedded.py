@@ -1,6 +1,6 @@
 """The embedded mode's worker: the real Celery worker, consuming both queues from the in-process
-``memory://`` broker on a thread pool inside the current process, plus the watchdog sweep on a
-timer thread."""
+``memory://`` broker on a thread pool inside the current process, plus the watchdog sweep (and the
+retention policy's run, at most once per ``retention.every``) on a timer thread."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from celery.worker import WorkController
 from celery.worker import state as worker_state
 
 from kortex.config import Settings
-from kortex.turns.watchdog import sweep
+from kortex.turns.watchdog import Pruning, sweep
 from workers import runtime
 from workers.dispatch import CeleryQueue
 from workers.queues import Queue, TaskName
@@ -68,12 +68,17 @@ class EmbeddedWorker:
     def _watchdog_loop(self) -> None:
         # The sweep runs on this timer thread, not as a task: busy task threads cannot delay it.
         queue = CeleryQueue(self.app)
+        pruning = Pruning()
         while not self._stop.wait(self.watchdog_every):
             try:
                 report = runtime.run(self.app.conf.kortex_settings, lambda k: sweep(k, queue))
                 queue.dispatch(report.handoff)
             except Exception:  # the next tick tries again
                 log.warning("embedded watchdog sweep failed", exc_info=True)
+            try:  # the embedded mode's one process is its own watchdog's leader
+                runtime.run(self.app.conf.kortex_settings, pruning.run)
+            except Exception:  # the next due run tries again
+                log.warning("embedded retention run failed", exc_info=True)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Warm shutdown: running tasks finish. The consumer loop only looks at the shutdown

@@ -188,7 +188,8 @@ tool_invocations = Table(
 )
 
 # Append-only audit trail: one row per LLM call, tool call and proposal decision. Database
-# triggers (see the migration) reject UPDATE and DELETE.
+# triggers (see the migrations) reject UPDATE, and DELETE but the retention policy's of rows
+# older than the cutoff it names (kortex/storage/retention.py).
 decisions = Table(
     "decisions",
     metadata,
@@ -254,6 +255,7 @@ telemetry_logs = Table(
     Column("attrs", JSONType, nullable=True),
     Index(None, "tenant_id", "product", "ts"),
     Index(None, "tenant_id", "trace_id"),  # get_traces(include_logs): the lines of one trace
+    Index(None, "ts"),  # retention: the oldest lines of every tenant (kortex/storage/retention.py)
 )
 
 telemetry_metrics = Table(
@@ -271,6 +273,7 @@ telemetry_metrics = Table(
     Column("value", Float, nullable=False),
     Column("unit", String(32), nullable=True),
     Index(None, "tenant_id", "product", "metric", "ts"),
+    Index(None, "ts"),  # retention: the oldest samples
 )
 
 telemetry_deploys = Table(
@@ -308,6 +311,7 @@ telemetry_spans = Table(
     Column("tags", JSONType, nullable=True),
     UniqueConstraint("tenant_id", "trace_id", "span_id"),  # a re-sent span is the same span
     Index(None, "tenant_id", "request_id"),
+    Index(None, "start_ts"),  # retention: the oldest spans
 )
 
 # Past and open incidents: searched by get_incident_history, listed by get_active_incidents.

@@ -2,7 +2,8 @@
 fails turns past their deadline, settles tool calls past their hard limit, re-enqueues work
 that was committed but never picked up, expires proposals and recovers their interrupted
 executions. ``run_watchdog`` is its loop, run by one leader per deployment in a process of its
-own (``kortex beat``), so the queues it polices cannot starve it."""
+own (``kortex beat``), so the queues it polices cannot starve it; the leader also deletes what
+the retention policy no longer keeps (``Pruning``)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from kortex.container import Kortex
 from kortex.errors import KortexError
 from kortex.events import DoneEvent, ErrorEvent
 from kortex.messages import ToolResult, Usage
-from kortex.storage import audit, sweeps, turns
+from kortex.storage import audit, retention, sweeps, turns
 from kortex.storage.audit import AuditEntry
 from kortex.storage.invocations import tool_call_from_record
 from kortex.storage.records import InvocationRecord, TurnRecord
@@ -251,12 +252,53 @@ def _expire(k: Kortex, turn: TurnRecord) -> tuple[int, Handoff]:
     return (0, Handoff()) if ending is None else (1, announce(k, ending))
 
 
+class Pruning:
+    """The retention policy (kortex/storage/retention.py), run at most once per
+    ``retention.every`` by whoever offers it a turn each interval: the watchdog's leader, or the
+    embedded mode's timer. Its run is bounded by ``retention.run_seconds``, so the sweeps that
+    share its loop wait no longer than that."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._last: float | None = None  # when this process last started a run
+        self._resume = 0  # where the last run stopped, when its time bound stopped it
+
+    def run(self, k: Kortex) -> retention.PruneReport | None:
+        """A run if one is due (None otherwise). The policy is read from ``k`` each time: the
+        embedded mode may swap its settings."""
+        policy = k.settings.retention
+        started = self.clock()
+        if not policy.enabled or (self._last is not None and started - self._last < policy.every):
+            return None
+        self._last = started  # also when it fails: a failing run is tried again in ``every``, not each sweep
+        report = retention.prune(k.db, policy, now=utcnow(), start=self._resume, clock=self.clock)
+        self._resume = report.resume
+        if report.total or not report.finished:
+            deleted = ", ".join(f"{n} {table}" for table, n in report.rows.items() if n) or "none"
+            log.info("retention: deleted rows past their retention: %s%s", deleted,
+                     "" if report.finished else f"; stopped at its {policy.run_seconds:g}s bound with more left, "
+                                                f"for the next run (in {policy.every:g}s)")
+        return report
+
+
+def _prune(k: Kortex, pruning: Pruning) -> None:
+    try:
+        pruning.run(k)
+    except Exception as exc:  # the sweep's own work is done; the next due run tries again
+        _outages.failed("delete rows past their retention", exc)
+    else:
+        _outages.worked("delete rows past their retention")
+
+
 def run_watchdog(k: Kortex, queue: QueuePort, leader: Leadership, *, every: float,
-                 stop: threading.Event, alive: Callable[[], None] | None = None) -> None:
+                 stop: threading.Event, alive: Callable[[], None] | None = None,
+                 pruning: Pruning | None = None) -> None:
     """Sweep every ``every`` seconds while this process leads, until ``stop`` is set. A process
     that does not lead asks again each interval and takes over when the leader is gone.
     ``alive`` is called after every interval that reached the database (a health check's
-    heartbeat: a leader that sweeps or a standby that asked), never while it cannot."""
+    heartbeat: a leader that sweeps or a standby that asked), never while it cannot. The leader
+    offers ``pruning`` a turn after each sweep."""
+    pruning = pruning or Pruning()
     try:
         while not stop.is_set():
             try:
@@ -276,6 +318,7 @@ def run_watchdog(k: Kortex, queue: QueuePort, leader: Leadership, *, every: floa
                                       "expired_proposals": report.expired_proposals,
                                       "recovered_executions": report.recovered_executions,
                                       "republished_events": report.republished_events})
+                    _prune(k, pruning)
                 if alive is not None:
                     alive()
             except Exception as exc:  # a database or broker outage: the next interval tries again
@@ -287,4 +330,4 @@ def run_watchdog(k: Kortex, queue: QueuePort, leader: Leadership, *, every: floa
         leader.release()
 
 
-__all__ = ["SweepReport", "run_watchdog", "sweep"]
+__all__ = ["Pruning", "SweepReport", "run_watchdog", "sweep"]

@@ -158,8 +158,8 @@ def traceparent_columns_through_0014(url: str) -> None:
             conn.exec_driver_sql("INSERT INTO tenants (id, name, disabled, settings, created_at) "
                                  "VALUES ('00000000-0000-7000-8000-000000000001', 't', false, '{}', "
                                  "'2026-01-01 00:00:00')")
-        upgrade(url)
-        upgrade(url)  # kortex migrate again: nothing to do
+        upgrade(url, "0014")
+        upgrade(url, "0014")  # kortex migrate again: nothing to do
         columns = inspect(engine)
         for table in ("turns", "tool_invocations"):
             found = {c["name"]: c for c in columns.get_columns(table)}
