@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -87,11 +88,9 @@ class RemoteClient:
             body["model"] = model
         return str(self._check(self._client.post("/v1/sessions", json=body))["id"])
 
-    def post_message(self, session_id: str, content: str, model: str | None) -> dict[str, Any]:
-        body: dict[str, Any] = {"content": content}
-        if model:
-            body["model"] = model
-        return self._check(self._client.post(f"/v1/sessions/{session_id}/messages", json=body))  # type: ignore[no-any-return]
+    def question(self, session_id: str, content: str, model: str | None) -> Question:
+        """A question to post to the session (``Question.post``)."""
+        return Question(self, session_id, content, model)
 
     def cancel_turn(self, turn_id: str) -> dict[str, Any]:
         # Short: it runs while the user waits to get their prompt back.
@@ -121,6 +120,50 @@ class RemoteClient:
                 yield event, json.loads(data)
                 if event == "done":
                     return
+
+
+class Question:
+    """A question posted under an Idempotency-Key of its own. A post cut short (Ctrl-C) leaves no
+    answer, but the server may have made the turn all the same: posted again, the question comes
+    back with that turn rather than a second one, so the turn can be cancelled, not left to run."""
+
+    #: How long the repeat may take: it runs while the user waits to get their prompt back.
+    AGAIN_TIMEOUT = 10.0
+    #: Answers that refuse the request itself (the session, its content, a turn already running
+    #: in it): the first post was refused as well, since a turn it made would be the answer.
+    REFUSED = frozenset({400, 404, 409, 413, 422})
+
+    def __init__(self, client: RemoteClient, session_id: str, content: str, model: str | None) -> None:
+        self._client = client
+        self._path = f"/v1/sessions/{session_id}/messages"
+        self._body: dict[str, Any] = {"content": content, **({"model": model} if model else {})}
+        self._key = uuid.uuid4().hex
+        self.sent = False  # whether the server may have the question: its body started out
+
+    def post(self) -> dict[str, Any]:
+        """The server's answer: the turn (``turn_id``, ``session_id``, ``events_url``)."""
+        return self._client._check(self._send(None))  # type: ignore[no-any-return]
+
+    def turn_if_asked(self) -> str | None:
+        """After a post cut short: the id of the turn it made, or None when it cannot have made
+        one (nothing of it left this process, or the server refuses it)."""
+        if not self.sent:
+            return None
+        response = self._send(self.AGAIN_TIMEOUT)
+        if response.status_code in self.REFUSED:
+            return None
+        return str(self._client._check(response)["turn_id"])
+
+    def _send(self, timeout: float | None) -> httpx.Response:
+        return self._client._client.post(
+            self._path, json=self._body, headers={"Idempotency-Key": self._key},
+            timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout, extensions={"trace": self._trace})
+
+    def _trace(self, event: str, info: dict[str, Any]) -> None:
+        # httpcore's events ("http11.send_request_body.started"): until the body starts out, the
+        # server has no question to make a turn of, and a Ctrl-C has nothing to cancel.
+        if event.endswith("send_request_body.started"):
+            self.sent = True
 
 
 def parse_sse(lines: Iterator[str]) -> Iterator[tuple[str, str | None, str]]:

@@ -10,6 +10,7 @@ import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from rich.console import Console
@@ -19,6 +20,7 @@ from kortex.config import Settings, load_settings
 from kortex.container import Kortex
 from kortex.errors import KortexError, NotFound
 from kortex.storage import chats, tenants
+from kortex.storage.db import sync_url
 from kortex.storage.migrate import prepare
 from kortex.telemetry import scenarios
 from kortex.timeparse import utcnow
@@ -37,21 +39,31 @@ T = TypeVar("T")
 def embedded_stack(settings: Settings, *, worker: bool = True) -> Iterator[Kortex]:
     """Database schema, a container, and (embedded mode, unless ``worker`` is False) the
     in-process worker."""
-    prepare(settings.effective_database_url)
+    _prepare(settings.effective_database_url)
     k = Kortex.create(settings)
     running = None
-    if settings.embedded and worker:
-        from workers.app import app as celery_app
-        from workers.embedded import EmbeddedWorker
-
-        running = EmbeddedWorker(celery_app, settings=settings)
-        running.start()
     try:
+        if settings.embedded and worker:
+            from workers.app import app as celery_app
+            from workers.embedded import EmbeddedWorker
+
+            running = EmbeddedWorker(celery_app, settings=settings)
+            running.start()  # inside: a start cut short still stops the worker thread it began
         yield k
     finally:
         if running is not None:
             running.stop()
         k.close()
+
+
+def _prepare(url: str) -> None:
+    """``prepare``, which a Ctrl-C does not cut short on a SQLite file: migrated as it is opened,
+    its migrations are not all undone when stopped midway (its DDL commits as it goes), and the
+    tables left with no version stamped failed every later command ("table tenants already
+    exists"). The interrupt waits for the schema instead (seconds, once). A PostgreSQL schema is
+    only read here, and a wait for an unreachable server may be cut short."""
+    with _held_interrupt() if sync_url(url).get_backend_name() == "sqlite" else contextlib.nullcontext():
+        prepare(url)
 
 
 def _dispatch(handoff: Any) -> None:
@@ -82,52 +94,123 @@ def describe_counts(counts: dict[str, int]) -> str:
 
 
 class Interrupted(Exception):
-    """The user stopped a command mid-turn: Ctrl-C, or its output was closed (``| head -1``).
-    The turn was cancelled first (``outcome`` says how that went): left running, or queued at a
-    server, it would be finished unseen by a worker, and billed."""
+    """The user stopped a command: Ctrl-C, or its output was closed (``| head -1``). A turn it
+    had asked for was cancelled first (``outcome`` says how that went, or that nothing had been
+    asked yet): left running, or queued at a server, it would be finished unseen by a worker,
+    and billed."""
 
     def __init__(self, outcome: str, *, broken_pipe: bool) -> None:
         super().__init__(outcome)
         self.outcome, self.broken_pipe = outcome, broken_pipe
 
 
+NOT_ASKED = "stopped before the question was asked"
+
+
+@dataclass(slots=True)
+class _Question:
+    """What stopping an ``ask`` must undo: the turn, once there is one."""
+
+    cancel: Callable[[str], object]  # cancels the turn with this id
+    # The turn a post cut short made, if it made one (asking again to learn it); None if none.
+    find: Callable[[], str | None] = lambda: None
+    turn_id: str | None = None
+
+
 @contextlib.contextmanager
-def _cancelled_if_stopped(turn_id: str, stop_turn: Callable[[], object]) -> Iterator[None]:
-    """Raise Interrupted, once ``stop_turn`` has cancelled the turn, when the user stops the
-    command."""
+def _interruptible() -> Iterator[None]:
+    """Ctrl-C anywhere in a command that asks: exit 130 with one line (``Interrupted``), before
+    its turn exists too (left to Typer, that was "Aborted!" and 1, or in newer releases 130 and
+    not a word). The first Ctrl-C is the only one: later ones, while the turn is cancelled and
+    the command winds down (the embedded worker stopping, connections closing), would cut that
+    short, the turn left running or its report lost. The handler is put back as the command
+    ends."""
+    if not _main_thread():  # signals reach the main thread only
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is signal.default_int_handler:  # not where SIGINT is ignored, nor a caller's own handler
+        signal.signal(signal.SIGINT, _interrupt_once)
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise Interrupted(NOT_ASKED, broken_pipe=False) from None
+    finally:
+        if previous is not None:  # None: a handler not set from Python, which cannot be put back
+            signal.signal(signal.SIGINT, previous)
+
+
+def _interrupt_once(signum: int, frame: object) -> None:
+    _ignore_sigint()
+    raise KeyboardInterrupt
+
+
+def _ignore_sigint() -> None:
+    if _main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+@contextlib.contextmanager
+def _held_interrupt() -> Iterator[None]:
+    """A Ctrl-C during the block takes effect as it ends, for local writes that must not be cut
+    in half: a commit whose outcome this process never learns (a turn stored, unknown, that a
+    later run's watchdog would start), a migration. Further ones are ignored meanwhile. An
+    error from the block goes out as it is: the command stops on it anyway."""
+    previous = signal.getsignal(signal.SIGINT) if _main_thread() else None
+    if not callable(previous):  # off the main thread, or SIGINT ignored: nothing to hold
+        yield
+        return
+    held: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, _frame: held.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if held:
+        previous(signal.SIGINT, None)  # as if it came now: raises KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _cancelled_if_stopped(question: _Question) -> Iterator[None]:
+    """Raise Interrupted, once the question's turn (if it has one) is cancelled, when the user
+    stops the command."""
     try:
         yield
     except (KeyboardInterrupt, BrokenPipeError, SystemExit) as exc:
         # Rich answers a closed stdout with SystemExit(1) (Console.on_broken_pipe); print() with
-        # BrokenPipeError.
-        with _sigint_ignored():
-            outcome = _cancel(turn_id, stop_turn)
-        raise Interrupted(outcome, broken_pipe=not isinstance(exc, KeyboardInterrupt)) from None
+        # BrokenPipeError. A second Ctrl-C while the turn is cancelled would leave it running.
+        _ignore_sigint()
+        raise Interrupted(_undo(question), broken_pipe=not isinstance(exc, KeyboardInterrupt)) from None
 
 
-def _cancel(turn_id: str, stop_turn: Callable[[], object]) -> str:
+def _undo(question: _Question) -> str:
+    from kortex_cli.failures import describe
+
+    turn_id = question.turn_id
+    if turn_id is None:
+        try:
+            turn_id = question.find()
+        except Exception as exc:
+            return f"the question may have been asked, and its turn could not be found to cancel: {describe(exc)}"
+    if turn_id is None:
+        return NOT_ASKED
+    return _cancel(turn_id, question.cancel)
+
+
+def _cancel(turn_id: str, cancel_turn: Callable[[str], object]) -> str:
     from kortex_cli.failures import describe
 
     try:
-        stop_turn()
+        cancel_turn(turn_id)
     except Exception as exc:
         if isinstance(exc, KortexError) and exc.code == "turn_finished":  # it ended as it was stopped
             return f"turn {turn_id} had already ended"
         return f"could not cancel turn {turn_id}: {describe(exc)}"
     return f"cancelled turn {turn_id}"
-
-
-@contextlib.contextmanager
-def _sigint_ignored() -> Iterator[None]:
-    """A second Ctrl-C while the turn is being cancelled would leave it running."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def report_interrupted(stopped: Interrupted, err: Console) -> int:
@@ -189,9 +272,12 @@ def _post(k: Kortex, tenant_id: str, question: str, model: str | None, session_i
 
 def _ask(k: Kortex, tenant_id: str, question: str, model: str | None, printer: EventPrinter,
          session_id: str | None = None) -> bool:
-    posted = _post(k, tenant_id, question, model, session_id)
-    turn = posted.turn
-    with _cancelled_if_stopped(turn.id, lambda: cancel(k, tenant_id, turn.id, by="cli")):
+    asked = _Question(cancel=lambda turn_id: cancel(k, tenant_id, turn_id, by="cli"))
+    with _cancelled_if_stopped(asked):
+        with _held_interrupt():  # until the turn is known to be stored, or not
+            posted = _post(k, tenant_id, question, model, session_id)
+            asked.turn_id = posted.turn.id
+        turn = posted.turn
         _dispatch(posted.handoff)
         events = ((e.type, json.loads(e.data)) for e in k.events.follow(
             turn.id, idle_timeout=k.settings.turn.deadline + 30))
@@ -210,27 +296,29 @@ def _check_model(settings: Settings, model: str | None) -> None:
 
 
 def run_demo(console: Console, *, question: str | None, scenario: str, model: str | None) -> bool:
-    settings = load_settings()
-    _check_model(settings, model)  # seeding replaces the demo tenant's telemetry: not for a demo that cannot run
-    picked = scenarios.get_scenario(scenario)
-    mode = "embedded (SQLite + in-process worker)" if settings.embedded else "distributed"
-    console.print(f"[bold]Kortex demo[/bold] · mode: {mode}")
-    with embedded_stack(settings) as k:
-        tenant_id = _tenant_id(k, DEMO_TENANT, create=True)
-        counts = _seed(k, tenant_id, scenario)
-        question = question or picked.question
-        console.print(f"seeded scenario [cyan]{scenario}[/cyan]: {picked.title} ({describe_counts(counts)})")
-        console.print(f"\n[bold]Q:[/bold] {question}\n")
-        return _ask(k, tenant_id, question, model, EventPrinter(console))
+    with _interruptible():
+        settings = load_settings()
+        _check_model(settings, model)  # seeding replaces the demo tenant's telemetry: not for a demo that cannot run
+        picked = scenarios.get_scenario(scenario)
+        mode = "embedded (SQLite + in-process worker)" if settings.embedded else "distributed"
+        console.print(f"[bold]Kortex demo[/bold] · mode: {mode}")
+        with embedded_stack(settings) as k:
+            tenant_id = _tenant_id(k, DEMO_TENANT, create=True)
+            counts = _seed(k, tenant_id, scenario)
+            question = question or picked.question
+            console.print(f"seeded scenario [cyan]{scenario}[/cyan]: {picked.title} ({describe_counts(counts)})")
+            console.print(f"\n[bold]Q:[/bold] {question}\n")
+            return _ask(k, tenant_id, question, model, EventPrinter(console))
 
 
 def ask_embedded(console: Console, question: str, *, model: str | None, as_json: bool,
                  tenant: str = DEMO_TENANT, session_id: str | None = None) -> bool:
-    settings = load_settings()
-    _check_model(settings, model)
-    with embedded_stack(settings) as k:
-        tenant_id = _tenant_id(k, tenant, create=tenant == DEMO_TENANT)
-        return _ask(k, tenant_id, question, model, EventPrinter(console, as_json=as_json), session_id)
+    with _interruptible():
+        settings = load_settings()
+        _check_model(settings, model)
+        with embedded_stack(settings) as k:
+            tenant_id = _tenant_id(k, tenant, create=tenant == DEMO_TENANT)
+            return _ask(k, tenant_id, question, model, EventPrinter(console, as_json=as_json), session_id)
 
 
 def list_models(console: Console, url: str | None, api_key: str | None) -> None:
@@ -333,7 +421,7 @@ def set_tenant_disabled(name: str, disabled: bool) -> Any:
 
 def _with_container(work: Callable[[Kortex], T]) -> T:
     settings = load_settings()
-    prepare(settings.effective_database_url)
+    _prepare(settings.effective_database_url)
     k = Kortex.create(settings)
     try:
         return work(k)
@@ -346,20 +434,22 @@ def ask_remote(console: Console, url: str, api_key: str, question: str, *, model
     from kortex_cli.remote import RemoteClient
 
     printer = EventPrinter(console, as_json=as_json)
-    with RemoteClient(url, api_key) as client:
+    with _interruptible(), RemoteClient(url, api_key) as client:
         made = None
         if session_id is None:
             session_id = made = client.create_session(question[:80], model)
-        try:
-            turn = client.post_message(session_id, question, model)
-        except Exception:
-            if made is not None:  # the question was refused: the session made for it goes too
-                with contextlib.suppress(Exception):
-                    client.delete_session(made)
-            raise
-        turn_id = str(turn["turn_id"])
-        with _cancelled_if_stopped(turn_id, lambda: client.cancel_turn(turn_id)):
-            return _follow(printer, client.events(turn["events_url"]), str(turn["session_id"]), turn_id)
+        posting = client.question(session_id, question, model)
+        asked = _Question(cancel=client.cancel_turn, find=posting.turn_if_asked)
+        with _cancelled_if_stopped(asked):
+            try:
+                turn = posting.post()
+            except Exception:
+                if made is not None:  # the question was refused: the session made for it goes too
+                    with contextlib.suppress(Exception):
+                        client.delete_session(made)
+                raise
+            asked.turn_id = str(turn["turn_id"])
+            return _follow(printer, client.events(turn["events_url"]), str(turn["session_id"]), asked.turn_id)
 
 
 __all__ = ["Interrupted", "ask_embedded", "ask_remote", "create_tenant_with_key", "issue_key", "list_models",

@@ -185,3 +185,102 @@ def test_a_closed_output_cancels_the_turn_quietly(tmp_path: Path, slow_script: P
     assert proc.returncode == 141
     assert f"cancelled turn {turn_id} (its output was closed)" in stderr.decode()
     assert "Traceback" not in stderr.decode() and "BrokenPipeError" not in stderr.decode()
+
+
+# --- Ctrl-C before the turn streams: the command waits at a gate (tests/kortex_cli/gated_cli.py) --
+
+def gated(home: Path, scripts: Path, gate: str, when: str, *args: str, nth: int = 1) -> subprocess.Popen[bytes]:
+    """The command, to wait at ``gate`` (its ``nth`` call) until its stdin is closed."""
+    return subprocess.Popen([sys.executable, "-m", "tests.kortex_cli.gated_cli", gate, when, str(nth), "--", *args],
+                            env=cli_env(home, scripts), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, preexec_fn=interruptible)
+
+
+def at_gate(proc: subprocess.Popen[bytes], timeout: float = 60) -> bytes:
+    """What the command wrote on stderr up to the line saying it waits at its gate."""
+    assert proc.stderr is not None
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while b"gate: " not in seen:
+        ready, _, _ = select.select([proc.stderr], [], [], max(0.0, deadline - time.monotonic()))
+        assert ready, f"the command did not reach its gate within {timeout}s: {seen.decode()}"
+        chunk = os.read(proc.stderr.fileno(), 65536)
+        assert chunk, f"the command ended before its gate: {seen.decode()}"
+        seen += chunk
+    return seen
+
+
+def finish(proc: subprocess.Popen[bytes], stderr: bytes) -> str:
+    """Let the command past its gate (stdin closes) and wait for it; all it wrote on stderr,
+    without the gate's own line."""
+    try:
+        _, rest = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return "\n".join(line for line in (stderr + rest).decode().splitlines() if not line.startswith("gate: "))
+
+
+def assert_quiet_130(proc: subprocess.Popen[bytes], stderr: str) -> None:
+    assert proc.returncode == 130, stderr
+    assert "Aborted" not in stderr and "Traceback" not in stderr, stderr
+
+
+@pytest.mark.parametrize(("gate", "when"), [
+    ("alembic.runtime.migration:HeadMaintainer.update_to_step", "after"),  # the SQLite file half migrated
+    ("workers.embedded:EmbeddedWorker.start", "after"),
+    ("kortex_cli.runner:_tenant_id", "before"),
+])
+def test_ctrl_c_while_the_embedded_mode_starts_exits_130_and_leaves_a_usable_database(
+        tmp_path: Path, slow_script: Path, gate: str, when: str) -> None:
+    home = tmp_path / "kortex"
+    proc, stderr = gated(home, slow_script, gate, when, "ask", "hi"), b""
+    try:
+        stderr = at_gate(proc)
+        proc.send_signal(signal.SIGINT)
+    finally:
+        said = finish(proc, stderr)
+    again = subprocess.run([sys.executable, "-m", "kortex_cli.main", "ask", "hi"], env=cli_env(home, slow_script),
+                           capture_output=True, timeout=120)
+    assert again.returncode == 0, again.stderr.decode()  # the database took no harm
+    assert rows(home, "SELECT count(*) FROM turns") == [(1,)]  # the interrupted command asked nothing
+    assert_quiet_130(proc, said)
+    assert said == "stopped before the question was asked (interrupted)"
+
+
+def test_ctrl_c_as_the_question_is_stored_cancels_the_turn_it_made(tmp_path: Path, slow_script: Path) -> None:
+    """The interrupt lands once the turn is committed, before the command has its id: left
+    queued, a later run's watchdog would start it, unseen and billed."""
+    home = tmp_path / "kortex"
+    proc = gated(home, slow_script, "kortex.turns.chat:start_session", "after", "ask", "hi", "--model",
+                 "scripted:slow")
+    stderr = b""
+    try:
+        stderr = at_gate(proc)
+        proc.send_signal(signal.SIGINT)
+    finally:
+        said = finish(proc, stderr)
+    [(turn_id, status)] = rows(home, "SELECT id, status FROM turns")
+    assert status == "cancelled", said
+    assert_quiet_130(proc, said)
+    assert said == f"cancelled turn {turn_id} (interrupted)"
+
+
+def test_a_second_ctrl_c_while_the_command_stops_is_ignored(tmp_path: Path, slow_script: Path) -> None:
+    """The second lands as the embedded worker is stopped, after the turn was cancelled."""
+    home = tmp_path / "kortex"
+    proc = gated(home, slow_script, "workers.embedded:EmbeddedWorker.stop", "before", "ask", "hi", "--model",
+                 "scripted:slow", "--json")
+    stderr = b""
+    try:
+        turn_id = json.loads(read_until(proc, "word0")[0])["data"]["turn_id"]
+        proc.send_signal(signal.SIGINT)
+        stderr = at_gate(proc)
+        proc.send_signal(signal.SIGINT)
+    finally:
+        said = finish(proc, stderr)
+    assert turn_status(home, turn_id) == "cancelled"
+    assert_quiet_130(proc, said)
+    # The report outlives the second Ctrl-C. (The worker may log its step's stop before it.)
+    assert said.splitlines()[-1] == f"cancelled turn {turn_id} (interrupted)"

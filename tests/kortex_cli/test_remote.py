@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -126,6 +128,168 @@ def test_ctrl_c_cancels_the_turn_at_the_server(api: Api) -> None:
     assert api.turn(turn_id)["status"] == "cancelled", stderr.decode()  # not left queued or running
     assert proc.returncode == 130
     assert f"cancelled turn {turn_id} (interrupted)" in stderr.decode()
+
+
+# --- Ctrl-C before the turn streams: a proxy in front of the API holds one request --------------
+
+class Hold:
+    """A request the proxy holds until the test releases it: ``drop``, never passed on (the
+    server never hears of it); ``before`` passing it on; ``after``, the server's answer kept
+    from the client."""
+
+    def __init__(self, method: str, path_end: str, when: str) -> None:
+        self.method, self.path_end, self.when = method, path_end, when
+        self.taken = False
+        self.reached, self.released = threading.Event(), threading.Event()  # reached: the request waits
+        self.answer: dict[str, Any] | None = None
+
+    def wait(self) -> None:
+        assert self.reached.wait(60), f"no {self.method} ...{self.path_end} reached the proxy"
+
+
+class Proxy(ThreadingHTTPServer):
+    def __init__(self, upstream: str) -> None:
+        super().__init__(("127.0.0.1", 0), _Forward)
+        self.upstream = upstream
+        self.url = f"http://127.0.0.1:{self.server_address[1]}"
+        self.holds: list[Hold] = []
+        self.answered: list[tuple[str, str, int, bytes]] = []  # method, path, status, body
+        self._lock = threading.Lock()
+
+    def hold(self, method: str, path_end: str, when: str) -> Hold:
+        held = Hold(method, path_end, when)
+        self.holds.append(held)
+        return held
+
+    def take(self, method: str, path: str) -> Hold | None:
+        with self._lock:
+            for held in self.holds:
+                if not held.taken and held.method == method and path.endswith(held.path_end):
+                    held.taken = True
+                    return held
+        return None
+
+
+class _Forward(BaseHTTPRequestHandler):
+    server: Proxy
+
+    def _forward(self) -> None:
+        proxy = self.server
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        held = proxy.take(self.command, self.path)
+        if held is not None and held.when != "after":
+            held.reached.set()
+            held.released.wait(60)
+            if held.when == "drop":
+                return
+        headers = {k: v for k, v in self.headers.items()
+                   if k.lower() in ("authorization", "content-type", "idempotency-key", "accept")}
+        answer = httpx.request(self.command, proxy.upstream + self.path, content=body, headers=headers, timeout=60)
+        if held is not None and held.when == "after":
+            held.answer = answer.json()
+            held.reached.set()
+            held.released.wait(60)
+        proxy.answered.append((self.command, self.path, answer.status_code, answer.content))
+        try:
+            self.send_response(answer.status_code)
+            self.send_header("Content-Type", answer.headers.get("content-type", "application/json"))
+            self.send_header("Content-Length", str(len(answer.content)))
+            self.end_headers()
+            self.wfile.write(answer.content)
+        except OSError:  # the client left
+            pass
+
+    do_GET = do_POST = do_DELETE = _forward
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def proxy(api: Api) -> Iterator[Proxy]:
+    server = Proxy(api.url)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        for held in server.holds:
+            held.released.set()
+        server.shutdown()
+        server.server_close()
+
+
+def ask_through(proxy: Proxy, api: Api) -> subprocess.Popen[bytes]:
+    args = ["ask", "hi", "--model", "scripted:slow", "--url", proxy.url, "--api-key", api.key]
+    return subprocess.Popen([sys.executable, "-m", "kortex_cli.main", *args], env=api.env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, preexec_fn=interruptible)
+
+
+def interrupt_at(proc: subprocess.Popen[bytes], *holds: Hold) -> str:
+    """Ctrl-C as the command waits at each hold in turn (releasing each but the first as it is
+    interrupted there); what it wrote on stderr."""
+    try:
+        for n, held in enumerate(holds):
+            held.wait()
+            proc.send_signal(signal.SIGINT)
+            if n:
+                held.released.set()
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return stderr.decode()
+
+
+def test_ctrl_c_while_the_session_is_made_exits_130_and_asks_nothing(api: Api, proxy: Proxy) -> None:
+    before = api.sessions()
+    stderr = interrupt_at(ask_through(proxy, api), proxy.hold("POST", "/v1/sessions", "drop"))
+    assert stderr == "stopped before the question was asked (interrupted)\n"  # not "Aborted!"
+    assert api.sessions() == before
+
+
+def turns_made(proxy: Proxy, posted: Hold) -> set[str]:
+    """Every turn the API answered a post of the question with (the held answer too)."""
+    made = {json.loads(body)["turn_id"] for method, path, status, body in proxy.answered
+            if method == "POST" and path.endswith("/messages") and status == 202}
+    return made | ({posted.answer["turn_id"]} if posted.answer is not None else set())
+
+
+def test_ctrl_c_once_the_server_took_the_question_cancels_its_turn(api: Api, proxy: Proxy) -> None:
+    """The API made the turn; its answer, the turn's id, had not reached the command."""
+    posted = proxy.hold("POST", "/messages", "after")
+    proc = ask_through(proxy, api)
+    stderr = interrupt_at(proc, posted)
+    [turn_id] = turns_made(proxy, posted)  # one turn, however many times the question went
+    assert api.turn(turn_id)["status"] == "cancelled", stderr  # not left to run
+    assert proc.returncode == 130
+    assert stderr == f"cancelled turn {turn_id} (interrupted)\n"
+
+
+def test_ctrl_c_as_the_question_goes_leaves_no_turn_running(api: Api, proxy: Proxy) -> None:
+    """The API never had the question, which the command cannot know: whatever it asked is
+    cancelled, and it says so."""
+    posted = proxy.hold("POST", "/messages", "drop")
+    proc = ask_through(proxy, api)
+    stderr = interrupt_at(proc, posted)
+    made = turns_made(proxy, posted)
+    assert [api.turn(t)["status"] for t in made] == ["cancelled"] * len(made), stderr
+    assert proc.returncode == 130
+    assert stderr in {f"cancelled turn {t} (interrupted)\n" for t in made} | {
+        "stopped before the question was asked (interrupted)\n"}
+
+
+def test_a_second_ctrl_c_while_the_turn_is_cancelled_is_ignored(api: Api, proxy: Proxy) -> None:
+    posted = proxy.hold("POST", "/messages", "after")
+    cancelling = proxy.hold("POST", "/cancel", "before")
+    proc = ask_through(proxy, api)
+    stderr = interrupt_at(proc, posted, cancelling)
+    assert posted.answer is not None
+    turn_id = posted.answer["turn_id"]
+    assert api.turn(turn_id)["status"] == "cancelled", stderr
+    assert proc.returncode == 130
+    assert stderr == f"cancelled turn {turn_id} (interrupted)\n"
 
 
 class _NotKortex(BaseHTTPRequestHandler):
