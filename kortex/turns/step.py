@@ -41,7 +41,7 @@ from kortex.prompts import DEPTH_EXCEEDED, REGROUND
 from kortex.redaction import scrub
 from kortex.storage import audit, chats, turns
 from kortex.storage.audit import AuditEntry
-from kortex.storage.records import Spent, TurnRecord
+from kortex.storage.records import ACTIVE, Spent, TurnRecord
 from kortex.stream.store import StepPublisher
 from kortex.timeparse import utcnow
 from kortex.turns.anomalies import RERUNS, Escalated, action_for, check_answer, check_calls, check_cost, check_depth
@@ -368,12 +368,18 @@ async def _run_claimed(k: Kortex, turn: TurnRecord, step: int, candidates: list[
                              llm_entries=llm_audit(turn, step, made) + notes.entries, usage=usage_of(made))
     except (LeaseLost, StaleAttempt, Released) as exc:
         publisher.abandon()
-        entries = llm_audit(turn, step, attempts(), error=ProviderError(
-            "the step was handed to another attempt", code="cancelled")) + notes.entries
+        # A lease is also lost when the turn ends under the step (a cancel, the watchdog's
+        # deadline): that is no hand-over, and worth no warning.
+        ended = None if isinstance(exc, Released) else await hold.io(_ended_status, k, turn)
+        why = f"the turn ended ({ended}) while the step ran" if ended else "the step was handed to another attempt"
+        entries = llm_audit(turn, step, attempts(), error=ProviderError(why, code="cancelled")) + notes.entries
         if isinstance(exc, Released):
             await hold.io(_audit_alone, k, entries, turn, usage_of(attempts()))
             raise
-        log.warning("step %s of turn %s lost its lease; another attempt runs it", step, turn.id)
+        if ended:
+            log.info("step %s of turn %s stopped: %s", step, turn.id, why)
+        else:
+            log.warning("step %s of turn %s lost its lease; another attempt runs it", step, turn.id)
         await hold.io(_audit_alone, k, entries, turn, usage_of(attempts()))
         return NOTHING
     except Exception as exc:
@@ -558,6 +564,13 @@ def _depth_exceeded(
         _audit_alone(k, entries, turn, usage)
         return NOTHING
     return announce(k, ending)
+
+
+def _ended_status(k: Kortex, turn: TurnRecord) -> str | None:
+    """The turn's status if it has ended (cancelled, failed, done), else None."""
+    with k.db.connect() as conn:
+        status = turns.get_turn(conn, turn.tenant_id, turn.id).status
+    return None if status in ACTIVE else status
 
 
 def _stored_error(code: str, message: str, retryable: bool) -> dict[str, Any]:

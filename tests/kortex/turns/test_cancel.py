@@ -4,6 +4,7 @@ whatever the turn was doing (queued, streaming, waiting for a tool)."""
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 
@@ -51,7 +52,9 @@ def test_a_queued_turn_is_cancelled_and_its_step_never_runs(harness: Harness) ->
     assert chat.post_message(h.k, tenant, session.id, "again").turn.status == "queued"
 
 
-def test_a_streaming_step_stops_at_its_next_chunk_and_its_call_is_audited(harness_factory) -> None:
+def test_a_streaming_step_stops_at_its_next_chunk_and_its_call_is_audited(harness_factory,
+                                                                          caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="kortex.turns.step")
     h = harness_factory(turn={"text_flush_ms": 0})
     tenant = h.tenant("acme")
     session = chat.create_session(h.k, tenant, "t", "scripted:long_text")  # twenty pieces, 200 ms apart
@@ -76,6 +79,10 @@ def test_a_streaming_step_stops_at_its_next_chunk_and_its_call_is_audited(harnes
     billed = calls[0]
     assert billed.output_tokens > 0
     assert (turn.input_tokens, turn.output_tokens) == (billed.input_tokens, billed.output_tokens)
+    # A cancel is no hand-over to another attempt: said as what it is, not as a warning.
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "kortex.turns.step"]
+    assert (logging.INFO, f"step 0 of turn {posted.turn.id} stopped: the turn ended (cancelled) while the step ran") \
+        in said and not any(level >= logging.WARNING for level, _ in said), said
 
 
 def test_a_turn_waiting_for_a_tool_is_cancelled_and_the_late_result_is_ignored(harness: Harness) -> None:
