@@ -6,13 +6,14 @@ import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import create_engine, pool
-from sqlalchemy.engine import Connection
+from sqlalchemy import create_engine, event, pool
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
 from kortex.errors import ConfigError
@@ -39,6 +40,7 @@ def upgrade(url: str, revision: str = "head") -> None:
         database = engine.url.database
         if database and database != ":memory:":
             Path(database).parent.mkdir(parents=True, exist_ok=True)
+        _transactional_ddl(engine)
     try:
         with engine.connect() as conn:
             locked = engine.dialect.name == "postgresql"
@@ -69,6 +71,22 @@ def upgrade(url: str, revision: str = "head") -> None:
                                     exc_info=True)
     finally:
         engine.dispose()
+
+
+def _transactional_ddl(engine: Engine) -> None:
+    """The whole upgrade in one SQLite transaction, DDL included: the driver opens a transaction
+    only before an INSERT, UPDATE or DELETE, so each CREATE TABLE was committed as it ran, and an
+    upgrade stopped midway (a Ctrl-C, a failing migration) left tables without the version that
+    made them: every later start failed with "table tenants already exists". SQLite itself rolls
+    DDL back; the driver is told to keep out of it (SQLAlchemy's documented pysqlite recipe)."""
+
+    @event.listens_for(engine, "connect")
+    def _no_driver_transactions(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn: Connection) -> None:
+        conn.exec_driver_sql("BEGIN")
 
 
 @dataclass(frozen=True, slots=True)
