@@ -104,7 +104,7 @@ def test_flower_shows_workers_queues_and_every_task_of_a_turn_as_finished(pg_url
         flower.wait_for(lambda: finished(ours), timeout=60)
         with h.k.db.connect() as conn:
             calls = dict(conn.execute(select(tool_invocations.c.id, tool_invocations.c.turn_id)
-                                      .where(tool_invocations.c.turn_id.in_(ours))).tuples().all())
+                                      .where(tool_invocations.c.turn_id.in_(ours))).all())
         assert len(calls) == 2 * len(ours)  # two steps and two tool calls a turn (scripted:two_tools)
         states: dict[tuple[str, str], list[str]] = {}
         deadline = time.monotonic() + 10  # the worker flushes its events within a loop's turn
