@@ -22,6 +22,7 @@ from kortex.turns import watchdog
 from kortex.turns.handoff import Handoff
 from kortex.turns.ports import Work
 from tests.conftest import Harness
+from tests.workers.test_watchdog_outage import Clock
 
 
 class Queue:
@@ -30,14 +31,6 @@ class Queue:
 
     def backlog(self, work: Work) -> int | None:
         return 0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Leader:
