@@ -143,8 +143,8 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     # instead of failing at once. (Every write transaction here starts with its write, so the
     # driver's deferred BEGIN never has to upgrade a read lock.)
     cursor = dbapi_connection.cursor()
+    cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_MS}")  # first: the switch to WAL may wait too
     cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_MS}")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.close()

@@ -17,7 +17,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
 from kortex.errors import ConfigError
-from kortex.storage.db import sync_url
+from kortex.storage.db import SQLITE_BUSY_MS, sync_url
 
 log = logging.getLogger(__name__)
 
@@ -83,10 +83,20 @@ def _transactional_ddl(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
     def _no_driver_transactions(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None
+        # WAL before the transaction opens: a fresh file is still in rollback-journal mode, and
+        # another process or thread opening it meanwhile (two embedded commands starting at
+        # once) switches it to WAL as it connects, which SQLite refuses at once, with no busy
+        # wait, while this upgrade holds its lock ("database is locked"). In WAL mode already,
+        # that switch is a no-op and readers proceed beside the upgrade.
+        dbapi_connection.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_MS}")
+        dbapi_connection.execute("PRAGMA journal_mode=WAL")
 
     @event.listens_for(engine, "begin")
     def _begin(conn: Connection) -> None:
-        conn.exec_driver_sql("BEGIN")
+        # IMMEDIATE: the write lock before the schema is read, so a second upgrade starting
+        # beside this one waits for it and then finds the schema at head (a deferred BEGIN read
+        # the old schema, and then could not write over the first's commit).
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 @dataclass(frozen=True, slots=True)
