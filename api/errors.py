@@ -31,9 +31,21 @@ def _detail(error: Any) -> dict[str, str]:
     """One refused part of a request: ``field`` and ``message`` and nothing else, as every
     other 422 names them (``filter.product``, a header's or a query parameter's name), so a
     value refused here and the same value refused by the domain look alike to a client."""
-    loc = [str(p) for p in error.get("loc", ())]
+    raw = tuple(error.get("loc", ()))
+    if error.get("type") == "json_invalid" and len(raw) == 2 and raw[0] == "body" and isinstance(raw[1], int):
+        # FastAPI puts the offset of malformed JSON where a field goes: not a field ("9"), the body
+        reason = (error.get("ctx") or {}).get("error") or error.get("msg", "")
+        return {"field": "body", "message": f"not valid JSON: {reason} at position {raw[1]}"}
+    loc = [str(p) for p in raw]
     where = loc[1:] if len(loc) > 1 and loc[0] in ("body", "query", "path", "header", "cookie") else loc
     return {"field": ".".join(where) or "body", "message": str(error.get("msg", ""))}
+
+
+#: why a JSON body could not be read at all, by what the decoder raised
+_UNREADABLE: dict[type[BaseException], str] = {
+    UnicodeDecodeError: "not valid JSON: the body is not UTF-8",
+    RecursionError: "not valid JSON: nested too deeply",
+}
 
 
 STATUS: tuple[tuple[type[KortexError], int], ...] = (
@@ -81,6 +93,13 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        cause = exc.__cause__
+        unreadable = _UNREADABLE.get(type(cause)) if cause is not None and exc.status_code == 400 else None
+        if unreadable is not None:
+            # FastAPI's 400 "There was an error parsing the body" for what its JSON decoder
+            # raised besides a syntax error: bad input like malformed JSON, so answered alike.
+            return error_response(422, "validation", "the request is not valid",
+                                  [{"field": "body", "message": unreadable}])
         code = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}.get(exc.status_code, "http_error")
         return error_response(exc.status_code, code, str(exc.detail))
 

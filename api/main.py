@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import json
 import logging
 import re
 import uuid
@@ -74,6 +75,89 @@ class BodyLimit:
 
 class _TooLarge(Exception):
     pass
+
+
+#: what a JSON body holds when a string of it may carry a lone surrogate: a \uD800-\uDFFF
+#: escape, or such a code point's own bytes (Python's JSON decoder reads bytes with
+#: "surrogatepass"). Most bodies hold neither, and are never parsed here.
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}|\xed[\xa0-\xbf]")
+
+
+class UnicodeBody:
+    """Refuse a JSON body with a string (a value or a key) that is not valid Unicode, a lone
+    surrogate such as ``"\\ud800"``, with a 422 naming where it is. Python's JSON decoder accepts
+    one, and pydantic lets it through a plain ``str`` field: no database can store it (psycopg
+    cannot encode it to UTF-8) and no response can echo it, so it failed as a 500 at the first
+    write or serialisation (a proposal's ``note``, a post-mortem filter's ``product``). Checked
+    here, for every route at once, as part of reading the body: like malformed JSON, it is never
+    a route's own validation. Inside ``AuthFirst``: a stranger is told only to authenticate."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope.get("method") not in ("POST", "PUT", "PATCH", "DELETE"):
+            await self.app(scope, receive, send)
+            return
+        chunks = []
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client left: let the app see it
+                await self.app(scope, _replay(message, receive), send)
+                return
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        where = _lone_surrogate(body) if _SURROGATE.search(body) else None
+        if where is not None:
+            response = errors.error_response(422, "validation", "the request is not valid", [
+                {"field": where, "message": "not valid Unicode: a lone surrogate (\\ud800-\\udfff)"}])
+            await response(scope, receive, send)
+            return
+        await self.app(scope, _replay({"type": "http.request", "body": body, "more_body": False}, receive), send)
+
+
+def _replay(first: dict[str, Any], receive: Any) -> Any:
+    """A ``receive`` that answers ``first`` once, then the client's own."""
+    pending = [first]
+
+    async def replay() -> dict[str, Any]:
+        return pending.pop() if pending else await receive()
+
+    return replay
+
+
+def _lone_surrogate(body: bytes) -> str | None:
+    """Where in ``body`` (a field path, as a 422 names fields) the first string holding a lone
+    surrogate is; None when there is none, or when the body is not JSON (FastAPI says so)."""
+    try:
+        root = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    stack: list[tuple[tuple[str, ...], Any]] = [((), root)]
+    while stack:  # not recursive: a body nested almost as deeply as the decoder allows is fine
+        path, value = stack.pop()
+        if isinstance(value, str):
+            if not _valid(value):
+                return ".".join(path) or "body"
+        elif isinstance(value, dict):
+            for key, item in reversed(value.items()):
+                if not _valid(key):
+                    # the key as a client can read it: the response cannot carry a surrogate either
+                    return ".".join((*path, key.encode("utf-16", "surrogatepass").decode("utf-16", "replace")))
+                stack.append(((*path, key), item))
+        elif isinstance(value, list):
+            stack.extend(((*path, str(n)), item) for n, item in reversed(list(enumerate(value))))
+    return None
+
+
+def _valid(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 #: paths behind an API key: every route under it depends on ``api.deps.allowed`` (deny by
@@ -238,6 +322,7 @@ def create_app(settings: Settings | None = None, *, dispatch: Callable[[Handoff]
     errors.install(app)
     app.openapi = functools.partial(openapi.build, app)  # type: ignore[method-assign]
 
+    app.add_middleware(UnicodeBody)  # inside AuthFirst: a stranger's body is never read
     app.add_middleware(AuthFirst)  # inside BodyLimit: a body declared too large is a 413 unread
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
     app.add_middleware(RequestIds)

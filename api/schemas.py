@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from kortex.keys import KeyInfo
 from kortex.messages import Usage
 from kortex.redaction import scrub
+from kortex.text import Storable
 from kortex.turns.chat import MessageRecord, SessionRecord, TurnRecord
 
 
@@ -160,7 +161,7 @@ class ErrorOut(BaseModel):
 
 
 class CreateKey(_In):
-    name: str = Field("default", min_length=1, max_length=200, description="what the key is for")
+    name: Storable = Field("default", min_length=1, max_length=200, description="what the key is for")
     role: Literal["chat", "operator", "ingest", "admin"] = Field(
         "chat", description="chat: ask and read; operator: also decide on proposals; ingest: write telemetry only; "
                             "admin: everything, keys included")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Callable
 from typing import Annotated
 
@@ -30,6 +31,7 @@ from kortex.turns.handoff import Handoff
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"], dependencies=[Depends(allowed(Permission.CHAT))], responses=ERRORS)
 log = logging.getLogger(__name__)
 _INT32 = 2**31
+_POSITION = re.compile(r"-?[0-9]+\.-?[0-9]+\.-?[0-9]+")
 
 
 @router.post("", status_code=201, response_model=SessionOut)
@@ -72,11 +74,12 @@ def delete_session(session_id: str, k: KortexDep, caller: CallerDep) -> Response
 def _position(after: str | None) -> tuple[int, int, int] | None:
     if after is None:
         return None
-    try:
-        turn_no, step, ord_ = (int(p) for p in after.split("."))
-    except ValueError:
+    # int() alone reads "1_0" as ten, and Unicode digits, signs and spaces as numbers: a
+    # position a message never had, paged from in silence. Only what ``position`` writes is one.
+    if not _POSITION.fullmatch(after):
         raise InvalidInput("after must be a message position such as '3.1.0'", code="validation",
-                           details=[{"field": "after", "message": "not a message position"}]) from None
+                           details=[{"field": "after", "message": "not a message position"}])
+    turn_no, step, ord_ = (int(p) for p in after.split("."))
     if not all(-_INT32 <= n < _INT32 for n in (turn_no, step, ord_)):
         # The columns are 32-bit: a larger number cannot name a message, and the database would
         # refuse it as an error that looks like an outage.
