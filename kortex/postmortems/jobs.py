@@ -37,7 +37,7 @@ from kortex.storage import chats, invocations, posting, turns
 from kortex.storage import postmortems as store
 from kortex.storage.records import ItemRecord, JobRecord, PostmortemRecord, TurnRecord
 from kortex.telemetry.sources import Incident
-from kortex.text import Storable, check_no_nul
+from kortex.text import Storable, check_storable
 from kortex.timeparse import isoformat, utcnow
 from kortex.turns import chat
 from kortex.turns.handoff import NOTHING, Handoff, ItemDispatch, StepDispatch
@@ -171,7 +171,7 @@ def submit(k: Kortex, tenant_id: str, request: JobRequest, *, idempotency_key: s
            by: str | None = None) -> Submitted:
     """Store a job and its items and dispatch the first ones. With ``idempotency_key``, the same
     request again answers the job it made; a different request with that key is a Conflict."""
-    check_no_nul(idempotency_key, "Idempotency-Key")
+    check_storable(idempotency_key, "Idempotency-Key")
     if request.model is not None:
         chat.resolve_model(k, request.model)  # unknown or unavailable: a 4xx now, not a failed item later
     digest = _request_hash(request)

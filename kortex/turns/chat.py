@@ -23,7 +23,7 @@ from kortex.storage.records import MessageRecord as MessageRecord  # the records
 from kortex.storage.records import SessionRecord as SessionRecord
 from kortex.storage.records import TurnRecord as TurnRecord
 from kortex.storage.turns import ONE_STATEMENT_WRITE
-from kortex.text import check_no_nul
+from kortex.text import check_storable
 from kortex.turns.admission import Admitted, past_busy_mark
 from kortex.turns.handoff import NOTHING, Handoff, StepDispatch
 from kortex.turns.routed import AUTO, Router
@@ -52,7 +52,7 @@ def usable_model(providers: ProviderRegistry, router: Router, model: str | None,
     starts)."""
     if model is None:
         return None
-    check_no_nul(model, field)
+    check_storable(model, field)
     model = model.strip()
     if not model or len(model) > 200:
         raise InvalidInput(f"{field} must be 1-200 characters, e.g. 'offline:analyst'",
@@ -83,7 +83,7 @@ def resolve_model(k: Kortex, model: str, field: str = "model") -> None:
 
 def session_name(name: str | None, default: str) -> str:
     """The name a caller gave a new session, stripped, or ``default`` when it gave none."""
-    check_no_nul(name, "name")
+    check_storable(name, "name")
     name = (name or "").strip()
     if len(name) > MAX_NAME:
         raise InvalidInput(f"name is longer than {MAX_NAME} characters",
@@ -245,8 +245,8 @@ def _check_post(k: Kortex, content: str, model: str | None, idempotency_key: str
     if not content or not content.strip():
         raise InvalidInput("content must not be empty", code="validation",
                            details=[{"field": "content", "message": "empty"}])
-    check_no_nul(content, "content")
-    check_no_nul(idempotency_key, "Idempotency-Key")
+    check_storable(content, "content")
+    check_storable(idempotency_key, "Idempotency-Key")
     limit = k.settings.turn.max_message_chars
     if len(content) > limit:
         raise InvalidInput(f"content is longer than {limit} characters", code="validation",

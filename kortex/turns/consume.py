@@ -19,7 +19,7 @@ from kortex.llm.base import DoneChunk, TextChunk, ToolCallChunk, WarningChunk
 from kortex.llm.router import RoutedStream
 from kortex.messages import AssistantMessage, Message, ToolCall
 from kortex.stream.store import StepPublisher
-from kortex.text import NUL, without_nul
+from kortex.text import storable as storable_text
 from kortex.turns.anomalies import found
 from kortex.turns.notes import Notes
 
@@ -49,15 +49,15 @@ def unique_calls(calls: list[ToolCall], taken: set[str]) -> tuple[ToolCall, ...]
 
 
 def storable(call: ToolCall) -> ToolCall:
-    """``call`` as PostgreSQL stores it. NULs in its name and argument strings (keys too) become
-    U+FFFD; an id with one is dropped (a new one is given). A non-finite number (NaN, infinity,
+    """``call`` as PostgreSQL stores it. NULs and lone surrogates in its name and argument strings
+    (keys too) become U+FFFD; an id with one is dropped (a new one is given). A non-finite number (NaN, infinity,
     which a vendor's parsed JSON may hold) makes the arguments ``invalid_json``, as bad JSON
     text does (kortex/llm/convert.py): the model corrects that call, the step goes on."""
     update: dict[str, Any] = {}
-    if NUL in call.id:
+    if storable_text(call.id) is not call.id:
         update["id"] = ""
-    if NUL in call.name:
-        update["name"] = without_nul(call.name)
+    if storable_text(call.name) is not call.name:
+        update["name"] = storable_text(call.name)
     try:
         update["arguments"] = _storable(call.arguments)
     except (ValueError, RecursionError):
@@ -67,9 +67,9 @@ def storable(call: ToolCall) -> ToolCall:
 
 def _storable(value: Any) -> Any:
     if isinstance(value, str):
-        return without_nul(value)
+        return storable_text(value)
     if isinstance(value, dict):
-        return {without_nul(k) if isinstance(k, str) else k: _storable(v) for k, v in value.items()}
+        return {storable_text(k) if isinstance(k, str) else k: _storable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_storable(v) for v in value]
     if isinstance(value, float) and not math.isfinite(value):
@@ -107,8 +107,7 @@ async def consume(
                         # Leaving the loop closes the vendor's stream: a provider that ignores
                         # max_tokens (or never stops) is cut off here, not at the step's time limit.
                         raise _too_long(routed, limit)
-                    if NUL in piece:  # streamed and stored alike, or the answer could not be kept
-                        piece = without_nul(piece)
+                    piece = storable_text(piece)  # streamed and stored alike, or the answer could not be kept
                     text.append(piece)
                     publisher.text(piece)
                 elif isinstance(chunk, ToolCallChunk):

@@ -82,3 +82,25 @@ def test_nul_and_non_finite_numbers_from_the_model_end_the_turn_done_on_postgres
     llm = [r for r in rows if r["kind"] == "llm_call"]
     assert [(r["ok"], r["input_tokens"], r["output_tokens"]) for r in llm] == [(True, 100, 10), (True, 200, 5)]
     assert (turn.input_tokens, turn.output_tokens) == (300, 15)  # billed
+
+
+@pytest.mark.parametrize("vendor", list(MODELS))
+def test_a_lone_surrogate_from_the_model_is_replaced_and_the_turn_ends_done_on_postgresql(
+        h: Harness, fake: FakeLLM, vendor: str) -> None:
+    """A vendor's JSON may escape half of a surrogate pair ("\\ud800"), which Python decodes as
+    it is: no UTF-8 database can store it, and Redis could not take the text either."""
+    model = MODELS[vendor]
+    fake.add(model, {"steps": [
+        {"text": ["Hi \ud800 ", "there."], "usage": {"input_tokens": 10, "output_tokens": 3},
+         "tool_calls": [{"id": "c_sur", "name": "get_logs", "arguments": {"product": "check\udfffout"}}]},
+        {"text": ["Done\udc80."], "usage": {"input_tokens": 20, "output_tokens": 2}}]})
+    tenant = h.tenant(f"sur-{vendor}-{uuid.uuid4().hex[:6]}")
+    turn = h.ask(tenant, "logs?", model=f"{vendor}:{model}")
+    assert turn.status == "done", turn.error
+
+    events = [json.loads(e.data) for e in h.events(turn.id)]
+    assert "".join(e["delta"] for e in events if e["type"] == "text") == "Hi \ufffd there.Done\ufffd."
+    calls = [e for e in events if e["type"] == "tool_call"]
+    assert [c["arguments"] for c in calls] == [{"product": "check\ufffdout"}]
+    stored = h.messages(tenant, turn.session_id)
+    assert [m.content for m in stored if m.role == "assistant"] == ["Hi \ufffd there.", "Done\ufffd."]

@@ -35,7 +35,12 @@ class Conversation:
 
 
 def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    try:
+        text.encode()
+    except UnicodeEncodeError:  # a lone surrogate has no UTF-8: escaped ("\\ud800"), as a vendor's encoder writes it
+        return json.dumps(value, separators=(",", ":"))
+    return text
 
 
 def _sse(event: str | None, data: Any) -> bytes:
