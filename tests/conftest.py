@@ -16,6 +16,7 @@ from kortex.container import Kortex
 from kortex.messages import ToolCall
 from kortex.storage import chats, tenants
 from kortex.storage.migrate import upgrade
+from kortex.stream import embedded
 from kortex.telemetry import scenarios
 from kortex.testing.inline import drive
 from kortex.timeparse import utcnow
@@ -32,6 +33,14 @@ def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
         if name.startswith("KORTEX_") and not name.startswith("KORTEX_TEST_"):
             monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture(autouse=True)
+def _own_embedded_redis(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test's embedded Redis (one in-process server, kortex/stream/embedded.py) starts empty:
+    the tests share a process and the default prefix, so one test's admission slots and streams
+    were another's (a watchdog sweep freed slots it never took, and said so in its log)."""
+    monkeypatch.setattr(embedded, "_server", None)
 
 
 @pytest.fixture(scope="session")
