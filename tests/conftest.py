@@ -35,12 +35,16 @@ def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.chdir(tmp_path)
 
 
-@pytest.fixture(autouse=True)
-def _own_embedded_redis(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each test's embedded Redis (one in-process server, kortex/stream/embedded.py) starts empty:
-    the tests share a process and the default prefix, so one test's admission slots and streams
-    were another's (a watchdog sweep freed slots it never took, and said so in its log)."""
-    monkeypatch.setattr(embedded, "_server", None)
+@pytest.fixture(scope="module", autouse=True)
+def _own_embedded_redis() -> Iterator[None]:
+    """Each test file's embedded Redis (one in-process server, kortex/stream/embedded.py) starts
+    empty: the files share a process and the default prefix, so one file's admission slots were
+    another's (a watchdog sweep freed slots it never took, and said so in its log). Per file, not
+    per test: a file's module-scoped embedded worker and its tests must share one server."""
+    kept = embedded._server
+    embedded._server = None
+    yield
+    embedded._server = kept
 
 
 @pytest.fixture(scope="session")

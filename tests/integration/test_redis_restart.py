@@ -103,6 +103,13 @@ def _status(h: Harness, turn_id: str) -> str:
         return str(conn.scalar(select(turns.c.status).where(turns.c.id == turn_id)))
 
 
+def _finished(h: Harness, turn_id: str) -> None:
+    """The turn ended, and its ``done`` is in the stream: it is appended just after the commit
+    that ended the turn, so a read right after the status changed could miss it."""
+    _wait(lambda: _status(h, turn_id) in ("done", "failed"), "the turn to finish")
+    _wait(lambda: "done" in _kinds(h, turn_id), "the done event")
+
+
 @pytest.mark.parametrize("pool", ["prefork", "threads"])
 def test_worker_survives_a_redis_restart_while_a_tool_runs(pg_url, fake_llm, redis_server, harness, tmp_path,
                                                            pool) -> None:
@@ -116,7 +123,7 @@ def test_worker_survives_a_redis_restart_while_a_tool_runs(pg_url, fake_llm, red
         _wait(lambda: "tool_call" in _kinds(harness, turn_id), "the tool call")
         redis_server.kill()
         redis_server.start()
-        _wait(lambda: _status(harness, turn_id) in ("done", "failed"), "the turn to finish")
+        _finished(harness, turn_id)
         assert worker.proc.poll() is None, worker.output()[-4000:]
         assert "Unrecoverable error" not in worker.output()
         assert stack.beat.proc.poll() is None, stack.beat.output()[-4000:]
@@ -141,7 +148,7 @@ def test_worker_survives_a_redis_restart_while_a_step_streams(pg_url, fake_llm, 
         _wait(lambda: "text" in _kinds(harness, turn_id), "the first text")
         redis_server.kill()
         redis_server.start()
-        _wait(lambda: _status(harness, turn_id) in ("done", "failed"), "the turn to finish")
+        _finished(harness, turn_id)
         assert worker.proc.poll() is None, worker.output()[-4000:]
         assert "Unrecoverable error" not in worker.output()
         events = [(e.type, json.loads(e.data)) for e in harness.events(turn_id)]
