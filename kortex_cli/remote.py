@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import httpx
@@ -104,22 +105,72 @@ class RemoteClient:
     def providers(self) -> dict[str, Any]:
         return self._check(self._client.get("/v1/llm/providers"))  # type: ignore[no-any-return]
 
-    def events(self, events_url: str, last_event_id: str | None = None) -> Iterator[tuple[str, dict[str, Any]]]:
+    #: How long an event stream that broke before ``done`` is opened again: an API restarting
+    #: (its warm stop cuts open streams after 10 s, and a new process takes a few more to start)
+    #: or a proxy cutting a long response.
+    RESUME_FOR = 60.0
+    #: Answers worth asking again: a proxy in front of an API that is restarting.
+    AGAIN = frozenset({502, 503, 504})
+
+    def events(self, events_url: str, last_event_id: str | None = None,
+               on_break: Callable[[str], None] | None = None) -> Iterator[tuple[str, dict[str, Any]]]:
+        """The turn's events until ``done``. A connection that breaks first is opened again
+        with the id of the last event read (``Last-Event-ID``), so nothing is lost and nothing
+        comes twice; ``on_break`` hears why, once a break. Past ``RESUME_FOR`` seconds without an
+        event the last error goes out."""
+        broken_since: float | None = None
+        pause = 0.25
+        while True:
+            try:
+                for event, eid, data in self._events_once(events_url, last_event_id):
+                    broken_since, pause = None, 0.25
+                    if eid:
+                        last_event_id = eid
+                    yield event, json.loads(data)
+                    if event == "done":
+                        return
+                return
+            except (httpx.TransportError, _Unavailable) as exc:
+                now = time.monotonic()
+                if broken_since is None:  # said once a break, not at every attempt to mend it
+                    broken_since = now
+                    if on_break is not None:
+                        on_break(_why(exc))
+                if now - broken_since >= self.RESUME_FOR:
+                    raise (exc.error if isinstance(exc, _Unavailable) else exc) from None
+                time.sleep(pause)
+                pause = min(pause * 2, 4.0)
+
+    def _events_once(self, events_url: str, last_event_id: str | None) -> Iterator[tuple[str, str | None, str]]:
         headers = {"Accept": "text/event-stream"}
         if last_event_id:
             headers["Last-Event-ID"] = last_event_id
         with self._client.stream("GET", events_url, headers=headers, timeout=httpx.Timeout(30, read=None)) as r:
             if r.status_code >= 400:
                 r.read()
+                if r.status_code in self.AGAIN:
+                    raise _Unavailable(r, refusal(r))
                 self._check(r)
             if r.status_code == 204:
                 return  # a finished turn with nothing after last_event_id
             if not r.headers.get("content-type", "").startswith("text/event-stream"):
                 raise KortexError(not_kortex(r))
-            for event, _id, data in parse_sse(r.iter_lines()):
-                yield event, json.loads(data)
-                if event == "done":
-                    return
+            yield from parse_sse(r.iter_lines())
+
+
+class _Unavailable(Exception):
+    """An answer that says to ask again soon (a proxy before an API that is restarting)."""
+
+    def __init__(self, response: httpx.Response, error: KortexError) -> None:
+        super().__init__(str(error))
+        self.status, self.error = response.status_code, error
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, _Unavailable):
+        return f"HTTP {exc.status}"
+    text = str(exc).strip()
+    return f"{exc.__class__.__name__}: {text.splitlines()[0]}" if text else exc.__class__.__name__
 
 
 class Question:

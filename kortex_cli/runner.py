@@ -449,7 +449,18 @@ def ask_remote(console: Console, url: str, api_key: str, question: str, *, model
                         client.delete_session(made)
                 raise
             asked.turn_id = str(turn["turn_id"])
-            return _follow(printer, client.events(turn["events_url"]), str(turn["session_id"]), asked.turn_id)
+            events = client.events(turn["events_url"], on_break=_say_resuming)
+            return _follow(printer, events, str(turn["session_id"]), asked.turn_id)
+
+
+def _say_resuming(why: str) -> None:
+    """On stderr, beside the answer: the stream broke (an API restarting) and is read again
+    from the last event, so what follows is no second answer."""
+    from kortex.redaction import scrub_text
+    from kortex_cli.render import make_console
+
+    make_console(stderr=True).print(f"[yellow]! the event stream broke ({escape(scrub_text(why))}); resuming from "
+                                    "the last event read[/yellow]", soft_wrap=True)
 
 
 __all__ = ["Interrupted", "ask_embedded", "ask_remote", "create_tenant_with_key", "issue_key", "list_models",
