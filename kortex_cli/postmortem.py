@@ -28,6 +28,12 @@ OPTIONS = {"incident_ids": "--ids", "filter.since": "--since", "filter.until": "
            "max_usd": "--max-usd", "concurrency": "--concurrency"}
 ENDED = ("done", "failed", "skipped", "cancelled")
 POLL_S = 0.5
+#: How long a job may show no item started before the command says what it waits for.
+STALL_HINT_S = 30.0
+#: Said on stderr when nothing of a job started: with --url the items wait on the ``batch``
+#: queue, which a `kortex worker --queues batch` serves; without one the bar stayed at 0 for ever.
+NO_BATCH_WORKER = ("no item of job {job} has started after {after:.0f}s: its items wait on the batch queue; "
+                   "is a `kortex worker --queues batch` running?")
 
 
 class Jobs(Protocol):
@@ -42,6 +48,10 @@ class Jobs(Protocol):
     def document(self, incident_id: str, fmt: Literal["md", "json"]) -> str: ...
 
     def documents(self, job_id: str, fmt: Literal["md", "json"]) -> dict[str, str]: ...
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        """Stop the job, running items too; the API's answer (``cancelled_queued``, ``running``)."""
+        ...
 
 
 def _render(out: Any, fmt: Literal["md", "json"]) -> str:
@@ -94,6 +104,14 @@ class EmbeddedJobs:
         found = jobs.postmortems_of(self.k, self.tenant_id, job_id)
         return {p.incident_ref: _render(PostmortemOut.of(p), fmt) for p in found}
 
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        from kortex.postmortems import jobs
+        from kortex_cli.runner import _dispatch
+
+        report, handoff = jobs.cancel(self.k, self.tenant_id, job_id, running="cancel", by="cli")
+        _dispatch(handoff)
+        return {"cancelled_queued": report.cancelled_queued, "running": report.running}
+
 
 class RemoteJobs:
     def __init__(self, url: str, api_key: str) -> None:
@@ -140,10 +158,17 @@ class RemoteJobs:
         listed = self._check(self._client.get(f"/v1/postmortems/{job_id}/documents")).json()
         return {d["incident_id"]: _render(PostmortemOut.model_validate(d), fmt) for d in listed}
 
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        # Short: it runs while the user waits to get their prompt back.
+        return self._check(self._client.post(f"/v1/postmortems/{job_id}/cancel",  # type: ignore[no-any-return]
+                                             params={"running": "cancel"}, timeout=10.0)).json()
 
-def _progress(jobs: Jobs, job_id: str) -> dict[str, Any]:
-    """Poll the job until it ends, drawing items done/failed/running, spend and ETA."""
+
+def _progress(jobs: Jobs, job_id: str, stall_hint: str | None = None) -> dict[str, Any]:
+    """Poll the job until it ends, drawing items done/failed/running, spend and ETA; once, if
+    no item has started after ``STALL_HINT_S``, say ``stall_hint`` on stderr."""
     status = jobs.status(job_id)
+    since = time.monotonic()
     columns = (TextColumn("[bold]post-mortems[/bold]"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.description}"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
     with Progress(*columns, console=console, transient=False) as bar:
@@ -156,8 +181,17 @@ def _progress(jobs: Jobs, job_id: str) -> dict[str, Any]:
                 f"running {running} · ${status['spend_usd']:.4f}"))
             if status["finished_at"] is not None:
                 return status
+            if stall_hint is not None and not _started(counts) and time.monotonic() - since >= STALL_HINT_S:
+                err.print(stall_hint.format(job=job_id, after=time.monotonic() - since), markup=False,
+                          highlight=False, soft_wrap=True)
+                stall_hint = None
             time.sleep(POLL_S)
             status = jobs.status(job_id)
+
+
+def _started(counts: dict[str, int]) -> bool:
+    # Not "skipped": those are settled as the job is made, without a worker.
+    return any(counts[s] for s in ("running", "done", "failed"))
 
 
 def _write(jobs: Jobs, job_id: str, items: list[dict[str, Any]], out: Path,
@@ -230,8 +264,13 @@ def run(
             _fail(str(exc), USAGE)
         except KortexError as exc:
             _fail(str(exc))
-        console.print(f"job {job_id}")
-        status = _progress(jobs, job_id)
+        try:
+            console.print(f"job {job_id}")
+            status = _progress(jobs, job_id, NO_BATCH_WORKER if url else None)
+        except KeyboardInterrupt:
+            # As Ctrl-C on `kortex ask` cancels its turn: left alone, the job would go on
+            # investigating (and spending) at the server, or in the next embedded command's worker.
+            _stopped(jobs, job_id)
         items = jobs.items(job_id)
         written = _write(jobs, job_id, items, out, chosen)
         _summary(status, items, written)
@@ -256,6 +295,26 @@ def export(
             _fail(str(exc))
         written = _write(jobs, job_id, [], out, chosen)  # what the job itself wrote
     console.print(f"wrote {len(written)} post-mortems to {out}")
+
+
+def _stopped(jobs: Jobs, job_id: str) -> NoReturn:
+    """Cancel the job the user interrupted, say how that went on stderr, and exit 130."""
+    from kortex_cli.failures import describe
+    from kortex_cli.runner import _ignore_sigint
+
+    _ignore_sigint()  # a second Ctrl-C while the job is cancelled would leave it running
+    try:
+        report = jobs.cancel(job_id)
+    except Exception as exc:
+        if isinstance(exc, KortexError) and exc.code == "job_finished":
+            outcome = f"job {job_id} had already finished"
+        else:
+            outcome = f"could not cancel job {job_id}: {describe(exc)}"
+    else:
+        outcome = (f"cancelled job {job_id}: {report.get('cancelled_queued', 0)} items not started, "
+                   f"{report.get('running', 0)} running cancelled")
+    err.print(f"{outcome} (interrupted)", markup=False, highlight=False, soft_wrap=True)
+    raise typer.Exit(130)
 
 
 def _format(fmt: str) -> Literal["md", "json"]:
