@@ -18,7 +18,7 @@ from fastapi.security.utils import get_authorization_scheme_param
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from starlette.concurrency import run_in_threadpool
 
-from api import errors, openapi, revocation
+from api import errors, openapi, revocation, stopping
 from api.deps import AcceptedTurns, AuthCache, Lanes, verify
 from api.revocation import OpenStreams
 from api.routes import health, ingest, keys, llm, metrics, postmortems, proposals, sessions, tools, turns
@@ -296,6 +296,8 @@ def create_app(settings: Settings | None = None, *, dispatch: Callable[[Handoff]
         app.state.accepted_turns = AcceptedTurns()
         app.state.open_streams = OpenStreams()
         watcher = asyncio.create_task(revocation.watch(k, app.state.auth_cache, app.state.open_streams))
+        # Told to stop, end the open streams first: their clients resume elsewhere (api/stopping.py)
+        undo_signals = stopping.on_stop_signal(asyncio.get_running_loop(), app.state.open_streams.end_all)
         app.state.heartbeat = settings.turn.heartbeat
         app.state.stream_slots = StreamSlots(settings.turn.max_streams_per_tenant)
         app.state.lanes = Lanes(k.db.max_connections)
@@ -305,6 +307,8 @@ def create_app(settings: Settings | None = None, *, dispatch: Callable[[Handoff]
         try:
             yield
         finally:
+            undo_signals()
+            app.state.open_streams.end_all()  # a stop without a signal (a test client, an embedder)
             watcher.cancel()
             await hub.stop()
             if worker is not None:

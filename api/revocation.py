@@ -23,19 +23,22 @@ from starlette.concurrency import run_in_threadpool
 
 from api.deps import AuthCache
 from kortex.container import Kortex
+from kortex.errors import StreamError
 from kortex.keys import Caller, revocation_epoch, valid_key_ids
 from kortex.stream.hub import Subscription
 
 log = logging.getLogger(__name__)
 
 REVOKED = "the API key that opened this stream no longer authenticates"
+SHUTTING_DOWN = "this API process is shutting down; reconnect with Last-Event-ID"
 
 
 class StreamGate:
     """One open event stream, by the key that opened it. ``checked``: the ``AuthCache``
-    generation under which that key was last known good; ``ended`` once it is not."""
+    generation under which that key was last known good; ``ended`` once it is not (``reason``
+    says so), or once the process stops."""
 
-    __slots__ = ("_streams", "_subscription", "checked", "ended", "key_id")
+    __slots__ = ("_streams", "_subscription", "checked", "ended", "key_id", "reason")
 
     def __init__(self, streams: OpenStreams, key_id: str, checked: int) -> None:
         self._streams = streams
@@ -43,18 +46,19 @@ class StreamGate:
         self.key_id = key_id
         self.checked = checked
         self.ended = False
+        self.reason = REVOKED
 
     def watch(self, subscription: Subscription) -> None:
-        """End ``subscription`` (the stream's live reader) with the key: a waiting reader wakes
+        """End ``subscription`` (the stream's live reader) with the gate: a waiting reader wakes
         at once rather than at its next event or keepalive."""
         self._subscription = subscription
         if self.ended:
-            subscription.end(REVOKED)
+            subscription.end(self.reason)
 
-    def end(self) -> None:
-        self.ended = True
+    def end(self, reason: str = REVOKED) -> None:
+        self.ended, self.reason = True, reason
         if self._subscription is not None:
-            self._subscription.end(REVOKED)
+            self._subscription.end(reason)
 
     def close(self) -> None:
         self._streams.discard(self)
@@ -65,17 +69,33 @@ class OpenStreams:
 
     def __init__(self) -> None:
         self._gates: set[StreamGate] = set()
+        self.closing = False
 
     def __len__(self) -> int:
         return len(self._gates)
 
     def open(self, key_id: str, checked: int) -> StreamGate:
+        if self.closing:  # 503: the client opens it again elsewhere, or here once restarted
+            raise StreamError(SHUTTING_DOWN, code="shutting_down")
         gate = StreamGate(self, key_id, checked)
         self._gates.add(gate)
         return gate
 
     def discard(self, gate: StreamGate) -> None:
         self._gates.discard(gate)
+
+    def end_all(self, reason: str = SHUTTING_DOWN) -> int:
+        """End every open stream, and open no more: the process is stopping. A streaming
+        response kept the server's graceful stop waiting its whole timeout, after which it cut
+        each client off mid-write and logged a traceback per stream; ended here, each stream
+        closes like a finished one and its client resumes from its last event."""
+        self.closing = True
+        live = [gate for gate in self._gates if not gate.ended]
+        for gate in live:
+            gate.end(reason)
+        if live:
+            log.info("ending %d open event streams: %s", len(live), reason)
+        return len(live)
 
     def unchecked(self, generation: int) -> list[StreamGate]:
         """The open streams whose key was last known good before ``generation``."""

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Callable
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from api.revocation import REVOKED, StreamGate
+from api.revocation import SHUTTING_DOWN, StreamGate
 from kortex import metrics
 from kortex.container import Kortex
 from kortex.errors import RateLimited
@@ -97,7 +97,7 @@ async def turn_events(
     try:
         async for batch in follow(k, hub, turn, resume_point(last_event_id), heartbeat, watch=gate.watch):
             if gate.ended:  # a replay from the database has no subscription to end
-                log.info("ending event stream of turn %s: %s", turn.id, REVOKED)
+                _ending(turn.id, gate.reason)
                 return
             if batch is None:
                 yield ": keepalive\n\n"
@@ -111,4 +111,10 @@ async def turn_events(
     except (SubscriptionOverflow, ConnectionError, SubscriptionEnded) as exc:
         # The client reconnects with its Last-Event-ID and loses nothing (or, once its key was
         # revoked, is refused).
-        log.info("ending event stream of turn %s: %s", turn.id, exc)
+        _ending(turn.id, str(exc))
+
+
+def _ending(turn_id: str, why: str) -> None:
+    # A stopping process ends every stream at once and says so in one line (api/revocation.py).
+    log.log(logging.DEBUG if why == SHUTTING_DOWN else logging.INFO, "ending event stream of turn %s: %s",
+            turn_id, why)
