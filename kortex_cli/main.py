@@ -392,12 +392,17 @@ def migrate() -> None:
 
     settings = load_settings()
     try:
-        upgrade(settings.effective_database_url)
+        before = upgrade(settings.effective_database_url)
     except sqlalchemy.exc.SQLAlchemyError as exc:
         if debugging():
             raise
         _fail(describe(exc, migrating=True))  # not main()'s line: it advises migrating for a refused query
-    console.print("database is up to date")
+    if before.current is None:
+        console.print(f"database schema created (at {before.head})")
+    elif before.at_head:
+        console.print(f"database is up to date (schema at {before.head})")
+    else:
+        console.print(f"database migrated from {before.current} to {before.head}")
 
 
 @app.command()

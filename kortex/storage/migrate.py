@@ -33,8 +33,9 @@ def alembic_config(url: str) -> Config:
     return cfg
 
 
-def upgrade(url: str, revision: str = "head") -> None:
-    """Bring the database at ``url`` to ``revision``. Safe to call on every start."""
+def upgrade(url: str, revision: str = "head") -> SchemaState:
+    """Bring the database at ``url`` to ``revision``. Safe to call on every start. Returns where
+    the schema stood before (``current``: None for a database that had none) and the head."""
     engine = create_engine(sync_url(url), poolclass=pool.NullPool)
     if engine.dialect.name == "sqlite":
         database = engine.url.database
@@ -61,6 +62,7 @@ def upgrade(url: str, revision: str = "head") -> None:
                     cfg = alembic_config(url)
                     cfg.attributes["connection"] = conn
                     command.upgrade(cfg, revision)
+                    return state
             finally:
                 if locked:
                     try:

@@ -60,10 +60,25 @@ def test_a_postgres_url_is_accepted_as_every_postgresql_tool_accepts_it() -> Non
     with private_database(PG_ADMIN, migrated=False) as url:
         postgres = "postgres://" + url.split("://", 1)[1]
         run = kortex("migrate", env={"KORTEX_DATABASE_URL": postgres})
-        assert run.returncode == 0 and "database is up to date" in run.stdout, run.stderr
+        assert run.returncode == 0 and run.stdout.startswith("database schema created (at "), run.stderr
+        again = kortex("migrate", env={"KORTEX_DATABASE_URL": postgres})
+        assert again.returncode == 0 and again.stdout.startswith("database is up to date (schema at "), again.stderr
         import psycopg
         with psycopg.connect(url) as conn:
             assert conn.execute("SELECT version_num FROM alembic_version").fetchone() is not None
+
+
+def test_migrate_says_from_which_revision_it_moved_a_database_behind() -> None:
+    from kortex.storage.migrate import _script, upgrade
+
+    head = _script().get_current_head()
+    assert head is not None
+    previous = _script().get_revision(head).down_revision
+    assert isinstance(previous, str)
+    with private_database(PG_ADMIN, migrated=False) as url:
+        upgrade(url, previous)
+        run = kortex("migrate", env={"KORTEX_DATABASE_URL": url})
+    assert run.returncode == 0 and run.stdout.strip() == f"database migrated from {previous} to {head}", run.stderr
 
 
 def _refused_port() -> int:
