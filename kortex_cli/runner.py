@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 DEMO_TENANT = "demo"
 T = TypeVar("T")
+E = TypeVar("E")
 
 
 @contextlib.contextmanager
@@ -450,7 +451,34 @@ def ask_remote(console: Console, url: str, api_key: str, question: str, *, model
                 raise
             asked.turn_id = str(turn["turn_id"])
             events = client.events(turn["events_url"], on_break=_say_resuming)
-            return _follow(printer, events, str(turn["session_id"]), asked.turn_id)
+            return _follow(printer, hint_if_quiet(events, QUIET_HINT_S, _say_still_queued),
+                           str(turn["session_id"]), asked.turn_id)
+
+
+#: Seconds without a first event before ``ask --url`` says what the turn may be waiting for.
+QUIET_HINT_S = 15.0
+
+
+def hint_if_quiet(events: Iterable[E], after: float, say: Callable[[float], None]) -> Iterator[E]:
+    """``events``, and once, if none has come within ``after`` seconds, ``say(after)``: the
+    first event is the worker's, so a turn no worker takes showed nothing but a still cursor."""
+    timer = threading.Timer(after, say, args=(after,))
+    timer.daemon = True
+    timer.start()
+    try:
+        for event in events:
+            timer.cancel()
+            yield event
+    finally:
+        timer.cancel()
+
+
+def _say_still_queued(after: float) -> None:
+    from kortex_cli.render import make_console
+
+    make_console(stderr=True).print(
+        f"[yellow]! the turn has not started after {after:.0f}s: it waits in the turns queue (a busy server, "
+        "or no `kortex worker --queues turns` running)[/yellow]", soft_wrap=True)
 
 
 def _say_resuming(why: str) -> None:

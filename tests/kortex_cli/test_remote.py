@@ -348,3 +348,23 @@ def test_a_key_revoked_with_the_cli_stops_working_on_the_embedded_api_within_sec
     while httpx.get(f"{api.url}/v1/tools", headers=headers).status_code != 401:
         assert time.monotonic() - start < 5, "the revoked key still works (the cache holds keys for 30 s)"
         time.sleep(0.1)
+
+
+def test_a_turn_that_shows_nothing_for_a_while_is_said_to_wait_in_the_queue_once() -> None:
+    from kortex_cli.runner import hint_if_quiet
+
+    said: list[float] = []
+
+    def slow() -> Iterator[str]:
+        time.sleep(0.6)  # no worker took the turn for a while
+        yield "turn"
+        time.sleep(0.6)  # a pause later in the answer is no queue
+        yield "done"
+
+    assert list(hint_if_quiet(slow(), 0.2, said.append)) == ["turn", "done"]
+    assert said == [0.2]
+
+    said.clear()
+    assert list(hint_if_quiet(iter(["turn", "done"]), 0.2, said.append)) == ["turn", "done"]
+    time.sleep(0.4)
+    assert said == []  # the first event came in time: nothing is said, then or later
