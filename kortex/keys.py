@@ -31,6 +31,7 @@ from kortex.storage.records import TenantRecord
 from kortex.storage.schema import api_keys
 from kortex.storage.schema import tenants as tenants_table
 from kortex.storage.tenants import Caller
+from kortex.text import check_storable
 from kortex.timeparse import utcnow
 
 log = logging.getLogger(__name__)
@@ -98,8 +99,10 @@ def create_key(k: Kortex, tenant_id: str, *, name: str = "default", role: str = 
     """A new key and its secret (shown once: only a hash is stored)."""
     valid_role(role)
     name = name.strip() or "default"
-    if len(name) > MAX_KEY_NAME or "\x00" in name:
-        raise InvalidInput(f"name must be 1-{MAX_KEY_NAME} characters without NUL")
+    check_storable(name, "name")  # a NUL or a lone surrogate would reach the database as an outage
+    if len(name) > MAX_KEY_NAME:
+        raise InvalidInput(f"name must be 1-{MAX_KEY_NAME} characters", code="validation",
+                           details=[{"field": "name", "message": f"longer than {MAX_KEY_NAME} characters"}])
     with k.db.begin() as conn:
         return _issue(conn, tenant_id, name=name, role=role, by=by)
 

@@ -37,3 +37,15 @@ def test_what_a_model_writes_has_unstorable_characters_replaced() -> None:
     assert storable("a\x00b\ud800c\udfff") == f"a{REPLACEMENT}b{REPLACEMENT}c{REPLACEMENT}"
     emoji = "fine \U0001F600 caf\u00e9"
     assert storable(emoji) is emoji  # nothing to replace: the same object, no copy
+
+
+def test_the_domains_entry_points_refuse_it_naming_the_field(harness) -> None:  # type: ignore[no-untyped-def]
+    from kortex import keys
+    from kortex.turns import chat
+
+    tenant = harness.tenant("acme")
+    with pytest.raises(InvalidInput) as key:
+        keys.create_key(harness.k, tenant, name="ci \udcff", by="test")
+    with pytest.raises(InvalidInput) as session:
+        chat.create_session(harness.k, tenant, "why \ud800", None)
+    assert [e.value.details[0]["field"] for e in (key, session)] == ["name", "name"]
