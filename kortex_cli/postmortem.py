@@ -119,6 +119,7 @@ class RemoteJobs:
 
         self._client = httpx.Client(base_url=url.rstrip("/"), timeout=30.0,
                                     headers={"Authorization": f"Bearer {api_key}"})
+        self._broken = False  # said once per command that the API was out of reach
 
     def _check(self, response: Any) -> Any:
         from kortex_cli.remote import not_kortex, refusal
@@ -132,15 +133,26 @@ class RemoteJobs:
     def submit(self, request: dict[str, Any]) -> str:
         return str(self._check(self._client.post("/v1/postmortems", json=request)).json()["job_id"])
 
+    def _get(self, url: str, **kwargs: Any) -> Any:
+        """Reads are asked again while the API restarts: the job goes on at the server meanwhile."""
+        from kortex_cli.remote import get_patiently
+
+        return self._check(get_patiently(self._client, url, self._said_once, **kwargs))
+
+    def _said_once(self, why: str) -> None:
+        if not self._broken:
+            self._broken = True
+            err.print(f"! the API did not answer ({why}); asking again", markup=False, highlight=False,
+                      soft_wrap=True)
+
     def status(self, job_id: str) -> dict[str, Any]:
-        return self._check(self._client.get(f"/v1/postmortems/{job_id}")).json()  # type: ignore[no-any-return]
+        return self._get(f"/v1/postmortems/{job_id}").json()  # type: ignore[no-any-return]
 
     def items(self, job_id: str) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         after = -1
         while True:
-            page = self._check(self._client.get(f"/v1/postmortems/{job_id}/items",
-                                                params={"after": after, "limit": 500})).json()
+            page = self._get(f"/v1/postmortems/{job_id}/items", params={"after": after, "limit": 500}).json()
             out += page["items"]
             if page["next_after"] is None:
                 return out
@@ -148,14 +160,13 @@ class RemoteJobs:
 
     def document(self, incident_id: str, fmt: Literal["md", "json"]) -> str:
         accept = "text/markdown" if fmt == "md" else "application/json"
-        response = self._check(self._client.get(f"/v1/incidents/{incident_id}/postmortem",
-                                                headers={"Accept": accept}))
+        response = self._get(f"/v1/incidents/{incident_id}/postmortem", headers={"Accept": accept})
         return response.text if fmt == "md" else json.dumps(response.json(), indent=2)
 
     def documents(self, job_id: str, fmt: Literal["md", "json"]) -> dict[str, str]:
         from api.routes.postmortems import PostmortemOut
 
-        listed = self._check(self._client.get(f"/v1/postmortems/{job_id}/documents")).json()
+        listed = self._get(f"/v1/postmortems/{job_id}/documents").json()
         return {d["incident_id"]: _render(PostmortemOut.model_validate(d), fmt) for d in listed}
 
     def cancel(self, job_id: str) -> dict[str, Any]:

@@ -105,25 +105,17 @@ class RemoteClient:
     def providers(self) -> dict[str, Any]:
         return self._check(self._client.get("/v1/llm/providers"))  # type: ignore[no-any-return]
 
-    #: How long an event stream that broke before ``done`` is opened again: an API restarting
-    #: (its warm stop cuts open streams after 10 s, and a new process takes a few more to start)
-    #: or a proxy cutting a long response.
-    RESUME_FOR = 60.0
-    #: Answers worth asking again: a proxy in front of an API that is restarting.
-    AGAIN = frozenset({502, 503, 504})
-
     def events(self, events_url: str, last_event_id: str | None = None,
                on_break: Callable[[str], None] | None = None) -> Iterator[tuple[str, dict[str, Any]]]:
         """The turn's events until ``done``. A connection that breaks first is opened again
         with the id of the last event read (``Last-Event-ID``), so nothing is lost and nothing
         comes twice; ``on_break`` hears why, once a break. Past ``RESUME_FOR`` seconds without an
         event the last error goes out."""
-        broken_since: float | None = None
-        pause = 0.25
+        patience = Patience(on_break)
         while True:
             try:
                 for event, eid, data in self._events_once(events_url, last_event_id):
-                    broken_since, pause = None, 0.25
+                    patience.mended()
                     if eid:
                         last_event_id = eid
                     yield event, json.loads(data)
@@ -131,15 +123,7 @@ class RemoteClient:
                         return
                 return
             except (httpx.TransportError, _Unavailable) as exc:
-                now = time.monotonic()
-                if broken_since is None:  # said once a break, not at every attempt to mend it
-                    broken_since = now
-                    if on_break is not None:
-                        on_break(_why(exc))
-                if now - broken_since >= self.RESUME_FOR:
-                    raise (exc.error if isinstance(exc, _Unavailable) else exc) from None
-                time.sleep(pause)
-                pause = min(pause * 2, 4.0)
+                patience.failed(exc)
 
     def _events_once(self, events_url: str, last_event_id: str | None) -> Iterator[tuple[str, str | None, str]]:
         headers = {"Accept": "text/event-stream"}
@@ -148,7 +132,7 @@ class RemoteClient:
         with self._client.stream("GET", events_url, headers=headers, timeout=httpx.Timeout(30, read=None)) as r:
             if r.status_code >= 400:
                 r.read()
-                if r.status_code in self.AGAIN:
+                if r.status_code in AGAIN:
                     raise _Unavailable(r, refusal(r))
                 self._check(r)
             if r.status_code == 204:
@@ -156,6 +140,52 @@ class RemoteClient:
             if not r.headers.get("content-type", "").startswith("text/event-stream"):
                 raise KortexError(not_kortex(r))
             yield from parse_sse(r.iter_lines())
+
+
+#: How long what failed for a passing reason is tried again: an API restarting (its warm stop
+#: and a new process's start take a few seconds) or a proxy cutting a long response.
+RESUME_FOR = 60.0
+#: Answers worth asking again: a proxy in front of an API that is restarting.
+AGAIN = frozenset({502, 503, 504})
+
+
+class Patience:
+    """Tries again, with backoff, what fails for a passing reason; ``on_break`` hears why, once
+    a break (not at every attempt to mend it). Past ``RESUME_FOR`` seconds the error goes out."""
+
+    def __init__(self, on_break: Callable[[str], None] | None) -> None:
+        self.on_break = on_break
+        self.mended()
+
+    def mended(self) -> None:
+        self._since: float | None = None
+        self._pause = 0.25
+
+    def failed(self, exc: Exception) -> None:
+        now = time.monotonic()
+        if self._since is None:
+            self._since = now
+            if self.on_break is not None:
+                self.on_break(_why(exc))
+        if now - self._since >= RESUME_FOR:
+            raise (exc.error if isinstance(exc, _Unavailable) else exc) from None
+        time.sleep(self._pause)
+        self._pause = min(self._pause * 2, 4.0)
+
+
+def get_patiently(client: httpx.Client, url: str, on_break: Callable[[str], None] | None = None,
+                  **kwargs: Any) -> httpx.Response:
+    """``client.get(url)``, asked again while the API is out of reach (``Patience``): a GET
+    changes nothing, so asking twice is safe."""
+    patience = Patience(on_break)
+    while True:
+        try:
+            response = client.get(url, **kwargs)
+            if response.status_code in AGAIN:
+                raise _Unavailable(response, refusal(response))
+            return response
+        except (httpx.TransportError, _Unavailable) as exc:
+            patience.failed(exc)
 
 
 class _Unavailable(Exception):

@@ -368,3 +368,37 @@ def test_a_turn_that_shows_nothing_for_a_while_is_said_to_wait_in_the_queue_once
     assert list(hint_if_quiet(iter(["turn", "done"]), 0.2, said.append)) == ["turn", "done"]
     time.sleep(0.4)
     assert said == []  # the first event came in time: nothing is said, then or later
+
+
+def test_a_post_mortem_jobs_status_is_asked_again_while_the_api_answers_503(capsys: pytest.CaptureFixture[str]) -> None:
+    """`kortex postmortem run --url` polls the job; an API restarting behind a proxy (503) or
+    for a moment unreachable exited it 1 while the job went on at the server."""
+    from kortex_cli.postmortem import RemoteJobs
+
+    answers = [503, 502, 200]
+
+    class Restarting(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            status = answers.pop(0) if answers else 200
+            body = json.dumps({"error": {"code": "unavailable", "message": "restarting"}} if status != 200
+                              else {"job_id": "j1", "finished_at": None}).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Restarting)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        jobs = RemoteJobs(f"http://127.0.0.1:{server.server_address[1]}", "kx_key")
+        assert jobs.status("j1") == {"job_id": "j1", "finished_at": None}
+        assert answers == []  # asked three times
+        assert jobs.status("j1")["job_id"] == "j1"
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert capsys.readouterr().err.count("! the API did not answer (HTTP 503); asking again") == 1
