@@ -122,7 +122,7 @@ class RemoteClient:
                     if event == "done":
                         return
                 return
-            except (httpx.TransportError, _Unavailable) as exc:
+            except (httpx.TransportError, _Unavailable, _EndedEarly) as exc:
                 patience.failed(exc)
 
     def _events_once(self, events_url: str, last_event_id: str | None) -> Iterator[tuple[str, str | None, str]]:
@@ -140,6 +140,9 @@ class RemoteClient:
             if not r.headers.get("content-type", "").startswith("text/event-stream"):
                 raise KortexError(not_kortex(r))
             yield from parse_sse(r.iter_lines())
+        # Only a stream that ended before its done gets here (the reader stops at done): a
+        # stopping API ends its streams so, and a proxy may. The turn goes on: read on.
+        raise _EndedEarly("the stream ended before the turn did")
 
 
 #: How long what failed for a passing reason is tried again: an API restarting (its warm stop
@@ -188,6 +191,10 @@ def get_patiently(client: httpx.Client, url: str, on_break: Callable[[str], None
             patience.failed(exc)
 
 
+class _EndedEarly(Exception):
+    """An event stream that ended, properly, before its turn's ``done``."""
+
+
 class _Unavailable(Exception):
     """An answer that says to ask again soon (a proxy before an API that is restarting)."""
 
@@ -199,6 +206,8 @@ class _Unavailable(Exception):
 def _why(exc: BaseException) -> str:
     if isinstance(exc, _Unavailable):
         return f"HTTP {exc.status}"
+    if isinstance(exc, _EndedEarly):
+        return str(exc)
     text = str(exc).strip()
     return f"{exc.__class__.__name__}: {text.splitlines()[0]}" if text else exc.__class__.__name__
 

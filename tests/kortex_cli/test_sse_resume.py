@@ -26,15 +26,16 @@ CUT_AFTER_TEXTS = 3
 
 
 class CuttingProxy(ThreadingHTTPServer):
-    """Passes every request on to the API; the first event stream is cut, mid-response, after
-    ``CUT_AFTER_TEXTS`` text events (a chunk begun and never finished, as a process that dies
-    leaves it)."""
+    """Passes every request on to the API; the first event stream is cut after
+    ``CUT_AFTER_TEXTS`` text events: mid-response (a chunk begun and never finished, as a process
+    that dies leaves it) or, ``clean``, ended at an event's end without ``done`` (as a stopping
+    API ends its streams)."""
 
     daemon_threads = True
 
-    def __init__(self, upstream: str) -> None:
+    def __init__(self, upstream: str, clean: bool = False) -> None:
         super().__init__(("127.0.0.1", 0), _Relay)
-        self.upstream = upstream
+        self.upstream, self.clean = upstream, clean
         self.url = f"http://127.0.0.1:{self.server_address[1]}"
         self.streams: list[str | None] = []  # the Last-Event-ID of each events request
         self.relayed_ids: list[str] = []  # ids of the events the cut stream passed on
@@ -85,6 +86,10 @@ class _Relay(BaseHTTPRequestHandler):
                 self.wfile.write(f"{len(raw):x}\r\n".encode() + raw + b"\r\n")
                 self.wfile.flush()
                 texts += raw.startswith(b"event: text") or b"\nevent: text" in raw
+                if first and texts >= CUT_AFTER_TEXTS and self.server.clean:
+                    self.wfile.write(b"0\r\n\r\n")  # the response's proper end, before the turn's
+                    self.wfile.flush()
+                    return
                 if first and texts >= CUT_AFTER_TEXTS:
                     self.wfile.write(b"40\r\nevent: te")  # a chunk cut short, then the connection
                     self.wfile.flush()
@@ -99,10 +104,10 @@ class _Relay(BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture
-def proxy(api: Api) -> Iterator[CuttingProxy]:  # noqa: F811
+@pytest.fixture(params=["cut", "clean"])
+def proxy(api: Api, request: pytest.FixtureRequest) -> Iterator[CuttingProxy]:  # noqa: F811
     (Path(api.env["KORTEX_TESTING__SCRIPTS_DIR"]) / "resume.json").write_text(json.dumps(SCRIPT))
-    server = CuttingProxy(api.url)
+    server = CuttingProxy(api.url, clean=request.param == "clean")
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -126,3 +131,5 @@ def test_a_broken_event_stream_is_resumed_from_the_last_event_read(api: Api, pro
     assert len(proxy.streams) >= 2 and proxy.streams[0] is None
     assert proxy.streams[1] == proxy.relayed_ids[-1]
     assert "event stream broke" in result.stderr and "resuming" in result.stderr
+    if proxy.clean:
+        assert "(the stream ended before the turn did)" in result.stderr
