@@ -15,16 +15,10 @@ from pathlib import Path
 
 import httpx
 
+from tests.kortex_cli.test_remote import free_port, wait_until_serving
+
 ROOT = Path(__file__).resolve().parents[2]
 SLOW = {"steps": [{"text": [f"word{i} " for i in range(30)], "delay_ms": 500}]}  # 15 s of answer
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def test_a_stopping_api_ends_its_event_streams_cleanly_and_exits_without_waiting_them_out(tmp_path: Path) -> None:
@@ -38,21 +32,13 @@ def test_a_stopping_api_ends_its_event_streams_cleanly_and_exits_without_waiting
     made = subprocess.run([*cli, "admin", "create-tenant", "acme"], env=env, capture_output=True, text=True,
                           check=True, cwd=tmp_path)
     headers = {"Authorization": f"Bearer {made.stdout.strip().splitlines()[-1]}"}
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = (tmp_path / "api.log").open("w+")
     proc = subprocess.Popen([*cli, "api", "--port", str(port)], env=env, cwd=tmp_path, stdout=log,
                             stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{url}/healthz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, "the API did not start"
-            time.sleep(0.2)
+        wait_until_serving(url, proc)
         with httpx.Client(base_url=url, headers=headers, timeout=30) as http:
             session = http.post("/v1/sessions", json={"model": "scripted:slow"}).json()["id"]
             turn = http.post(f"/v1/sessions/{session}/messages", json={"content": "why?"}).json()

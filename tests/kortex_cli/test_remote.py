@@ -49,6 +49,19 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def wait_until_serving(url: str, proc: subprocess.Popen[Any], timeout: float = 60) -> None:
+    """Until the `kortex api` process ``proc`` answers its health check at ``url``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(f"{url}/healthz").status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert proc.poll() is None and time.monotonic() < deadline, "the API did not start"
+        time.sleep(0.2)
+
+
 @pytest.fixture(scope="module")
 def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
     base = tmp_path_factory.mktemp("api")
@@ -66,15 +79,7 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{url}/healthz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, "the API did not start"
-            time.sleep(0.2)
+        wait_until_serving(url, proc)
         yield Api(url, key, env)
     finally:
         proc.terminate()
