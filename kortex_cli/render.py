@@ -3,20 +3,44 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
+from rich.text import Text
 
 from kortex.llm.base import WARNING_CODES
 from kortex_cli.attempts import AttemptFilter
+
+
+#: What a terminal would act on rather than show: C0 controls but tab and newline, DEL, C1.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def terminal_safe(text: str) -> str:
+    """``text`` with every control character shown as U+FFFD. What the CLI prints comes from
+    the server, and much of it from people other than the reader: a model quoting an ingested
+    log line, an incident's title, a session's name. An escape sequence in any of them (ESC [2J
+    clears the screen; others retitle the window or rewrite lines already printed) reached the
+    operator's terminal as it was: rich drops a few controls, ESC not among them."""
+    return _CONTROL.sub("\ufffd", text) if not text.isprintable() else text
+
+
+class _SafeConsole(Console):
+    """Every string printed, table cells and titles too, goes through ``render_str``: made safe
+    there, before markup is read, so no print can forget it (this module's markup has no
+    control characters)."""
+
+    def render_str(self, text: str, **kwargs: Any) -> Text:
+        return super().render_str(terminal_safe(text), **kwargs)
 
 
 def make_console(stderr: bool = False) -> Console:
     """Rich wraps at the terminal's width, and at 80 columns when the output is a pipe or a file:
     there a tool call's id, a LogQL query or a rationale split over two lines cannot be read back
     or copied, so lines are left whole (soft wrap) unless a terminal shows them."""
-    console = Console(stderr=stderr, highlight=False)
+    console = _SafeConsole(stderr=stderr, highlight=False)
     console.soft_wrap = not console.is_terminal
     return console
 

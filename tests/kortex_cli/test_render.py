@@ -63,3 +63,28 @@ def test_ask_with_model_auto_and_nothing_to_route_to_is_refused_before_starting(
     result = CliRunner().invoke(app, ["ask", "Is checkout up?", "--model", "auto"])
     assert result.exit_code == 1 and "routing found no available model" in result.stderr, result.output
     assert not (home / "kortex.db").exists()
+
+
+def test_control_characters_from_the_server_never_reach_the_terminal() -> None:
+    """A model quoting an ingested log line, a tool's error, an incident's title: text from
+    people other than the reader. Its escape sequences (clear the screen, retitle the window)
+    reached the terminal as they were."""
+    from rich.table import Table
+
+    from kortex_cli.render import make_console
+
+    console = make_console()
+    console.file = out = io.StringIO()
+    printer = EventPrinter(console)
+    printer.show("turn", {"type": "turn", "step": 0, "attempt": 1, "seq": 1})
+    printer.show("text", {"type": "text", "delta": "the log says \x1b[2J\x1b]0;owned\x07 here", "attempt": 1, "seq": 2})
+    printer.show("tool_result", {"type": "tool_result", "name": "get_logs", "is_error": True, "error_code": "upstream",
+                                 "content": {"message": "bad \x9b31m line\r"}, "attempt": 1, "seq": 3})
+    table = Table(title="incident \x1b[5m")
+    table.add_column("title")
+    table.add_row("db \x1b[8mhidden")
+    console.print(table)
+    shown = out.getvalue()
+    assert not any(ch in shown for ch in "\x1b\x07\x9b\r"), repr(shown)
+    assert "the log says \ufffd[2J\ufffd]0;owned\ufffd here" in shown
+    assert "db \ufffd[8mhidden" in shown and "bad \ufffd31m line" in shown
