@@ -186,10 +186,12 @@ def _progress(jobs: Jobs, job_id: str, stall_hint: str | None = None) -> dict[st
         task = bar.add_task("", total=max(1, status["items"]))
         while True:
             counts = status["counts"]
-            running = counts["running"] + counts["dispatched"]
+            # Dispatched items wait on the batch queue: counted as running, they said "running 4"
+            # with no batch worker at all.
+            waiting = counts["queued"] + counts["dispatched"]
             bar.update(task, completed=sum(counts[s] for s in ENDED), description=(
                 f"done {counts['done']} · failed {counts['failed']} · skipped {counts['skipped']} · "
-                f"running {running} · ${status['spend_usd']:.4f}"))
+                f"running {counts['running']} · waiting {waiting} · ${status['spend_usd']:.4f}"))
             if status["finished_at"] is not None:
                 return status
             if stall_hint is not None and not _started(counts) and time.monotonic() - since >= STALL_HINT_S:

@@ -70,3 +70,15 @@ def test_run_gives_the_hint_with_url_only(monkeypatch: pytest.MonkeyPatch) -> No
         with pytest.raises(SystemExit):
             postmortem.run(since="30d", url=url, api_key="kx_x")
     assert given == [postmortem.NO_BATCH_WORKER, None]
+
+
+def test_the_bar_counts_items_on_the_queue_as_waiting_not_running(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from rich.console import Console
+
+    out = io.StringIO()
+    monkeypatch.setattr(postmortem, "console", Console(file=out, width=200, force_terminal=False))
+    postmortem._progress(StuckJobs(polls=3, start=False), "job-4")  # type: ignore[arg-type]
+    shown = out.getvalue()
+    assert "running 0 · waiting 2" in shown, shown
