@@ -229,7 +229,7 @@ def _settle_overdue(k: Kortex, inv: InvocationRecord) -> Handoff:
         return settle(k, inv, recovered, entries, events=ctx.events)
     result = ToolResult(call_id=inv.call_id, name=inv.name, is_error=True, error_code="timeout",
                         content={"error": "tool_timeout", "tool": inv.name, "code": "TIMEOUT",
-                                 "message": "the tool did not finish within its hard time limit"})
+                                 "message": "the tool did not finish within its hard time limit (its worker stopped, or it hung)"})
     entry = AuditEntry(tenant_id=inv.tenant_id, kind="tool_call", subject=inv.name, ok=False,
                        session_id=inv.session_id, turn_id=inv.turn_id,
                        payload={"call_id": inv.call_id, "step": inv.step, "error_code": "timeout",

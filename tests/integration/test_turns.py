@@ -187,7 +187,7 @@ def test_a_tool_whose_worker_dies_is_settled_by_the_watchdog(api_url, pg, tenant
     events = read_events(api_url + started["events_url"], key, timeout=40)
     result = next(e for e in events if e.event == "tool_result")
     assert result.data["is_error"] and result.data["error_code"] == "timeout"
-    assert "hard time limit" in result.data["content"]["message"]
+    assert "hard time limit (its worker stopped, or it hung)" in result.data["content"]["message"]
     assert events[-1].data["status"] == "done"
     assert "Recovered after the watchdog." in "".join(e.data.get("delta", "") for e in events)
     assert "exited with 'exitcode 70'" in worker.output()  # the worker really lost a process
