@@ -31,7 +31,10 @@ def on_stop_signal(loop: asyncio.AbstractEventLoop, callback: Callable[[], objec
     before: dict[int, object] = {}
 
     def caught(sig: int, frame: FrameType | None) -> None:
-        loop.call_soon_threadsafe(callback)  # not here: a signal lands between any two bytecodes
+        try:
+            loop.call_soon_threadsafe(callback)  # not here: a signal lands between any two bytecodes
+        except RuntimeError:  # the loop has closed: nothing is left to end
+            pass
         handler = before.get(sig)
         if callable(handler):
             handler(sig, frame)
