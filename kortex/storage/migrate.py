@@ -40,6 +40,16 @@ def upgrade(url: str, revision: str = "head") -> SchemaState:
     if engine.dialect.name == "sqlite":
         database = engine.url.database
         if database and database != ":memory:":
+            if revision == "head" and Path(database).exists():
+                # Every embedded command opens the file so: one read answers it, without the
+                # write lock the upgrade takes below (a start would wait on any writer).
+                try:
+                    with engine.connect() as conn:
+                        state = schema_state(conn)
+                    if state.at_head:
+                        return state
+                finally:
+                    engine.dispose()
             Path(database).parent.mkdir(parents=True, exist_ok=True)
         _transactional_ddl(engine)
     try:
