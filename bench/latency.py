@@ -35,6 +35,8 @@ def _figures(sequential: list[TurnTiming], batch: Batch, cpu: dict[str, float], 
              ) -> dict[str, Any]:
     firsts = [t.first_event for t in sequential if t.first_event is not None]
     texts = [t.first_text for t in sequential if t.first_text is not None]
+    posted = [t.posted for t in sequential if t.posted is not None]
+    opened = [t.opened for t in sequential if t.opened is not None]
     finished = len(batch.finished)
     span = batch.wall or max((t.done for t in batch.finished if t.done is not None), default=None)
     per_turn = max(1, finished)
@@ -42,6 +44,8 @@ def _figures(sequential: list[TurnTiming], batch: Batch, cpu: dict[str, float], 
         "samples": len(firsts),
         "first_event_p50_s": pct(firsts, 0.5), "first_event_p99_s": pct(firsts, 0.99),
         "first_text_p50_s": pct(texts, 0.5), "first_text_p99_s": pct(texts, 0.99),
+        # Where the wait before the first event is: the POST's answer, then the stream's headers.
+        "posted_p50_s": pct(posted, 0.5), "opened_p50_s": pct(opened, 0.5),
         "events_per_turn": int(statistics.median([t.events for t in sequential if t.ok] or [0])),
         "throughput_n": len(batch.timings), "throughput_finished": finished,
         "turns_per_s": finished / span if span else None,
@@ -137,6 +141,10 @@ def _rows(report: Report, samples: int, n: int, chunks: int, ours: dict[str, Any
     report.note("latency", f"{samples} sequential turns per side; bare task writes {chunks} chunks + done "
                            f"(Kortex's client got {ours['events_per_turn']} events a turn)")
     for side, res in (("kortex", ours), ("bare", bare)):
+        if res.get("posted_p50_s") is not None:
+            report.note("latency", f"{side}: POST answered p50 {_ms(res['posted_p50_s']):.2f} ms, stream open p50 "
+                                   f"{_ms(res['opened_p50_s']):.2f} ms, first event p50 "
+                                   f"{_ms(res['first_event_p50_s']):.2f} ms")
         report.note("latency", f"{side} CPU ms/turn: "
                                + ", ".join(f"{k} {v:.1f}" for k, v in res["cpu_ms_by_process"].items()))
         if res["errors"]:
