@@ -287,7 +287,31 @@ def run(
         items = jobs.items(job_id)
         written = _write(jobs, job_id, items, out, chosen)
         _summary(status, items, written)
-    raise typer.Exit(0 if status["counts"]["failed"] == 0 and status["status"] == "done" else 1)
+    missing = _unwritten(items, written)
+    if missing:
+        err.print(missing)
+    raise typer.Exit(0 if status["status"] == "done" and not missing else 1)
+
+
+def _unwritten(items: list[dict[str, Any]], written: dict[str, Path]) -> str | None:
+    """What the user asked for and has no file of, in one line; None when every incident has
+    one. Exit 0 means that: a script that goes on to publish ./postmortems/ finds them all. An
+    incident another job is writing was skipped with exit 0 before, and no file."""
+    lacking = [item for item in items if item["incident_id"] not in written]
+    if not lacking:
+        return None
+    why: dict[str, list[str]] = {}
+    for item in lacking:
+        code = (item.get("error") or {}).get("code") or item["status"]
+        why.setdefault(_REASONS.get(code, code), []).append(item["incident_id"])
+    said = "; ".join(f"{', '.join(refs)}: {reason}" for reason, refs in why.items())
+    return f"{len(lacking)} of {len(items)} post-mortems not written ({said})"
+
+
+_REASONS = {
+    "in_progress": "another job is writing it; run again with --ids once that job ends",
+    "budget": "the job's --max-usd was spent",
+}
 
 
 @app.command()

@@ -44,3 +44,25 @@ def test_ctrl_c_cancels_the_job_and_says_so(api: Api, tmp_path: Path) -> None:  
     while (status := job(api, job_id))["status"] != "cancelled" or status["counts"]["running"]:  # type: ignore[index]
         assert time.monotonic() < deadline, status  # left to run: it would go on spending
         time.sleep(0.5)
+
+
+def test_an_incident_another_job_is_writing_is_not_a_success(api: Api, tmp_path: Path) -> None:  # noqa: F811
+    """The second job skips the incident the first is writing: no file, so not exit 0 (a script
+    that publishes ./postmortems/ next would miss it), and stderr says why and what to do."""
+    (Path(api.env["KORTEX_TESTING__SCRIPTS_DIR"]) / "slowitem.json").write_text(json.dumps(SLOW_ITEM))
+    cli = [sys.executable, "-m", "kortex_cli.main"]
+    subprocess.run([*cli, "seed", "incident-archive", "--tenant", "acme"], env=api.env, check=True,
+                   capture_output=True, cwd=tmp_path)
+    headers = {"Authorization": f"Bearer {api.key}"}
+    first = httpx.post(f"{api.url}/v1/postmortems", headers=headers,
+                       json={"incident_ids": ["INC-1101"], "model": "scripted:slowitem"}).json()
+    try:
+        second = subprocess.run([*cli, "postmortem", "run", "--ids", "INC-1101", "--url", api.url, "--api-key",
+                                 api.key, "--out", str(tmp_path / "pm")],
+                                env=api.env, capture_output=True, text=True, cwd=tmp_path, timeout=120)
+        assert second.returncode == 1, second.stdout + second.stderr
+        said = " ".join(second.stderr.split())
+        assert "1 of 1 post-mortems not written (INC-1101: another job is writing it" in said, said
+        assert not (tmp_path / "pm" / "INC-1101.md").exists()
+    finally:
+        httpx.post(f"{api.url}/v1/postmortems/{first['job_id']}/cancel", headers=headers)
