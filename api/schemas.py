@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from kortex.keys import KeyInfo
 from kortex.messages import Usage
 from kortex.redaction import scrub
-from kortex.text import Storable
+from kortex.text import Name
 from kortex.turns.chat import MessageRecord, SessionRecord, TurnRecord
 
 
@@ -19,7 +19,7 @@ class _In(BaseModel):
 
 
 class CreateSession(_In):
-    name: str | None = Field(None, max_length=200)
+    name: Name | None = Field(None, max_length=200, description="one line, no control characters")
     model: str | None = Field(None, max_length=200, description="provider:model, e.g. 'offline:analyst'")
 
 
@@ -94,7 +94,7 @@ class MessagePage(BaseModel):
 
 class ForkSession(_In):
     checkpoint_id: str = Field(min_length=1, max_length=64)
-    name: str | None = Field(None, max_length=200)
+    name: Name | None = Field(None, max_length=200, description="one line, no control characters")
 
 
 class RetryTurn(_In):
@@ -161,7 +161,8 @@ class ErrorOut(BaseModel):
 
 
 class CreateKey(_In):
-    name: Storable = Field("default", min_length=1, max_length=200, description="what the key is for")
+    name: Name = Field("default", min_length=1, max_length=200,
+                       description="what the key is for: one line, no control characters, not blank")
     role: Literal["chat", "operator", "ingest", "admin"] = Field(
         "chat", description="chat: ask and read; operator: also decide on proposals; ingest: write telemetry only; "
                             "admin: everything, keys included")

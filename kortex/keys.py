@@ -31,7 +31,7 @@ from kortex.storage.records import TenantRecord
 from kortex.storage.schema import api_keys
 from kortex.storage.schema import tenants as tenants_table
 from kortex.storage.tenants import Caller
-from kortex.text import check_storable
+from kortex.text import check_name
 from kortex.timeparse import utcnow
 
 log = logging.getLogger(__name__)
@@ -96,10 +96,15 @@ def list_keys(k: Kortex, tenant_id: str) -> list[KeyInfo]:
 
 def create_key(k: Kortex, tenant_id: str, *, name: str = "default", role: str = "chat",
                by: str) -> tuple[KeyInfo, str]:
-    """A new key and its secret (shown once: only a hash is stored)."""
+    """A new key and its secret (shown once: only a hash is stored). ``name`` is stripped; a
+    blank one or one with a control character is InvalidInput naming it."""
     valid_role(role)
-    name = name.strip() or "default"
-    check_storable(name, "name")  # a NUL or a lone surrogate would reach the database as an outage
+    check_name(name, "name")  # one line: listed in terminals and UIs, written to the audit trail
+    name = name.strip()
+    if not name:
+        # Given, but blank: refused rather than stored as a name the caller did not give.
+        raise InvalidInput("name is blank", code="validation",
+                           details=[{"field": "name", "message": "is blank: give the key a name, or none for 'default'"}])
     if len(name) > MAX_KEY_NAME:
         raise InvalidInput(f"name must be 1-{MAX_KEY_NAME} characters", code="validation",
                            details=[{"field": "name", "message": f"longer than {MAX_KEY_NAME} characters"}])

@@ -473,7 +473,7 @@ def list_keys(name: Annotated[str, typer.Argument(help="Tenant name")]) -> None:
 
     for info in listed(name):
         state = f"revoked {info.revoked_at:%Y-%m-%d %H:%M}" if info.revoked_at else "active"
-        console.print(f"{info.key_id}  {info.role:<8}  {state:<24}  {info.name}")
+        console.print(f"{info.key_id}  {info.role:<8}  {state:<24}  {escape(info.name)}")  # a name is not markup
 
 
 @admin.command("revoke-key")

@@ -97,17 +97,17 @@ class EventPrinter:
         elif event == "recovery":
             self._show_recovery(data)
         elif event == "tool_call":
-            c.print(f"[yellow]→ {data['name']}[/yellow]({escape(_args(data.get('arguments', {})))}) "
+            c.print(f"[yellow]→ {escape(str(data['name']))}[/yellow]({escape(_args(data.get('arguments', {})))}) "
                     f"[dim]{data['call_id']}[/dim]")
         elif event == "tool_progress":
-            c.print(f"[dim]  … {data['name']} still running ({data['elapsed_ms'] // 1000}s)[/dim]")
+            c.print(f"[dim]  … {escape(str(data['name']))} still running ({data['elapsed_ms'] // 1000}s)[/dim]")
         elif event == "tool_result":
             if data.get("is_error"):
                 content = data.get("content") or {}
                 msg = content.get("message") or content.get("error") if isinstance(content, dict) else content
-                c.print(f"[red]✗ {data['name']}[/red] {data.get('error_code')}: {escape(str(msg))}")
+                c.print(f"[red]✗ {escape(str(data['name']))}[/red] {data.get('error_code')}: {escape(str(msg))}")
             else:
-                c.print(f"[green]✓ {data['name']}[/green] [dim]{data.get('elapsed_ms', 0)} ms"
+                c.print(f"[green]✓ {escape(str(data['name']))}[/green] [dim]{data.get('elapsed_ms', 0)} ms"
                         f"{', truncated' if data.get('truncated') else ''}[/dim]")
         elif event == "proposal":
             c.print(f"[magenta]⚑ proposal {data['proposal_id']}[/magenta]: {data['action']} {data['product']} — "

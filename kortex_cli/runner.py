@@ -23,6 +23,7 @@ from kortex.storage import chats, tenants
 from kortex.storage.db import sync_url
 from kortex.storage.migrate import prepare
 from kortex.telemetry import scenarios
+from kortex.text import one_line
 from kortex.timeparse import utcnow
 from kortex.turns import chat
 from kortex.turns.cancel import cancel
@@ -257,7 +258,7 @@ def _post(k: Kortex, tenant_id: str, question: str, model: str | None, session_i
     question leaves no session behind), or as the next turn of ``session_id``."""
     if session_id is None:
         model = chat.check_model(k, model)
-        name = chat.session_name(question[:80], "untitled")
+        name = chat.session_name(one_line(question)[:80], "untitled")
         return chat.start_session(k, tenant_id, lambda conn: chats.create_session(conn, tenant_id, name, model).id,
                                   question, model=model)[1]
     unknown = NotFound(f"no session {session_id!r} in this tenant")
@@ -438,7 +439,7 @@ def ask_remote(console: Console, url: str, api_key: str, question: str, *, model
     with _interruptible(), RemoteClient(url, api_key) as client:
         made = None
         if session_id is None:
-            session_id = made = client.create_session(question[:80], model)
+            session_id = made = client.create_session(one_line(question)[:80], model)
         posting = client.question(session_id, question, model)
         asked = _Question(cancel=client.cancel_turn, find=posting.turn_if_asked)
         with _cancelled_if_stopped(asked):

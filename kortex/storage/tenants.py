@@ -16,6 +16,7 @@ from kortex.errors import AuthError, Conflict, InvalidInput
 from kortex.ids import new_api_key_parts, uuid7
 from kortex.storage.records import TenantRecord
 from kortex.storage.schema import api_keys, tenants
+from kortex.text import check_name
 from kortex.timeparse import utcnow
 
 _KEY = re.compile(r"^kx_([0-9a-f]{12})_([A-Za-z0-9]{20,80})\Z")
@@ -47,9 +48,11 @@ class Caller:
 
 
 def create_tenant(conn: Connection, name: str) -> TenantRecord:
+    check_name(name, "name")  # said as such: the pattern below would refuse it as merely unusual
     name = name.strip()
     if not _NAME.match(name):
-        raise InvalidInput("tenant name: 1-200 letters, digits, spaces or ._- starting with a letter or digit")
+        rule = "1-200 letters, digits, spaces or ._- starting with a letter or digit"
+        raise InvalidInput(f"tenant name: {rule}", code="validation", details=[{"field": "name", "message": rule}])
     exists = conn.scalar(select(tenants.c.id).where(tenants.c.name == name))
     if exists:
         raise Conflict(f"tenant {name!r} already exists", code="tenant_exists")

@@ -23,7 +23,7 @@ from kortex.storage.records import MessageRecord as MessageRecord  # the records
 from kortex.storage.records import SessionRecord as SessionRecord
 from kortex.storage.records import TurnRecord as TurnRecord
 from kortex.storage.turns import ONE_STATEMENT_WRITE
-from kortex.text import check_storable
+from kortex.text import check_name, check_storable
 from kortex.turns.admission import Admitted, past_busy_mark
 from kortex.turns.handoff import NOTHING, Handoff, StepDispatch
 from kortex.turns.routed import AUTO, Router
@@ -83,7 +83,7 @@ def resolve_model(k: Kortex, model: str, field: str = "model") -> None:
 
 def session_name(name: str | None, default: str) -> str:
     """The name a caller gave a new session, stripped, or ``default`` when it gave none."""
-    check_storable(name, "name")
+    check_name(name, "name")
     name = (name or "").strip()
     if len(name) > MAX_NAME:
         raise InvalidInput(f"name is longer than {MAX_NAME} characters",

@@ -1,6 +1,7 @@
 """Input a careless or hostile client sends: JSON bodies whose strings are not valid Unicode (a
 lone surrogate, as an escape or as raw bytes), bodies that are not UTF-8 or nest too deeply,
-malformed JSON, a NUL in a key's name, a message position that is not one. Each is a 422 naming
+malformed JSON, a NUL in a key's name, a control character in any name, a message position that
+is not one. Each is a 422 naming
 the field (``body`` when no field is to blame), on SQLite and on PostgreSQL, never a 500 or a
 400 of another shape, and refusing it changes nothing."""
 
@@ -142,3 +143,54 @@ def test_a_message_position_is_three_plain_integers(env: tuple[TestClient, Harne
     # saw ("1_0" is ten, "١" Arabic-Indic one): garbage, like any other cursor not a page's own.
     for garbage in ("1_0.0.0", "\u0661.0.0", "+1.0.0", " 1.0.0", "1 .0.0", "1.0.0\n", "1.0.\uff10"):
         _assert_422(client.get(url, params={"after": garbage}, headers=bearer(key)), "after")
+
+
+# A name is one line shown in terminals, logs and UIs: an escape sequence in it (ESC [31m, the
+# C1 CSI \x9b) recolours or rewrites what is around it, a line break forges a log line, BEL rings.
+CONTROLS = ["\x1b[31mred", "a\nb", "a\rb", "tab\there", "\x07", "\x9b2J", "del\x7f", "nel\x85"]
+
+
+def _sessions(client: TestClient, key: str) -> list[Any]:
+    return [(s["id"], s["name"]) for s in client.get("/v1/sessions", headers=bearer(key)).json()["sessions"]]
+
+
+@pytest.mark.parametrize("name", CONTROLS)
+def test_a_control_character_in_a_name_is_a_422_naming_the_field(env: tuple[TestClient, Harness], name: str) -> None:
+    client, h = env
+    tenant = h.tenant(f"t-{uuid.uuid4().hex[:8]}")
+    key = h.api_key(tenant)
+    turn = h.ask(tenant, "why is checkout slow?")
+    checkpoint = client.get(f"/v1/turns/{turn.id}/checkpoints", headers=bearer(key)).json()[0]["id"]
+    sessions, keys = _sessions(client, key), client.get("/v1/keys", headers=bearer(key)).json()["keys"]
+    _assert_422(client.post("/v1/sessions", json={"name": name}, headers=bearer(key)), "name")
+    _assert_422(client.post(f"/v1/sessions/{turn.session_id}/fork", json={"checkpoint_id": checkpoint, "name": name},
+                            headers=bearer(key)), "name")
+    _assert_422(client.post("/v1/keys", json={"name": name}, headers=bearer(key)), "name")
+    assert _sessions(client, key) == sessions  # nothing stored
+    assert client.get("/v1/keys", headers=bearer(key)).json()["keys"] == keys
+
+
+def test_a_name_may_hold_any_printable_character_and_a_message_any_line(env: tuple[TestClient, Harness]) -> None:
+    client, h = env
+    tenant = h.tenant(f"t-{uuid.uuid4().hex[:8]}")
+    key = h.api_key(tenant)
+    fancy = "caf\u00e9 \u2615 \u4e2d \u00a0nbsp"
+    made = client.post("/v1/sessions", json={"name": fancy}, headers=bearer(key))
+    assert made.status_code == 201 and made.json()["name"] == fancy
+    assert client.post("/v1/keys", json={"name": fancy}, headers=bearer(key)).json()["name"] == fancy
+    # A message is not a name: its lines and tabs are the question.
+    posted = client.post(f"/v1/sessions/{made.json()['id']}/messages", json={"content": "why\n\tslow?\r\n"},
+                         headers=bearer(key))
+    assert posted.status_code == 202, posted.text
+
+
+def test_a_blank_key_name_is_refused_and_no_name_is_the_default(env: tuple[TestClient, Harness]) -> None:
+    client, h = env
+    tenant = h.tenant(f"t-{uuid.uuid4().hex[:8]}")
+    key = h.api_key(tenant)
+    before = client.get("/v1/keys", headers=bearer(key)).json()["keys"]
+    # Was stored as "default": a name the caller did not give, for one it did.
+    _assert_422(client.post("/v1/keys", json={"name": "   "}, headers=bearer(key)), "name")
+    assert client.get("/v1/keys", headers=bearer(key)).json()["keys"] == before
+    assert client.post("/v1/keys", json={}, headers=bearer(key)).json()["name"] == "default"
+    assert client.post("/v1/keys", json={"name": "  ci bot "}, headers=bearer(key)).json()["name"] == "ci bot"

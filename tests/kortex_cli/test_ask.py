@@ -55,6 +55,14 @@ def test_ask_prints_its_session_and_continues_one_given_with_session(home: Path)
     assert rows(home, "SELECT session_id, count(*) FROM turns GROUP BY session_id") == [(session_id, 2)]
 
 
+def test_a_question_of_several_lines_names_its_session_on_one_line(home: Path) -> None:
+    # The session's name is the question's start, and a name is one line: before the CLI made
+    # it one, a line break in those 80 characters would have been a refused name.
+    result = CliRunner().invoke(app, ["ask", "why is\n\tcheckout slow?"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert rows(home, "SELECT name FROM chat_sessions") == [("why is checkout slow?",)]
+
+
 @pytest.mark.parametrize("session", ["does-not-exist", "01a21d08-440c-71d8-83f6-aabc15a0a139"])
 def test_ask_with_an_unknown_session_says_so_and_starts_none(home: Path, session: str) -> None:
     result = CliRunner().invoke(app, ["ask", "hi", "--session", session])

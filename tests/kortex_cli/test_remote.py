@@ -93,6 +93,15 @@ def test_an_empty_question_is_refused_before_a_session_is_made(api: Api) -> None
     assert api.sessions() == before
 
 
+def test_a_question_of_several_lines_is_asked_in_a_session_named_on_one_line(api: Api) -> None:
+    before = set(api.sessions())
+    result = CliRunner().invoke(app, api.ask("why is\n\tcheckout slow?"))
+    assert result.exit_code == 0, result.output  # the server refuses a name with a line break: 422
+    made = [s for s in httpx.get(f"{api.url}/v1/sessions", headers={"Authorization": f"Bearer {api.key}"}
+                                 ).json()["sessions"] if s["id"] not in before]
+    assert [s["name"] for s in made] == ["why is checkout slow?"]
+
+
 def test_a_question_the_server_refuses_leaves_no_session_behind(api: Api) -> None:
     before = api.sessions()
     result = CliRunner().invoke(app, api.ask("why? " * 30))  # past the server's 100 characters

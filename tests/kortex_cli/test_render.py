@@ -88,3 +88,14 @@ def test_control_characters_from_the_server_never_reach_the_terminal() -> None:
     assert not any(ch in shown for ch in "\x1b\x07\x9b\r"), repr(shown)
     assert "the log says \ufffd[2J\ufffd]0;owned\ufffd here" in shown
     assert "db \ufffd[8mhidden" in shown and "bad \ufffd31m line" in shown
+
+
+def test_a_tool_name_is_printed_as_written_not_as_markup() -> None:
+    # The name rides on the event as the model wrote it; rich read "[red]" in it as a style.
+    out = io.StringIO()
+    printer = EventPrinter(Console(file=out, width=200, force_terminal=False))
+    name = "get_logs[red][/red]"
+    printer.show("tool_call", {"name": name, "arguments": {}, "call_id": "c1"})
+    printer.show("tool_result", {"name": name, "is_error": True, "error_code": "unknown_tool",
+                                 "content": {"message": "no such tool"}})
+    assert out.getvalue().count(name) == 2, out.getvalue()
