@@ -164,7 +164,8 @@ class CreateKey(_In):
     name: Name = Field("default", min_length=1, max_length=200,
                        description="what the key is for: one line, no control characters, not blank")
     role: Literal["chat", "operator", "ingest", "admin"] = Field(
-        "chat", description="chat: sessions (made, read, deleted), turns (asked, cancelled), post-mortem jobs and the catalogs; operator: also decide on proposals; ingest: write telemetry only; "
+        "chat", description="chat: sessions (made, read, deleted), turns (asked, cancelled), post-mortem jobs and "
+                            "the catalogs; operator: also decide on proposals; ingest: write telemetry only; "
                             "admin: everything, keys included")
 
 
