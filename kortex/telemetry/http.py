@@ -15,8 +15,14 @@ holds the whole body in memory, however large. So answers are streamed here inst
   after each read, and a read waits no longer than the whole limit.
 - the byte cap is ``DATA_CAP`` for answers and ``ERROR_CAP`` for error answers (status >= 400),
   whose first words say what went wrong; a ``Content-Length`` over the cap ends the call before
-  any of the body is read. The cap counts decoded bytes: one compressed read may still decode to
-  more than the cap (at most about a thousand times the read) before it is noticed.
+  any of the body is read. The cap counts both the bytes on the wire and the decoded ones, and
+  no step decodes more than the cap allows: Kortex asks for gzip or deflate only and decodes
+  them itself (``_Inflater``), a bounded piece at a time, so a small compressed answer that
+  would decode to gigabytes (a "bomb") holds at most the cap (and the piece being decoded, 256
+  KiB at most) before it is refused (an error body: cut) like any answer over the cap. httpx's
+  own decoding (its ``iter_bytes``) would turn one 64 KiB read into all it decodes to, a
+  thousand times more. An answer in any other encoding, or whose compressed body is corrupt or
+  cut short, is an ``UpstreamError`` naming the source, before or instead of reading on.
 """
 
 from __future__ import annotations
@@ -24,7 +30,8 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
-from collections.abc import Iterable
+import zlib
+from collections.abc import Iterable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -47,11 +54,23 @@ DATA_CAP = 32 * 1024 * 1024
 #: an error answer's body: Prometheus and Loki say what went wrong in its first lines
 ERROR_CAP = 64 * 1024
 
+#: what Kortex asks sources for: the encodings ``_Inflater`` decodes (identity is implied). httpx
+#: would offer br and zstd too wherever their packages are installed.
+ACCEPT_ENCODING = "gzip, deflate"
+#: Content-Encoding values and the zlib framing each names. gzip's wbits also take a zlib stream
+#: (httpx does the same), and "deflate" may be a zlib stream (RFC 9110) or a raw one (see ``_Inflater``).
+_ENCODINGS = {"gzip": zlib.MAX_WBITS | 32, "x-gzip": zlib.MAX_WBITS | 32, "deflate": zlib.MAX_WBITS}
+#: the most one step decodes: zlib builds its output in blocks and copies them into one at the end,
+#: so a step holds twice what it gives
+_PIECE = 256 * 1024
+
 #: the monotonic time at which the request in flight on this thread must be over
 _deadline: ContextVar[float | None] = ContextVar("kortex_http_deadline", default=None)
 
 
 def _size(n: int) -> str:
+    if n < 1024:
+        return f"{n} bytes"
     return f"{n // (1024 * 1024)} MiB" if n >= 1024 * 1024 and n % (1024 * 1024) == 0 else f"{n // 1024} KiB"
 
 
@@ -92,7 +111,9 @@ class BoundedClient:
         # would spell it) before anything reads the body.
         sent = request_secrets(headers or {})
         self._secrets = tuple({*sent, *(json.dumps(s)[1:-1] for s in sent)})
-        self._client = httpx.Client(base_url=base_url, timeout=timeout, headers=headers or {},
+        sending = httpx.Headers(headers or {})
+        sending["Accept-Encoding"] = ACCEPT_ENCODING  # what _read decodes, and nothing else
+        self._client = httpx.Client(base_url=base_url, timeout=timeout, headers=sending,
                                     transport=deadline_transport() if transport is None else transport)
 
     def close(self) -> None:
@@ -122,28 +143,57 @@ class BoundedClient:
     def _read(self, response: httpx.Response, deadline: float, limit: str) -> Answer:
         error = response.status_code >= 400
         cap = self.max_error_bytes if error else self.max_bytes
+        if response.is_stream_consumed:  # an in-memory transport's (httpx.MockTransport): read, and decoded, whole
+            inflater, reads = None, iter((response.content,))
+        else:
+            inflater, reads = self._inflater(response), response.iter_raw()
         declared = response.headers.get("content-length", "")
         chunks: list[bytes] = []
         size = 0
         if not (declared.isdigit() and int(declared) > cap):
             try:
-                for chunk in response.iter_bytes():
-                    chunks.append(chunk)
-                    size += len(chunk)
-                    if size > cap:
+                read = 0  # bytes on the wire: decoded ones may be fewer, or none at all
+                for data in reads:
+                    read += len(data)
+                    for chunk in (data,) if inflater is None else inflater.pieces(data, cap + 1 - size):
+                        chunks.append(chunk)
+                        size += len(chunk)
+                    if size > cap or read > cap:
                         break
                     if time.monotonic() >= deadline:
                         raise self._too_slow(limit)
                 else:
+                    if inflater is not None:
+                        inflater.finish()
                     body = b"".join(chunks)
                     return Answer(response.status_code, response.reason_phrase, self._clean(body) if error else body)
             except httpx.TimeoutException as exc:
                 raise self._too_slow(limit) from exc
+            except zlib.error as exc:
+                status = f" ({response.status_code} {response.reason_phrase})" if error else ""
+                encoding = inflater.encoding if inflater is not None else "its encoding"  # only _Inflater raises it
+                raise UpstreamError(f"{self.name}'s answer{status} is not valid {encoding}: {exc}; the connection "
+                                    "was closed") from exc
         if error:  # the status says enough; the start of the body, if read, says more
             return Answer(response.status_code, response.reason_phrase, self._clean(b"".join(chunks)[:cap]),
                           cut_at=cap)
         raise UpstreamError(f"{self.name}'s answer is larger than {_size(cap)}, the most Kortex reads; the "
                             "connection was closed. Narrow the query (a shorter time range, more labels)")
+
+    def _inflater(self, response: httpx.Response) -> _Inflater | None:
+        """The decoder for the answer's Content-Encoding (None for none); an ``UpstreamError``
+        for an encoding Kortex does not decode, before any of the body is read."""
+        codings = [c.strip().lower() for c in response.headers.get_list("content-encoding", split_commas=True)]
+        codings = [c for c in codings if c not in ("", "identity")]
+        if not codings:
+            return None
+        if len(codings) == 1 and codings[0] in _ENCODINGS:
+            return _Inflater(codings[0])
+        # br or zstd (never asked for), or encodings stacked: decoded by nothing that bounds them
+        status = f" {response.status_code} {response.reason_phrase}" if response.status_code >= 400 else ""
+        raise UpstreamError(f"{self.name} answered{status} in Content-Encoding "
+                            f"{response.headers.get('content-encoding', '')!r}, which Kortex does not decode (it "
+                            f"asks for {ACCEPT_ENCODING} or none); the connection was closed")
 
     def _clean(self, body: bytes) -> bytes:
         if not self._secrets:
@@ -153,6 +203,75 @@ class BoundedClient:
     def _too_slow(self, limit: str) -> UpstreamError:
         return UpstreamError(f"{self.name} was still sending its answer when its time limit of {limit} ran out; "
                              "the connection was closed")
+
+
+class _Inflater:
+    """A gzip or deflate body decoded a bounded piece at a time: ``read(n)`` gives at most n
+    bytes, and whatever the input would decode to beyond that stays compressed (zlib's
+    ``unconsumed_tail``) until asked for. What zlib holds itself is its 32 KiB window.
+
+    Every fault is a ``zlib.error``: a corrupt body, and one that ends inside its stream."""
+
+    def __init__(self, encoding: str) -> None:
+        self.encoding = "deflate" if encoding == "deflate" else "gzip"
+        self._wbits = _ENCODINGS[encoding]
+        self._zlib = zlib.decompressobj(self._wbits)
+        self._input = b""  # fed and not yet decoded
+        self._fed = False
+        # "deflate" is a zlib stream by the RFC, a raw one from some servers: which one is known
+        # from its first two bytes, the zlib header (httpx tells them apart the same way)
+        self._framed = self.encoding == "gzip"
+
+    def pieces(self, data: bytes, room: int) -> Iterator[bytes]:
+        """``data`` (the next read of the body) and whatever earlier reads left undecoded,
+        decoded in pieces of at most ``_PIECE`` bytes and ``room`` in all: what it decodes to
+        beyond that stays compressed."""
+        self.feed(data)
+        while room > 0 and (piece := self.read(min(room, _PIECE))):
+            room -= len(piece)
+            yield piece
+
+    def feed(self, data: bytes) -> None:
+        """More of the body; to be drained with ``read`` before the next."""
+        if data:
+            self._fed = True
+            self._input += data
+
+    def read(self, room: int) -> bytes:
+        """At most ``room`` (>= 1) decoded bytes; b"" once all that was fed is decoded."""
+        if room < 1:  # zlib would take 0 for "no limit"
+            raise ValueError("room must be at least 1")
+        while True:
+            if self._zlib.eof:
+                rest = self._zlib.unused_data + self._input
+                # gzip members may follow one another (RFC 1952, 2.2); bytes after a deflate
+                # stream are dropped, as httpx does
+                if not rest or self.encoding != "gzip":
+                    self._input = b""
+                    return b""
+                self._zlib = zlib.decompressobj(self._wbits)
+                self._input = rest
+            if not self._framed:
+                if len(self._input) < 2:
+                    return b""
+                self._framed = True
+                try:
+                    return self._inflate(room)
+                except zlib.error:  # not a zlib header: a raw deflate stream
+                    self._zlib = zlib.decompressobj(-zlib.MAX_WBITS)
+            out = self._inflate(room)
+            if out or not (self._zlib.eof and self._zlib.unused_data):
+                return out
+
+    def _inflate(self, room: int) -> bytes:
+        out = self._zlib.decompress(self._input, room)
+        self._input = self._zlib.unconsumed_tail
+        return out
+
+    def finish(self) -> None:
+        """After the last of the body: was the stream whole?"""
+        if self._fed and not self._zlib.eof:
+            raise zlib.error("the body ended inside its compressed stream")
 
 
 def deadline_transport() -> httpx.BaseTransport | None:

@@ -32,7 +32,8 @@ CHUNK = b" " * 65536
 class Server:
     """Accepts connections, reads each request's head, then runs ``respond(send, stop)`` on it.
     ``hung_up`` is set when a send fails because the client closed the connection, ``finished``
-    when a response was sent whole; ``sent`` counts the bytes that went out."""
+    when a response was sent whole; ``sent`` counts the bytes that went out, ``heads`` holds each
+    request's head as received."""
 
     def __init__(self, respond: Callable[[Send, threading.Event], None]) -> None:
         self.respond = respond
@@ -41,6 +42,7 @@ class Server:
         self.finished = threading.Event()
         self.sent = 0
         self.connections = 0
+        self.heads: list[bytes] = []
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
         threading.Thread(target=self._accept, daemon=True).start()
@@ -71,6 +73,7 @@ class Server:
                     if not data:
                         return
                     head += data
+                self.heads.append(head)
                 try:
                     self.respond(send, self.stop)
                 except OSError:  # ECONNRESET / EPIPE: the client is gone
