@@ -34,9 +34,11 @@ log = logging.getLogger(__name__)
 # Returns {1, id...} when written, {0, fence attempt} when ``attempt`` is stale, {-1} once closed.
 # ``closed`` holds the attempt that closed the stream: only a strictly later attempt (the step
 # ran again because the transaction that published ``done`` never committed) opens it again.
+# ``stop`` (``EventStore.stop``) refuses that attempt and earlier ones as ``closed`` does, but
+# not writers outside any attempt: the stream stays open for the ``done`` that follows.
 # The TTL is set when the stream is born (the fence has none yet) and again at ``done``.
 _APPEND = """
-local st = redis.call('HMGET', KEYS[2], 'a', 's', 'closed')
+local st = redis.call('HMGET', KEYS[2], 'a', 's', 'closed', 'stop')
 local cur = tonumber(st[1]) or 0
 local seq = tonumber(st[2]) or 0
 local a = tonumber(ARGV[1])
@@ -44,6 +46,7 @@ if st[3] then
   if a <= tonumber(st[3]) then return {-1} end
   redis.call('HDEL', KEYS[2], 'closed')
 end
+if st[4] and a ~= 0 and a <= tonumber(st[4]) then return {-1} end
 if a == 0 then a = cur elseif a < cur then return {0, cur} end
 local out = {1}
 for i = 5, #ARGV, 2 do
@@ -63,6 +66,11 @@ else
   end
 end
 return out
+"""
+# KEYS: fence. ARGV: attempt, ttl. The fence gets the stream's TTL if it has none (no append yet).
+_STOP = """
+redis.call('HSET', KEYS[1], 'stop', ARGV[1])
+if redis.call('TTL', KEYS[1]) < 0 then redis.call('EXPIRE', KEYS[1], ARGV[2]) end
 """
 _STAMPS = {"attempt", "seq"}
 # A deleted turn's fence: closed at an attempt no step reaches (the turn's row is gone, so no
@@ -121,6 +129,7 @@ class EventStore:
         self.active_ttl = max(1, int(active_ttl))
         self.done_ttl = max(1, int(done_ttl))
         self._script = redis.register_script(_APPEND)
+        self._stop = redis.register_script(_STOP)
         self._async_factory = async_redis
         self._aredis: AsyncRedis | None = None
         self._batch: _AppendBatch | None = None
@@ -152,6 +161,15 @@ class EventStore:
         except RedisError as exc:
             raise StreamError(f"could not publish to {keys[0]}: {exc.__class__.__name__}") from exc
         return _result(reply, keys[0], attempt)
+
+    def stop(self, turn_id: str, attempt: int) -> None:
+        """Refuse every later append of step attempt ``attempt`` and earlier ones (``StreamClosed``),
+        without closing the stream: writers outside any attempt still append. A cancel stops the
+        step it cut short this way, and publishes ``done`` once that step has billed its call."""
+        try:
+            self._stop(keys=[turn_fence(self.prefix, turn_id)], args=[attempt, self.active_ttl])
+        except RedisError as exc:
+            raise StreamError(f"could not stop {self.key(turn_id)}: {exc.__class__.__name__}") from exc
 
     async def aappend(self, turn_id: str, events: Sequence[_Event | Encoded], *, attempt: int = 0,
                       final: bool = False, quick: bool = False) -> list[str]:

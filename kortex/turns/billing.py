@@ -21,8 +21,13 @@ def usage_of(attempts: list[Attempt]) -> Usage:
     return total
 
 
+def billed(turn: TurnRecord) -> Usage:
+    """What the turn's row says its calls billed so far."""
+    return Usage(input_tokens=turn.input_tokens, output_tokens=turn.output_tokens, cost_usd=turn.cost_usd)
+
+
 def turn_total(turn: TurnRecord, usage: Usage) -> Usage:
-    return Usage(input_tokens=turn.input_tokens, output_tokens=turn.output_tokens, cost_usd=turn.cost_usd) + usage
+    return billed(turn) + usage
 
 
 def llm_audit(
@@ -71,4 +76,4 @@ def llm_audit(
     return entries
 
 
-__all__ = ["llm_audit", "turn_total", "usage_of"]
+__all__ = ["billed", "llm_audit", "turn_total", "usage_of"]

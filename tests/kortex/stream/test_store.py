@@ -108,6 +108,29 @@ def test_a_superseded_attempt_cannot_write_and_nothing_follows_done() -> None:
         ("turn", 1), ("text", 1), ("turn", 2), ("text", 2), ("done", 2)]
 
 
+def test_a_stopped_attempt_cannot_write_but_the_done_after_it_can() -> None:
+    """A cancel stops the step it cut short without closing the stream: the step's next write
+    is refused, and the cancel's own done (outside any attempt) goes in under that attempt."""
+    store = _store(active_ttl=600)
+    store.stop("u11", 2)  # before the step wrote anything: the fence is born with the stream's TTL
+    assert store.redis.ttl(turn_fence("t", "u11")) == 600
+    for attempt in (1, 2):
+        with pytest.raises(StreamClosed):
+            store.append("u11", [TurnEvent(turn_id="u11", status="running", step=0)], attempt=attempt)
+    store.stop("u12", 1)
+    store.stop("u12", 1)  # twice is once
+    store.append("u12", [DoneEvent(status="cancelled")], final=True)
+    assert [(e.type, json.loads(e.data)["attempt"]) for e in store.read("u12")] == [("done", 0)]
+    store.append("u13", [TurnEvent(turn_id="u13", status="running", step=0), TextEvent(step=0, delta="a")],
+                 attempt=1)
+    store.stop("u13", 1)
+    with pytest.raises(StreamClosed):
+        store.append("u13", [TextEvent(step=0, delta="late")], attempt=1)
+    store.append("u13", [DoneEvent(status="cancelled")], final=True)
+    assert [(e.type, json.loads(e.data)["attempt"]) for e in store.read("u13")] == [
+        ("turn", 1), ("text", 1), ("done", 1)]
+
+
 def test_only_a_later_attempt_reopens_a_closed_stream() -> None:
     """``done`` went out inside a transaction that never committed: the step runs again under
     a higher attempt, and its events must reach the stream; nothing else may follow done."""

@@ -79,6 +79,10 @@ def test_a_streaming_step_stops_at_its_next_chunk_and_its_call_is_audited(harnes
     billed = calls[0]
     assert billed.output_tokens > 0
     assert (turn.input_tokens, turn.output_tokens) == (billed.input_tokens, billed.output_tokens)
+    # and what done told the client: the cut call's bill included (the cancel waited for it)
+    told = json.loads(h.events(posted.turn.id)[-1].data)["usage"]
+    assert (told["input_tokens"], told["output_tokens"]) == (billed.input_tokens, billed.output_tokens)
+    assert "error" not in kinds  # billed in time: no usage_pending notice
     # A cancel is no hand-over to another attempt: said as what it is, not as a warning.
     said = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "kortex.turns.step"]
     assert (logging.INFO, f"step 0 of turn {posted.turn.id} stopped: the turn ended (cancelled) while the step ran") \
