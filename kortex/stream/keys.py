@@ -16,6 +16,12 @@ def turn_fence(prefix: str, turn_id: str) -> str:
     return f"{prefix}:turn:{turn_id}:fence"
 
 
+def step_stops(prefix: str) -> str:
+    """The Pub/Sub channel on which a stopped step attempt is announced (``EventStore.stop``):
+    the process running it stops it at once (kortex/turns/engine.py)."""
+    return f"{prefix}:stops"
+
+
 def tool_spool(prefix: str, invocation_id: str) -> str:
     """A computed tool result the database could not take yet (kortex/turns/spool.py)."""
     return f"{prefix}:spool:{invocation_id}"

@@ -5,10 +5,11 @@ shorter one after ``done``, ranged reads for replay and a blocking follow for si
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from hashlib import sha1
@@ -22,7 +23,7 @@ from redis.exceptions import NoScriptError, RedisError, ResponseError
 from kortex.errors import StaleAttempt, StreamError
 from kortex.events import _Event
 from kortex.stream.entries import START, Entry, entries_from_redis
-from kortex.stream.keys import turn_events, turn_fence
+from kortex.stream.keys import step_stops, turn_events, turn_fence
 from kortex.stream.untimed import untimed
 
 log = logging.getLogger(__name__)
@@ -67,10 +68,13 @@ else
 end
 return out
 """
-# KEYS: fence. ARGV: attempt, ttl. The fence gets the stream's TTL if it has none (no append yet).
+# KEYS: fence. ARGV: attempt, ttl, the stops channel, turn id. The fence gets the stream's TTL
+# if it has none (no append yet). Announced on the channel in the same call: a step that writes
+# nothing (its model silent) learns of it only there, at once, not at its lease's next renewal.
 _STOP = """
 redis.call('HSET', KEYS[1], 'stop', ARGV[1])
 if redis.call('TTL', KEYS[1]) < 0 then redis.call('EXPIRE', KEYS[1], ARGV[2]) end
+redis.call('PUBLISH', ARGV[3], ARGV[4] .. ' ' .. ARGV[1])
 """
 _STAMPS = {"attempt", "seq"}
 # A deleted turn's fence: closed at an attempt no step reaches (the turn's row is gone, so no
@@ -107,6 +111,11 @@ def _result(reply: list[Any], key: str, attempt: int) -> list[str]:
     if status == 0:
         raise StaleAttempt(f"attempt {attempt} of {key} was superseded by attempt {int(reply[1])}")
     raise StreamClosed(f"{key} is closed")
+
+
+#: seconds one wait for a stop message lasts (then it waits again): how often the subscription
+#: finds out its connection broke when nothing else says so
+STOPS_POLL = 5.0
 
 
 class EventStore:
@@ -167,9 +176,47 @@ class EventStore:
         without closing the stream: writers outside any attempt still append. A cancel stops the
         step it cut short this way, and publishes ``done`` once that step has billed its call."""
         try:
-            self._stop(keys=[turn_fence(self.prefix, turn_id)], args=[attempt, self.active_ttl])
+            self._stop(keys=[turn_fence(self.prefix, turn_id)],
+                       args=[attempt, self.active_ttl, step_stops(self.prefix), turn_id])
         except RedisError as exc:
             raise StreamError(f"could not stop {self.key(turn_id)}: {exc.__class__.__name__}") from exc
+
+    async def stops(self) -> AsyncIterator[tuple[str, int]]:
+        """The (turn id, attempt) of every ``stop``, as it happens, for as long as the caller
+        iterates (on its own event loop and connection). Best effort: while Redis is away none
+        come, and the subscription is made again (0.5 s, then up to 5 s apart); a step missed
+        so stops at its next write (the fence) or its lease's renewal, as it did before."""
+        if self._async_factory is None:
+            return
+        delay = 0.5
+        while True:
+            client = self._async_factory()
+            pubsub = client.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(step_stops(self.prefix))
+                delay = 0.5
+                while True:
+                    # A wait with a timeout of its own: the client's socket timeout would end a
+                    # quiet subscription as a failure, and a message sent while it was made
+                    # again would be lost.
+                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=STOPS_POLL)
+                    if message is None or message.get("type") != "message":
+                        continue
+                    data = message["data"]
+                    turn_id, _, attempt = (data.decode() if isinstance(data, bytes) else str(data)).partition(" ")
+                    if attempt.isdigit():
+                        yield turn_id, int(attempt)
+            except (RedisError, OSError):
+                log.debug("the step stops subscription broke; subscribing again in %.1fs", delay, exc_info=True)
+            except Exception:  # a bug, not Redis: still made again, for a step's stop is its cost
+                log.warning("the step stops subscription failed; subscribing again in %.1fs", delay, exc_info=True)
+            finally:
+                with contextlib.suppress(Exception):  # already broken, or the loop is stopping
+                    await cast(Any, pubsub).aclose()  # untyped in redis-py
+                with contextlib.suppress(Exception):
+                    await client.aclose()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
 
     async def aappend(self, turn_id: str, events: Sequence[_Event | Encoded], *, attempt: int = 0,
                       final: bool = False, quick: bool = False) -> list[str]:

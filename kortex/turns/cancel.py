@@ -13,10 +13,11 @@ Cancelling twice is the same as once.
 ``done`` says what the turn cost, the call it cut short included: that call is billed by its
 step as it stops, so a cancel that cut one waits for that bill, at most ``BILL_WAIT``, before
 it sends ``done`` (sent at once, ``done`` said what was billed before the cut: a step mid-answer
-had billed nothing yet). A step that writes nothing meanwhile (a model still silent before its
-first token, or streaming a tool call's arguments) learns of the cancel only at its next write
-or lease renewal: its ``done`` is preceded by a ``usage_pending`` notice, and the turn's row
-(GET /v1/turns/{id}) counts the call once it is billed.
+had billed nothing yet). The stop is announced to every step engine (``EventStore.stops``), so
+the step ends at once even when it writes nothing (a model silent before its first token, or
+streaming a tool call's arguments). Where the announcement is lost (a Redis blip) such a step
+learns of the cancel only at its next write or lease renewal: its ``done`` is preceded by a
+``usage_pending`` notice, and the turn's row (GET /v1/turns/{id}) counts the call once billed.
 """
 
 from __future__ import annotations

@@ -149,6 +149,7 @@ class StepEngine:
         self._handoff_threads = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="kortex-handoff")
         self._renewer: asyncio.Task[None] | None = None
         self._lag_watch: asyncio.Task[None] | None = None
+        self._stop_watch: asyncio.Task[None] | None = None
         self._released: list[StepDispatch] = []  # given back by steps stopped at close()
         self._closing = False
         self._started = False
@@ -276,6 +277,7 @@ class StepEngine:
     def _start(self) -> None:
         loop = asyncio.get_running_loop()
         self._renewer = loop.create_task(self._renew_forever(), name="kortex-leases")
+        self._stop_watch = loop.create_task(self._watch_stops(), name="kortex-step-stops")
         if self.governor is not None:
             self._lag_watch = loop.create_task(self._watch_lag(self.governor), name="kortex-loop-lag")
 
@@ -452,6 +454,16 @@ class StepEngine:
             if took > lease / 3:
                 log.warning("renewing %d leases took %.1fs", len(held), took)
 
+    async def _watch_stops(self) -> None:
+        """A step whose attempt was stopped (a cancel: ``EventStore.stop``) ends at once, as if
+        its lease were lost, wherever it is: one whose model is silent writes nothing, so the
+        fence would stop it only at the lease's next renewal (every 20 s), its vendor call open
+        and its place in flight held until then."""
+        async for turn_id, attempt in self.k.events.stops():
+            hold = self._holds.get(turn_id)
+            if hold is not None and hold.turn is not None and hold.turn.attempt <= attempt:
+                hold.lose()
+
     def _renew(self, held: list[tuple[str, str, int]], waiting: list[str], lease: float) -> set[str]:
         kept: set[str] = set()
         with self.k.db.begin() as conn:
@@ -479,7 +491,7 @@ class StepEngine:
             await asyncio.wait(stuck, timeout=5)
         if self._reporting:  # what finished steps hand on reaches the broker before we stop
             await asyncio.wait(set(self._reporting), timeout=10)
-        for background in (self._renewer, self._lag_watch):
+        for background in (self._renewer, self._lag_watch, self._stop_watch):
             if background is not None:
                 background.cancel()
         released, self._released = self._released, []
