@@ -188,3 +188,4 @@ class KeyCreated(KeyOut):
 
 class KeyList(BaseModel):
     keys: list[KeyOut]
+    next_after: str | None = Field(None, description="the last key of a full page: pass as after for the next")

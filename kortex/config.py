@@ -414,6 +414,17 @@ class BatchSettings(_Section):
     # items in flight across all of a tenant's jobs: a tenant with many jobs waits its turn
     # instead of filling the batch queue ahead of everyone else
     max_active_items_per_tenant: int = Field(16, ge=1, le=1000)
+    # items not finished (queued, dispatched, running) across a tenant's jobs, each an LLM
+    # investigation to come: a job that would pass it is refused whole (429); 1000 fits one job
+    max_open_items_per_tenant: int = Field(1000, ge=1, le=1_000_000)
+    jobs_per_minute: int = Field(10, ge=1)  # new jobs per tenant (429 with Retry-After past it)
+
+
+class ApiKeySettings(_Section):
+    """``[api_keys]``: what one tenant may hold (kortex/keys.py)."""
+
+    # unrevoked keys per tenant: one more is refused (409) until one is revoked; rotating keeps the count
+    max_active_per_tenant: int = Field(100, ge=1, le=100_000)
 
 
 class PoolSettings(_Section):
@@ -496,6 +507,7 @@ class Settings(BaseSettings):
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
     turn: TurnSettings = Field(default_factory=TurnSettings)
     batch: BatchSettings = Field(default_factory=BatchSettings)
+    api_keys: ApiKeySettings = Field(default_factory=ApiKeySettings)
     pools: PoolSettings = Field(default_factory=PoolSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     tracing: TracingSettings = Field(default_factory=TracingSettings)

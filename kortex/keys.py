@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from redis.exceptions import RedisError
-from sqlalchemy import func, select, update
+from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.engine import Connection, Row
 
 from kortex.access import DEFAULT_ROLE, ROLES, Permission, valid_role
@@ -87,10 +87,21 @@ def _info(row: Row[Any, Any, Any, Any, Any]) -> KeyInfo:  # _COLUMNS
 _COLUMNS = (api_keys.c.key_id, api_keys.c.name, api_keys.c.role, api_keys.c.created_at, api_keys.c.revoked_at)
 
 
-def list_keys(k: Kortex, tenant_id: str) -> list[KeyInfo]:
+def list_keys(k: Kortex, tenant_id: str, *, after: str | None = None, limit: int | None = None) -> list[KeyInfo]:
+    """The tenant's keys, revoked ones included, oldest first; with ``after`` (a key id of the
+    tenant's, the last one read) those after it, and at most ``limit`` of them."""
+    c = api_keys.c
+    query = select(*_COLUMNS).where(c.tenant_id == tenant_id)
     with k.db.connect() as conn:
-        rows = conn.execute(select(*_COLUMNS).where(api_keys.c.tenant_id == tenant_id)
-                            .order_by(api_keys.c.created_at, api_keys.c.key_id)).all()
+        if after is not None:
+            mark = conn.scalar(select(c.created_at).where(c.tenant_id == tenant_id, c.key_id == after)) \
+                if KEY_ID.match(after) else None
+            if mark is None:
+                raise InvalidInput("after must be the id of one of this tenant's keys", code="validation",
+                                   details=[{"field": "after", "message": "not a key of this tenant"}])
+            query = query.where(or_(c.created_at > mark, and_(c.created_at == mark, c.key_id > after)))
+        query = query.order_by(c.created_at, c.key_id)
+        rows = conn.execute(query if limit is None else query.limit(limit)).all()
     return [_info(r) for r in rows]
 
 
@@ -109,7 +120,20 @@ def create_key(k: Kortex, tenant_id: str, *, name: str = "default", role: str = 
         raise InvalidInput(f"name must be 1-{MAX_KEY_NAME} characters", code="validation",
                            details=[{"field": "name", "message": f"longer than {MAX_KEY_NAME} characters"}])
     with k.db.begin() as conn:
+        tenants.lock_tenant(conn, tenant_id)  # two creates racing for the last place take turns
+        _check_room(conn, tenant_id, k.settings.api_keys.max_active_per_tenant)
         return _issue(conn, tenant_id, name=name, role=role, by=by)
+
+
+def _check_room(conn: Connection, tenant_id: str, cap: int) -> None:
+    """Refuse a key past the tenant's ``cap`` of active ones. A Conflict (409), not RateLimited:
+    time does not free a place, only a revocation does, so a Retry-After would send clients
+    back in vain (the same as for the last admin key). Rotations replace a key and skip this."""
+    active = tenants.active_key_count(conn, tenant_id)
+    if active >= cap:
+        raise Conflict(f"this tenant has {active} active API keys, the most it may have; revoke one before "
+                       "issuing another", code="too_many_keys",
+                       details={"limit": "max_active_per_tenant", "active": active, "cap": cap})
 
 
 def create_tenant(k: Kortex, name: str, *, by: str) -> tuple[TenantRecord, KeyInfo, str]:

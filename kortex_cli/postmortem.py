@@ -28,6 +28,8 @@ OPTIONS = {"incident_ids": "--ids", "filter.since": "--since", "filter.until": "
            "max_usd": "--max-usd", "concurrency": "--concurrency"}
 ENDED = ("done", "failed", "skipped", "cancelled")
 POLL_S = 0.5
+#: documents asked for at once (GET /v1/postmortems/{id}/documents pages them, at most 50)
+DOCUMENTS_PAGE = 50
 #: How long a job may show no item started before the command says what it waits for.
 STALL_HINT_S = 30.0
 #: Said on stderr when nothing of a job started: with --url the items wait on the ``batch``
@@ -101,8 +103,14 @@ class EmbeddedJobs:
         from api.routes.postmortems import PostmortemOut
         from kortex.postmortems import jobs
 
-        found = jobs.postmortems_of(self.k, self.tenant_id, job_id)
-        return {p.incident_ref: _render(PostmortemOut.of(p), fmt) for p in found}
+        out: dict[str, str] = {}
+        after: str | None = None
+        while True:
+            page = jobs.postmortems_of(self.k, self.tenant_id, job_id, after=after, limit=DOCUMENTS_PAGE)
+            out.update((p.incident_ref, _render(PostmortemOut.of(p), fmt)) for p in page)
+            if len(page) < DOCUMENTS_PAGE:
+                return out
+            after = page[-1].incident_ref
 
     def cancel(self, job_id: str) -> dict[str, Any]:
         from kortex.postmortems import jobs
@@ -166,8 +174,14 @@ class RemoteJobs:
     def documents(self, job_id: str, fmt: Literal["md", "json"]) -> dict[str, str]:
         from api.routes.postmortems import PostmortemOut
 
-        listed = self._get(f"/v1/postmortems/{job_id}/documents").json()
-        return {d["incident_id"]: _render(PostmortemOut.model_validate(d), fmt) for d in listed}
+        out: dict[str, str] = {}
+        params: dict[str, Any] = {"limit": DOCUMENTS_PAGE}
+        while True:
+            page = self._get(f"/v1/postmortems/{job_id}/documents", params=params).json()
+            out.update((d["incident_id"], _render(PostmortemOut.model_validate(d), fmt)) for d in page["documents"])
+            if page["next_after"] is None:
+                return out
+            params["after"] = page["next_after"]
 
     def cancel(self, job_id: str) -> dict[str, Any]:
         # Short: it runs while the user waits to get their prompt back.

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Request, Response
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query, Request, Response
 
 from api.deps import AuthCache, CallerDep, KortexDep, allowed
 from api.openapi import ERRORS
@@ -14,14 +16,23 @@ router = APIRouter(prefix="/v1/keys", tags=["keys"], dependencies=[Depends(allow
 
 
 @router.get("", response_model=KeyList)
-def list_keys(k: KortexDep, caller: CallerDep) -> KeyList:
-    """Every key of the tenant, revoked ones included, oldest first; never a secret."""
-    return KeyList(keys=[KeyOut.of(i) for i in keys.list_keys(k, caller.tenant.id)])
+def list_keys(
+    k: KortexDep,
+    caller: CallerDep,
+    after: Annotated[str | None, Query(max_length=12, pattern=r"^[0-9a-f]{12}$",
+                                       description="next_after of the page read last: a key id")] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+) -> KeyList:
+    """The tenant's keys, revoked ones included, oldest first, a page at a time; never a secret."""
+    found = keys.list_keys(k, caller.tenant.id, after=after, limit=limit)
+    return KeyList(keys=[KeyOut.of(i) for i in found], next_after=found[-1].key_id if len(found) == limit else None)
 
 
-@router.post("", status_code=201, response_model=KeyCreated)
+@router.post("", status_code=201, response_model=KeyCreated,
+             responses={409: {"description": "the tenant has as many active keys as it may: revoke one first"}})
 def create_key(body: CreateKey, k: KortexDep, caller: CallerDep, response: Response) -> KeyCreated:
-    """Issue a key; the answer is the only time its secret is shown."""
+    """Issue a key; the answer is the only time its secret is shown. A tenant has at most
+    `[api_keys] max_active_per_tenant` active keys (100)."""
     info, secret = keys.create_key(k, caller.tenant.id, name=body.name, role=body.role, by=f"key:{caller.key_id}")
     response.headers["Location"] = f"/v1/keys/{info.key_id}"
     return KeyCreated(**KeyOut.of(info).model_dump(), key=secret)

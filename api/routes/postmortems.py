@@ -113,6 +113,11 @@ class PostmortemOut(BaseModel):
                    document=PostMortem.model_validate(found.document))
 
 
+class DocumentPage(BaseModel):
+    documents: list[PostmortemOut]
+    next_after: str | None
+
+
 @router.post("/v1/postmortems", status_code=202, response_model=JobAccepted,
              responses={404: {"description": "an incident id that does not exist for this tenant"},
                         409: {"description": "the Idempotency-Key was used for another request"}})
@@ -242,10 +247,20 @@ async def job_events(
         raise
 
 
-@router.get("/v1/postmortems/{job_id}/documents", response_model=list[PostmortemOut])
-def job_documents(job_id: str, k: KortexDep, tenant: TenantDep) -> list[PostmortemOut]:
-    """The post-mortems this job wrote (not the incidents' latest: a later job may have redone one)."""
-    return [PostmortemOut.of(p) for p in jobs.postmortems_of(k, tenant.id, object_id(job_id, "post-mortem job"))]
+@router.get("/v1/postmortems/{job_id}/documents", response_model=DocumentPage)
+def job_documents(
+    job_id: str,
+    k: KortexDep,
+    tenant: TenantDep,
+    after: Annotated[str | None, Query(max_length=64, pattern=jobs.INCIDENT_REF.pattern,
+                                       description="next_after of the page read last")] = None,
+    limit: Annotated[int, Query(ge=1, le=jobs.MAX_DOCUMENTS_PAGE)] = jobs.DOCUMENTS_PAGE,
+) -> DocumentPage:
+    """The post-mortems this job wrote (not the incidents' latest: a later job may have redone
+    one), a page at a time in incident order; `next_after` reads the next page."""
+    found = jobs.postmortems_of(k, tenant.id, object_id(job_id, "post-mortem job"), after=after, limit=limit)
+    return DocumentPage(documents=[PostmortemOut.of(p) for p in found],
+                        next_after=found[-1].incident_ref if len(found) == limit else None)
 
 
 @router.get("/v1/incidents/{incident_id}/postmortem", response_model=PostmortemOut,

@@ -20,6 +20,8 @@ import hashlib
 import json
 import logging
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -27,9 +29,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from sqlalchemy.engine import Connection
 
-from kortex import timeparse
+from kortex import budget, timeparse
 from kortex.container import Kortex
-from kortex.errors import BudgetExceeded, Conflict, InvalidInput, KortexError, NotFound
+from kortex.errors import BudgetExceeded, Conflict, InvalidInput, KortexError, NotFound, RateLimited
 from kortex.ids import uuid7
 from kortex.messages import AssistantMessage, Message, ToolMessage
 from kortex.postmortems.document import PostMortem
@@ -49,6 +51,9 @@ PROFILE = "postmortem"
 SUBMIT = "submit_postmortem"
 MAX_ITEMS = 1000
 MAX_CONCURRENCY = 32
+#: documents in one page of a job's: each may be a few hundred KiB
+DOCUMENTS_PAGE = 20
+MAX_DOCUMENTS_PAGE = 50
 #: invalid documents the model may be told about before the item fails (the third one fails it)
 MAX_INVALID = 2
 TEMPLATES: dict[str, str] = {
@@ -182,7 +187,8 @@ def submit(k: Kortex, tenant_id: str, request: JobRequest, *, idempotency_key: s
     incidents = _select(k, tenant_id, request, now)
     for _ in range(2):
         try:
-            return _store_job(k, tenant_id, request, uuid7(), incidents, digest, idempotency_key, by, now)
+            with _counting_job(k, tenant_id):
+                return _store_job(k, tenant_id, request, uuid7(), incidents, digest, idempotency_key, by, now)
         except Conflict as exc:
             if exc.code != "integrity" or idempotency_key is None:
                 raise
@@ -191,6 +197,41 @@ def submit(k: Kortex, tenant_id: str, request: JobRequest, *, idempotency_key: s
         if earlier is not None:
             return earlier
     raise Conflict("the job could not be stored; try again", code="conflict")
+
+
+@contextmanager
+def _counting_job(k: Kortex, tenant_id: str) -> Iterator[None]:
+    """Count a new job against the tenant's ``batch.jobs_per_minute`` (RateLimited past it), and
+    give the count back if the job is not stored: a job refused (the open-items cap, a lost
+    race on its Idempotency-Key) costs no quota, and neither does a replay, which never gets here."""
+    quota = budget.Quota(k.redis, k.settings.redis_prefix, "postmortem_jobs", k.settings.batch.jobs_per_minute,
+                         "post-mortem jobs")
+    window = quota.take(tenant_id)
+    try:
+        yield
+    except BaseException:
+        quota.give_back(tenant_id, window)
+        raise
+
+
+def _check_open_items(conn: Connection, tenant_id: str, request: JobRequest, queued: int, cap: int) -> None:
+    """Refuse a job whose items would take the tenant past ``cap`` unfinished items across its
+    jobs: whole, so a job never runs a part of what was asked. Under the tenant's lock, so two
+    jobs racing for the last room cannot both pass. A job larger than the cap itself could
+    never pass: that is bad input (narrow it), not a reason to retry."""
+    if queued > cap:
+        field = "incident_ids" if request.incident_ids is not None else "filter"
+        raise InvalidInput(f"the job would queue {queued} post-mortems; a tenant may have at most {cap} unfinished: "
+                           "narrow it", code="validation", details=[{"field": field, "message": f"more than {cap}"}])
+    if not queued:
+        return
+    open_now = store.tenant_open_count(conn, tenant_id)
+    if open_now + queued > cap:
+        raise RateLimited(
+            f"this tenant has {open_now} post-mortem items unfinished and may have at most {cap}; a job of "
+            f"{queued} more would pass that: retry once some have finished, or cancel a job",
+            code="too_many_open_items",
+            details={"limit": "max_open_items_per_tenant", "open": open_now, "requested": queued, "cap": cap})
 
 
 def _replayed(k: Kortex, tenant_id: str, key: str | None, digest: str) -> Submitted | None:
@@ -228,6 +269,8 @@ def _store_job(k: Kortex, tenant_id: str, request: JobRequest, job_id: str, inci
                 "turn_id": None, "cost_usd": 0.0, "dispatched_at": None, "started_at": None,
                 "finished_at": now if error else None,
             })
+        _check_open_items(conn, tenant_id, request, sum(1 for i in items if i["status"] == "queued"),
+                          k.settings.batch.max_open_items_per_tenant)
         job = {"id": job_id, "tenant_id": tenant_id, "status": "queued",
                "selection": request.model_dump(mode="json", exclude={"model", "max_usd", "concurrency", "template",
                                                                      "force"}),
@@ -449,10 +492,15 @@ def postmortem_of(k: Kortex, tenant_id: str, incident_ref: str) -> PostmortemRec
         return store.latest_postmortem(conn, tenant_id, incident_ref)
 
 
-def postmortems_of(k: Kortex, tenant_id: str, job_id: str) -> list[PostmortemRecord]:
+def postmortems_of(k: Kortex, tenant_id: str, job_id: str, *, after: str | None = None,
+                   limit: int = DOCUMENTS_PAGE) -> list[PostmortemRecord]:
+    """A page of the documents the job wrote, in incident order after the incident ``after``."""
+    if not 1 <= limit <= MAX_DOCUMENTS_PAGE:
+        raise InvalidInput(f"limit must be 1-{MAX_DOCUMENTS_PAGE}", code="validation",
+                           details=[{"field": "limit", "message": f"not 1-{MAX_DOCUMENTS_PAGE}"}])
     with k.db.connect() as conn:
         store.get_job(conn, tenant_id, job_id)
-        return store.postmortems_of_job(conn, tenant_id, job_id)
+        return store.postmortems_of_job(conn, tenant_id, job_id, after=after, limit=limit)
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,8 +18,9 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from kortex.errors import NotFound
+from kortex.storage import tenants as tenant_store
 from kortex.storage.records import ItemRecord, JobRecord, PostmortemRecord
-from kortex.storage.schema import postmortem_events, postmortem_items, postmortem_jobs, postmortems, tenants, turns
+from kortex.storage.schema import postmortem_events, postmortem_items, postmortem_jobs, postmortems, turns
 
 _j = postmortem_jobs.c
 _it = postmortem_items.c
@@ -32,8 +33,9 @@ ITEM_STATUSES = ("queued", "dispatched", "running", "done", "failed", "skipped",
 
 
 def lock_tenant(conn: Connection, tenant_id: str) -> None:
-    """Serialise the tenant's job submissions (a second job must see the first one's items)."""
-    conn.execute(select(tenants.c.id).where(tenants.c.id == tenant_id).with_for_update(key_share=True))
+    """Serialise the tenant's job submissions (a second job must see the first one's items, and
+    count them against the tenant's cap on unfinished items)."""
+    tenant_store.lock_tenant(conn, tenant_id)
 
 
 def insert_job(conn: Connection, job: dict[str, Any], items: Sequence[dict[str, Any]]) -> None:
@@ -134,6 +136,13 @@ def item_of_turn(conn: Connection, tenant_id: str, turn_id: str) -> ItemRecord |
 
 def active_count(conn: Connection, job_id: str) -> int:
     return int(conn.execute(select(func.count()).where(_it.job_id == job_id, _it.status.in_(ACTIVE))).scalar() or 0)
+
+
+def tenant_open_count(conn: Connection, tenant_id: str) -> int:
+    """The tenant's unfinished items across all its jobs (``batch.max_open_items_per_tenant``),
+    whatever the job's status: a job cancelled with ``running="finish"`` still runs its own."""
+    return int(conn.execute(select(func.count()).where(_it.tenant_id == tenant_id, _it.status.in_(OPEN)))
+               .scalar() or 0)
 
 
 def tenant_active_count(conn: Connection, tenant_id: str) -> int:
@@ -238,9 +247,14 @@ def latest_postmortem(conn: Connection, tenant_id: str, incident_ref: str) -> Po
     return PostmortemRecord.from_row(row)
 
 
-def postmortems_of_job(conn: Connection, tenant_id: str, job_id: str) -> list[PostmortemRecord]:
-    rows = conn.execute(select(postmortems).where(_p.tenant_id == tenant_id, _p.job_id == job_id)
-                        .order_by(_p.incident_ref)).all()
+def postmortems_of_job(conn: Connection, tenant_id: str, job_id: str, *, after: str | None,
+                       limit: int) -> list[PostmortemRecord]:
+    """A page of the job's documents in incident order, after the incident ``after``: a job
+    writes at most one document per incident (one item each), so the incident is the cursor."""
+    where = [_p.tenant_id == tenant_id, _p.job_id == job_id]
+    if after is not None:
+        where.append(_p.incident_ref > after)
+    rows = conn.execute(select(postmortems).where(*where).order_by(_p.incident_ref).limit(limit)).all()
     return [PostmortemRecord.from_row(r) for r in rows]
 
 

@@ -8,7 +8,7 @@ import re
 from collections.abc import Collection
 from dataclasses import asdict, dataclass
 
-from sqlalchemy import select
+from sqlalchemy import func, select, update
 from sqlalchemy.engine import Connection
 
 from kortex.access import DEFAULT_ROLE, valid_role
@@ -59,6 +59,25 @@ def create_tenant(conn: Connection, name: str) -> TenantRecord:
     tenant = TenantRecord(id=uuid7(), name=name, disabled=False, settings={}, created_at=utcnow())
     conn.execute(tenants.insert().values(**asdict(tenant)))
     return tenant
+
+
+def lock_tenant(conn: Connection, tenant_id: str) -> None:
+    """Hold the tenant's row until the transaction ends, so that what is counted next (its
+    active keys, its unfinished post-mortem items) stays true until the new row is in: two
+    transactions that both count under it take turns, and the second counts the first's row.
+    PostgreSQL: a row lock that key-share readers (inserts naming the tenant) pass. SQLite has
+    no row locks, and its driver begins a transaction only at the first write: reads before it
+    see no lock at all. A write that changes nothing takes the database's write lock instead."""
+    if conn.dialect.name == "sqlite":
+        conn.execute(update(tenants).where(tenants.c.id == tenant_id).values(disabled=tenants.c.disabled))
+    else:
+        conn.execute(select(tenants.c.id).where(tenants.c.id == tenant_id).with_for_update(key_share=True))
+
+
+def active_key_count(conn: Connection, tenant_id: str) -> int:
+    """The tenant's keys not revoked."""
+    return int(conn.scalar(select(func.count()).select_from(api_keys)
+                           .where(api_keys.c.tenant_id == tenant_id, api_keys.c.revoked_at.is_(None))) or 0)
 
 
 def get_tenant_by_name(conn: Connection, name: str) -> TenantRecord | None:

@@ -86,7 +86,7 @@ def test_a_job_is_accepted_run_read_and_followed(api: TestClient, harness: Harne
     kinds = [e for _, e, _ in events]
     assert kinds.count("item_started") == 3 and kinds.count("item_done") == 3 and kinds[-1] == "job_done"
     assert [int(i) for i, _, _ in events] == list(range(1, len(events) + 1))  # numbered, none missing
-    documents = api.get(f"{job['status_url']}/documents", headers=acme).json()
+    documents = api.get(f"{job['status_url']}/documents", headers=acme).json()["documents"]
     assert sorted(d["incident_id"] for d in documents) == ["INC-1101", "INC-1110", "INC-1116"]
     assert events[-1][2]["counts"]["done"] == 3
     # Reconnecting after an event replays only what came after it.

@@ -337,7 +337,7 @@ def test_an_idempotency_key_another_tenant_used_replays_nothing_of_theirs(world:
     assert job.status_code == 202, job.text
     assert job.json()["job_id"] != w.a_job_done
     w.run()
-    documents = c.get(f"/v1/postmortems/{job.json()['job_id']}/documents", headers=key).json()
+    documents = c.get(f"/v1/postmortems/{job.json()['job_id']}/documents", headers=key).json()["documents"]
     assert [d["job_id"] for d in documents] == [job.json()["job_id"]]
     # Another body under A's keys is not a mismatch with A's request either: B never used them.
     other = c.post("/v1/postmortems", json={"incident_ids": ["INC-1116"], "concurrency": 2},
