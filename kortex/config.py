@@ -273,8 +273,8 @@ class LLMSettings(_Section):
     privacy: PrivacySettings = Field(default_factory=PrivacySettings)
     max_tool_depth: int = Field(8, ge=1, le=64)
     max_tool_calls_per_step: int = Field(16, ge=1, le=128)  # more calls in one answer get an error result
-    # Text characters one model answer may stream; past it the step fails (stream_invalid) and
-    # nothing is kept. A provider that ignores max_tokens must not fill memory or the database;
+    # Characters one model answer may stream, its text and its tool calls' arguments (as compact
+    # JSON bytes) together; past it the step fails (stream_invalid) and nothing is kept. A provider that ignores max_tokens must not fill memory or the database;
     # the default is well above what an answer of even 128k tokens comes to.
     max_answer_chars: int = Field(1_000_000, ge=1_000, le=100_000_000)
     max_history_messages: int = Field(200, ge=4)

@@ -8,6 +8,8 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from kortex.nesting import MAX_DEPTH
+
 REDACTED = "[REDACTED]"
 
 # ---- secret-looking names ------------------------------------------------------------------
@@ -230,17 +232,51 @@ def scrub_text(text: str) -> str:
     return text
 
 
-def scrub(value: Any) -> Any:
+def scrub(value: Any, _depth: int = 0) -> Any:
     """Scrub every string in a JSON-like value; values under secret-named keys are dropped
-    (whole subtrees included), except booleans and nulls, which cannot leak one."""
+    (whole subtrees included), except booleans and nulls, which cannot leak one. Any depth:
+    past ``MAX_DEPTH`` (more than anything Kortex takes in nests) a subtree is walked without
+    recursion, so deep data (a remote source's, a plugin's) cannot raise RecursionError here."""
     if isinstance(value, str):
         return scrub_text(value)
     if isinstance(value, dict):
-        return {k: (REDACTED if isinstance(k, str) and is_secret_key(k) and not _harmless(v) else scrub(v))
+        if _depth >= MAX_DEPTH:
+            return _scrub_deep(value)
+        return {k: (REDACTED if isinstance(k, str) and is_secret_key(k) and not _harmless(v) else scrub(v, _depth + 1))
                 for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [scrub(v) for v in value]
+        if _depth >= MAX_DEPTH:
+            return _scrub_deep(value)
+        return [scrub(v, _depth + 1) for v in value]
     return value
+
+
+def _scrub_deep(value: Any) -> Any:
+    """``scrub`` with a stack of its own: each container is made empty and filled in place, in
+    its order (a dict's keys are set first), so no level costs a frame. Slower than the
+    recursion, hence only for what nests past ``MAX_DEPTH``."""
+    root: list[Any] = [None]
+    stack: list[tuple[Any, Any, Any]] = [(root, 0, value)]
+    while stack:
+        into, at, item = stack.pop()
+        if isinstance(item, str):
+            into[at] = scrub_text(item)
+        elif isinstance(item, dict):
+            out: dict[Any, Any] = {}
+            into[at] = out
+            for k, v in item.items():
+                if isinstance(k, str) and is_secret_key(k) and not _harmless(v):
+                    out[k] = REDACTED
+                else:
+                    out[k] = None
+                    stack.append((out, k, v))
+        elif isinstance(item, list | tuple):
+            items: list[Any] = [None] * len(item)
+            into[at] = items
+            stack.extend((items, n, v) for n, v in enumerate(item))
+        else:
+            into[at] = item
+    return root[0]
 
 
 def _harmless(value: Any) -> bool:

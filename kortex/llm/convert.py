@@ -12,11 +12,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kortex.llm.failures import failure
+from kortex.llm.wire import dumps
 from kortex.messages import AssistantMessage, Message, ToolCall, ToolMessage, ToolResult, UserMessage
+from kortex.nesting import deeper_than
 from kortex.redaction import scrub, scrub_text
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9_-]{1,40}\Z")
-MAX_ARGUMENT_BYTES = 256 * 1024  # streamed argument text of one call
+#: argument bytes of one call: streamed fragments are cut here as they come (``CallAssembler``);
+#: every call, whichever adapter built it, is held to it as stored (kortex/turns/consume.py)
+MAX_ARGUMENT_BYTES = 256 * 1024
 MAX_CALLS = 64  # tool calls in one answer (the step runs at most llm.max_tool_calls_per_step of them)
 
 
@@ -110,21 +114,40 @@ def load_arguments(text: str) -> Any:
         raise ValueError("nested too deeply") from exc
 
 
+def _too_large(size: int) -> None:
+    if size > MAX_ARGUMENT_BYTES:
+        raise failure("stream_invalid", detail=f"tool call arguments longer than {MAX_ARGUMENT_BYTES} bytes")
+
+
+def _encoded_size(arguments: dict[str, Any]) -> int:
+    try:
+        return len(dumps(arguments))
+    except UnicodeEncodeError:  # a lone surrogate, which the step replaces (consume.storable): measured so
+        text = json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))
+        return len(text.encode("utf-8", "replace"))
+
+
 def parse_arguments(call_id: str, name: str, raw: str | dict[str, Any] | None) -> ToolCall:
-    """Assembled argument text to a call; invalid JSON (or not an object) becomes a call the
-    pipeline answers with an ``invalid_json`` error the model can correct (tool-use-spec §8).
-    Arguments that came parsed (a vendor's JSON object) are checked as the step reads them
-    (kortex/turns/consume.py), for every provider at once."""
+    """Assembled argument text, or a vendor's parsed object (Anthropic's ``tool_use`` input,
+    Ollama's arguments), to a call; invalid JSON, not an object, or nested past ``MAX_DEPTH``
+    becomes a call the pipeline answers with an ``invalid_json`` error the model can correct
+    (tool-use-spec §8). More than ``MAX_ARGUMENT_BYTES`` fails the stream, however the arguments
+    came, as streamed fragments do (``CallAssembler``): one bound for every adapter. The step
+    checks every provider's calls again as it reads them (kortex/turns/consume.py)."""
     if isinstance(raw, dict):
+        if deeper_than(raw):  # before measuring: json.dumps recurses
+            return ToolCall(id=call_id, name=name, arguments={}, arguments_error="invalid_json")
+        _too_large(_encoded_size(raw))
         return ToolCall(id=call_id, name=name, arguments=raw)
     text = (raw or "").strip()
     if not text:
         return ToolCall(id=call_id, name=name, arguments={})
+    _too_large(len(text.encode("utf-8", "replace")))
     try:
         parsed = load_arguments(text)
     except ValueError:
         return ToolCall(id=call_id, name=name, arguments={}, arguments_error="invalid_json")
-    if not isinstance(parsed, dict):
+    if not isinstance(parsed, dict) or deeper_than(parsed):
         return ToolCall(id=call_id, name=name, arguments={}, arguments_error="invalid_json")
     return ToolCall(id=call_id, name=name, arguments=parsed)
 

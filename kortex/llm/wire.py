@@ -46,14 +46,19 @@ _LONG_RUN = b"0" * 19
 def loads(data: str | bytes) -> Any:
     """``json.loads``, faster and with the same results. What orjson refuses or would read
     differently (``NaN``, integers beyond 64 bits, UTF-16 bytes) is parsed by json, and what
-    both refuse raises json's ValueError."""
+    both refuse raises json's ValueError; so does JSON nested past json's recursion (orjson
+    stops at 1,024 levels, json near Python's recursion limit, with a RecursionError that the
+    decoders' ``except ValueError`` would not catch)."""
     raw = data if isinstance(data, bytes) else data.encode("utf-8", "surrogatepass")
     if _LONG_RUN not in raw.translate(_DIGITS):
         try:
             return orjson.loads(data)
         except orjson.JSONDecodeError:
             pass
-    return json.loads(data)
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
 
 
 #: orjson hands what json cannot encode (datetimes, dataclasses) back, and subclasses of

@@ -21,6 +21,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from kortex.errors import InvalidInput
+from kortex.nesting import MAX_DEPTH, deeper_than
 from kortex.storage.schema import (
     llm_deployments,
     llm_requests,
@@ -87,6 +88,10 @@ def _aware(value: datetime) -> datetime:
 def _small_json(value: dict[str, Any] | None) -> dict[str, Any] | None:
     if value is None:
         return None
+    # Before the size: 8 KiB nests a thousand levels deep, which json.dumps cannot even measure,
+    # and which the tools could store but never return (kortex/nesting.py).
+    if deeper_than(value):
+        raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
     try:
         # PostgreSQL's jsonb refuses the NaN and Infinity that Python's json writes by default.
         size = len(json.dumps(value, default=str, allow_nan=False))
@@ -289,21 +294,25 @@ def kind_spec(kind: str) -> tuple[type[_Item], Table, tuple[str, ...] | None, st
         raise InvalidInput(f"unknown ingest kind {kind!r}; use one of {', '.join(KINDS)}") from None
 
 
-def _nul_at(value: Any, path: str = "") -> str | None:
-    """Where in an item a NUL character hides (PostgreSQL text and jsonb cannot store it), if anywhere."""
+def _nul_at(value: Any, path: str = "", depth: int = 0) -> str | None:
+    """Where in an item a NUL character hides (PostgreSQL text and jsonb cannot store it), if
+    anywhere. Not below ``MAX_DEPTH`` (the item is one level more): no field takes data that
+    deep, and its validation says so, where looking on would recurse without bound."""
     if isinstance(value, str):
         return path or "item" if "\x00" in value else None
+    if depth > MAX_DEPTH:
+        return None
     if isinstance(value, dict):
         for key, inner in value.items():
             where = f"{path}.{key}" if path else str(key)
             if "\x00" in str(key):
                 return where
-            found = _nul_at(inner, where)
+            found = _nul_at(inner, where, depth + 1)
             if found:
                 return found
     elif isinstance(value, list):
         for n, inner in enumerate(value):
-            found = _nul_at(inner, f"{path}.{n}" if path else str(n))
+            found = _nul_at(inner, f"{path}.{n}" if path else str(n), depth + 1)
             if found:
                 return found
     return None

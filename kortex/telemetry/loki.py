@@ -75,6 +75,8 @@ class LokiLogs:
             body = answer.json()
         except ValueError as exc:
             raise UpstreamError("loki answered with something that is not JSON") from exc
+        except RecursionError:  # json's decoder recurses: an answer nested a thousand deep is no answer either
+            raise UpstreamError("loki answered with JSON nested too deeply to read") from None
         if not isinstance(body, dict):
             raise UpstreamError("loki answered with JSON that is not an object")
         if body.get("status") != "success":

@@ -85,6 +85,9 @@ class PrometheusMetrics:
         answer = self._http.get(path, params=params, headers=headers)
         try:
             body = answer.json()
+        except RecursionError:  # json's decoder recurses: an answer nested a thousand deep is no answer either
+            raise UpstreamError(f"upstream: {answer.status}: prometheus answered with JSON nested too deeply "
+                                "to read") from None
         except ValueError:
             body = {}
         if not isinstance(body, dict):
