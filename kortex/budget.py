@@ -46,10 +46,15 @@ class Limits:
         )
 
 
-def check_spend(budget: BudgetSettings, current: Spent) -> None:
+def check_spend(budget: BudgetSettings, current: Spent, upcoming: int = 0) -> None:
     """Raise BudgetExceeded when the tenant's day or the session is spent. ``retry_after`` says
     when asking again can help: at midnight UTC for the day; never for the session (``inf``:
-    the API sends no Retry-After), whose tokens are never given back."""
+    the API sends no Retry-After), whose tokens are never given back.
+
+    ``upcoming``: what the LLM call about to be made may add to the session (its estimated
+    prompt and its max_tokens, kortex/turns/context.py): a call that would pass the session's
+    cap is refused before it is made: a session passes its cap by the estimate's error at most,
+    not by a whole prompt."""
     limits = Limits.of(budget, current.tenant_settings)
     if current.usd_today >= limits.daily_usd:
         raise BudgetExceeded(
@@ -59,6 +64,11 @@ def check_spend(budget: BudgetSettings, current: Spent) -> None:
     if current.session_tokens >= limits.session_tokens:
         raise BudgetExceeded(
             f"this session has used its {limits.session_tokens} tokens; start a new session",
+            details={"limit": "session_tokens"}, retry_after=math.inf)
+    if current.session_tokens + upcoming > limits.session_tokens:
+        raise BudgetExceeded(
+            f"this session has used {current.session_tokens} of its {limits.session_tokens} tokens and the next "
+            f"model call may take ~{upcoming} more (its prompt and answer); start a new session",
             details={"limit": "session_tokens"}, retry_after=math.inf)
 
 

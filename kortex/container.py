@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from kortex.turns.admission import TurnSlots
     from kortex.turns.engine import StepEngine
     from kortex.turns.handoff import StepDispatch
+    from kortex.turns.spendguard import SpendGuard
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +166,7 @@ class Kortex:
     _engine: StepEngine | None = field(default=None, repr=False)
     _router: Router | None = field(default=None, repr=False)
     _slots: TurnSlots | None = field(default=None, repr=False)
+    _spend: SpendGuard | None = field(default=None, repr=False)
     _engine_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -194,6 +196,19 @@ class Kortex:
             # A slot outlives no turn: a turn past its deadline is failed by the watchdog.
             self._slots = TurnSlots(self.redis, self.settings.redis_prefix, self.settings.turn.deadline + 120)
         return self._slots
+
+    @property
+    def spend(self) -> SpendGuard:
+        """Reservations of the tenants' days for LLM calls in flight (kortex/turns/spendguard.py)."""
+        if self._spend is None:
+            from kortex.turns.spendguard import SpendGuard
+
+            turn = self.settings.turn
+            # A reservation outlives its step: a crashed holder's lapses once the step's time
+            # limit, and the lease that hands it on, are past.
+            self._spend = SpendGuard(self.redis, self.settings.redis_prefix,
+                                     ttl=turn.step_time_limit + turn.step_lease + 60)
+        return self._spend
 
     def close_engine(self, grace: float | None = None) -> list[StepDispatch]:
         """Stop the step engine; returns the steps it will not run (to hand back to a queue)."""

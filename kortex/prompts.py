@@ -46,3 +46,9 @@ of this investigation they rest on (e.g. "call_abc"); cite nothing else.
 - Action items name an owner role (a team or an on-call rotation), never a person.
 - If submit_postmortem answers with validation errors, fix exactly those and submit again.
 - After the post-mortem is accepted, answer with one sentence saying so."""
+
+# Sent in place of what a step's request left out to fit its model's context window
+# (kortex/turns/context.py); the stored conversation keeps all of it.
+CONTEXT_CUT = (
+    "[context note] Left out here to fit the model's context window: {what}. Call the tools again for "
+    "anything you still need from them.")

@@ -16,14 +16,16 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import json
 import re
+import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from kortex.errors import ConfigError, InvalidInput, ProviderUnavailable
-from kortex.llm.base import ModelInfo, Tier
-from kortex.messages import AssistantMessage, Message, ToolMessage, UserMessage
+from kortex.llm.base import CHARS_PER_TOKEN, ModelInfo, Tier
+from kortex.messages import AssistantMessage, Message, ToolCall, ToolMessage, UserMessage
 
 CAPABILITIES = ("reasoning", "analysis", "code_generation", "content_generation", "vision", "audio",
                 "quality_assurance", "data_processing", "planning", "research", "testing")
@@ -248,12 +250,88 @@ def task_of(history: Sequence[Message], *, last_step: bool, cost_ceiling_usd: fl
     complexity = complexity_of(str(question))
     if position == "digest" and complexity == "complex":
         complexity = "moderate"  # reading results back is lighter work than planning or concluding
-    chars = sum(len(m.content) if isinstance(m, UserMessage | AssistantMessage) else len(str(m.result.content))
-                for m in history)
-    return TaskSpec(complexity=complexity, position=position, input_tokens=max(1, (chars + prompt_chars) // 4),
+    tokens = sum(message_tokens(m) for m in history) + tokens_of(prompt_chars)
+    return TaskSpec(complexity=complexity, position=position, input_tokens=max(1, tokens),
                     required_capabilities=required, cost_ceiling_usd=cost_ceiling_usd, latency_sla_ms=latency_sla_ms)
 
 
+# ---- what a request comes to ------------------------------------------------------------------
+# One estimator, for routing (the task's input_tokens: its cost and which windows can hold it) and
+# for holding each call of a step to its model's window and the session's token cap
+# (kortex/turns/context.py). Measured against OpenAI's tokenizers (o200k, cl100k; Anthropic's is
+# not public and taken to be alike): prose (questions, answers, the system prompt, tool schemas) comes to 3.2-4.7
+# characters a token, so CHARS_PER_TOKEN (4) is within -20%..+15%; JSON data (tool arguments and
+# results: numbers, timestamps, ids) to 1.6-3.0 (metric series 2.2, log lines 3.0, the demo's
+# results 2.4, bare UUIDs 1.6), so DATA_CHARS_PER_TOKEN (2) is +10%..+48% on telemetry, the
+# demo's +20%, and -18% only on JSON of bare ids. A result is measured as its JSON text, which the
+# adapters send (kortex/llm/convert.py result_text); a holder to a hard limit keeps a margin.
+
+#: characters of JSON data a token comes to, at most (see above)
+DATA_CHARS_PER_TOKEN = 2
+#: tokens a message or a tool call costs besides its content: its role and the chat template
+#: around it (OpenAI counts 3-4 a message)
+OVERHEAD_TOKENS = 4
+
+#: the adapters' compact JSON (kortex/llm/convert.py result_text); one encoder, no cycle check: a
+#: tenth faster than json.dumps, ~6 us a kilobyte of results
+_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=str, check_circular=False)
+#: id(object) -> (weak reference to it, its tokens): a result or call is serialised once however
+#: often a step asks (routing, the fit of each call, a re-ask); gone with the object
+_MEASURED: dict[int, tuple[weakref.ref[Any], int]] = {}
+
+
+def _json_chars(value: Any) -> int:
+    try:
+        return len(_JSON.encode(value))
+    except (RecursionError, TypeError, ValueError):  # the adapter cannot send it either: its call fails
+        return 0
+
+
+def _measured(obj: ToolCall | ToolMessage) -> int:
+    key = id(obj)
+    hit = _MEASURED.get(key)
+    if hit is not None and hit[0]() is obj:
+        return hit[1]
+    if isinstance(obj, ToolCall):
+        chars = len(obj.id) + len(obj.name) + _json_chars(obj.arguments)
+    else:
+        content = obj.result.content  # as result_text sends it (kortex/llm/convert.py)
+        chars = len(obj.result.call_id) + (len(content) if isinstance(content, str) else _json_chars(content))
+    tokens = -(-chars // DATA_CHARS_PER_TOKEN) + OVERHEAD_TOKENS
+
+    def forget(ref: weakref.ref[Any], key: int = key) -> None:
+        # Called as the object goes, before its id can be another's: drop this entry only.
+        if (_MEASURED.get(key) or (None,))[0] is ref:
+            _MEASURED.pop(key, None)
+
+    _MEASURED[key] = (weakref.ref(obj, forget), tokens)
+    return tokens
+
+
+def tokens_of(chars: int) -> int:
+    """Estimated tokens of ``chars`` characters of prose (rounded up)."""
+    return -(-max(0, chars) // CHARS_PER_TOKEN)
+
+
+def text_tokens(text: str) -> int:
+    """Estimated tokens of a message that is text alone (a question, an answer)."""
+    return tokens_of(len(text)) + OVERHEAD_TOKENS
+
+
+def call_tokens(call: ToolCall) -> int:
+    """Estimated tokens of one tool call as sent: its id, name and arguments as JSON."""
+    return _measured(call)
+
+
+def message_tokens(message: Message) -> int:
+    """Estimated tokens of ``message`` as a vendor is sent it."""
+    if isinstance(message, ToolMessage):
+        return _measured(message)
+    if isinstance(message, AssistantMessage):
+        return text_tokens(message.content) + sum(_measured(c) for c in message.tool_calls)
+    return text_tokens(message.content)
+
+
 __all__ = ["ALIASES", "CAPABILITIES", "HeuristicRoutingStrategy", "Latency", "RouteModel", "RoutingDecision",
-           "RoutingStrategy", "TaskSpec", "canonical", "capabilities", "check_key", "complexity_of", "load_strategy",
-           "model_key", "task_of"]
+           "RoutingStrategy", "TaskSpec", "call_tokens", "canonical", "capabilities", "check_key", "complexity_of",
+           "load_strategy", "message_tokens", "model_key", "task_of", "text_tokens", "tokens_of"]

@@ -37,6 +37,7 @@ from kortex.turns.handoff import Handoff, StepDispatch
 
 if TYPE_CHECKING:
     from kortex.container import Kortex
+    from kortex.turns.spendguard import Reservation
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -67,6 +68,8 @@ class StepHold:
         self._tenant_id = tenant_id
         self.turn: TurnRecord | None = None
         self.ended: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
+        #: what the step holds of its tenant's day while its calls run (kortex/turns/spendguard.py)
+        self.reservation: Reservation | None = None
 
     async def io(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         # In the step's context: its log records carry the turn's ids (kortex/logcontext.py).

@@ -9,9 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy.engine import Connection
-
-from kortex import budget, logcontext, metrics, tracing
+from kortex import logcontext, metrics, tracing
 from kortex.container import Kortex
 from kortex.errors import (
     BudgetExceeded,
@@ -34,7 +32,7 @@ from kortex.events import (
     TurnEvent,
 )
 from kortex.llm.base import CompletionRequest, DoneChunk, ToolSchema
-from kortex.llm.router import Attempt, Candidate, RoutedStream, plan
+from kortex.llm.router import Attempt, Candidate, plan
 from kortex.llm.routing import Latency, RoutingDecision
 from kortex.messages import AssistantMessage, Message, ToolCall, ToolResult, Usage, UserMessage
 from kortex.prompts import DEPTH_EXCEEDED, REGROUND
@@ -49,6 +47,7 @@ from kortex.turns.billing import llm_audit, turn_total, usage_of
 from kortex.turns.checkpoints import checkpoint_id
 from kortex.turns.closing import Ending, announce, end_turn
 from kortex.turns.consume import call_ids, consume
+from kortex.turns.context import Window, load
 from kortex.turns.grounding import Grounding, check, successful_calls
 from kortex.turns.handoff import NOTHING, Handoff, StepDispatch, ToolDispatch, Trace
 from kortex.turns.notes import Notes, checked
@@ -113,6 +112,8 @@ async def _step(k: Kortex, tenant_id: str, turn_id: str, step: int, hold: StepHo
         return handoff
     finally:
         metrics.step_done(time.monotonic() - started, outcome)
+        if hold.reservation is not None:  # its calls are billed (or were never made)
+            await hold.io(k.spend.release, hold.reservation)
 
 
 async def _step_claimed(k: Kortex, claimed: Claimed, step: int, hold: StepHold) -> Handoff:
@@ -161,7 +162,7 @@ async def _step_claimed(k: Kortex, claimed: Claimed, step: int, hold: StepHold) 
             await _settle_text(publisher)
             return await hold.io(_fail, k, turn, step, stop.anomaly.kind, stop.anomaly.message,
                                  llm_entries=notes.entries)
-        return await _run_claimed(k, turn, step, candidates, history, hold, publisher, routed, notes)
+        return await _run_claimed(k, turn, step, candidates, history, hold, publisher, routed, notes, claimed.spent)
     except Released:
         return await hold.io(_release, k, turn, step)
     except Exception as exc:  # whatever broke, the client must hear the turn ended
@@ -180,6 +181,7 @@ class Claimed:
     total_messages: int = 0
     #: the tenant's own routing terms (its settings' ``routing``: cost_ceiling_usd, latency_sla_ms)
     routing: dict[str, Any] = field(default_factory=dict)
+    spent: Spent | None = None  # read with the claim: the session's cap is checked before each call
 
 
 def _claim(k: Kortex, tenant_id: str, turn_id: str, step: int) -> Claimed | None:
@@ -198,7 +200,7 @@ def _claim(k: Kortex, tenant_id: str, turn_id: str, step: int) -> Claimed | None
             return None
         turn = claimed.turn
         try:
-            history = _load(k, conn, turn, claimed.spent, claimed.history)
+            history = load(k, conn, turn, claimed.spent, claimed.history)
             latency = None
             if is_auto(k.settings, turn.model) and not isinstance(history, KortexError):
                 latency = k.router.latency.get(conn, turn.tenant_id, k.settings.llm.routing.min_latency_samples)
@@ -215,7 +217,8 @@ def _claim(k: Kortex, tenant_id: str, turn_id: str, step: int) -> Claimed | None
             except Exception:
                 log.warning("could not undo the claim of step %s of turn %s after a failed read", step, turn.id)
             raise
-        return Claimed(turn, history, latency, total, (claimed.spent.tenant_settings or {}).get("routing") or {})
+        routing = (claimed.spent.tenant_settings or {}).get("routing") or {}
+        return Claimed(turn, history, latency, total, routing, claimed.spent)
 
 
 def _release(k: Kortex, turn: TurnRecord, step: int) -> Handoff:
@@ -227,24 +230,6 @@ def _release(k: Kortex, turn: TurnRecord, step: int) -> Handoff:
                                        lane=lane_of(turn.profile)),))
 
 
-def _load(k: Kortex, conn: Connection, turn: TurnRecord, spent: Spent,
-          read: list[Message] | None = None) -> list[Message] | KortexError:
-    """The conversation so far (``read`` when the claim read it already), once the budget
-    allows another LLM call (it is checked before every call, not only when the turn began)."""
-    try:
-        budget.check_spend(k.settings.llm.budget, spent)
-    except BudgetExceeded as exc:
-        return exc
-    history = read if read is not None else chats.load_history(
-        conn, turn.tenant_id, turn.session_id, limit=k.settings.llm.max_history_messages)
-    try:
-        gate = profile_of(turn.profile).before_call
-    except ConfigError:
-        gate = None  # the step fails the turn as unknown_profile before any call
-    refusal = gate(conn, turn, history) if gate is not None else None
-    return refusal if refusal is not None else history  # refused: the kind of turn's own limit
-
-
 def _time_limit(k: Kortex, turn: TurnRecord) -> float:
     """The step's own limit, but never past the turn's deadline (the watchdog fails it then)."""
     left = (turn.deadline_at - utcnow()).total_seconds()
@@ -253,7 +238,7 @@ def _time_limit(k: Kortex, turn: TurnRecord) -> float:
 
 async def _run_claimed(k: Kortex, turn: TurnRecord, step: int, candidates: list[Candidate],
                        history: list[Message], hold: StepHold, publisher: StepPublisher,
-                       routed: RoutingDecision | None, notes: Notes) -> Handoff:
+                       routed: RoutingDecision | None, notes: Notes, spent: Spent | None = None) -> Handoff:
     settings = k.settings
     depth = settings.llm.max_tool_depth
     limit = _time_limit(k, turn)
@@ -281,7 +266,18 @@ async def _run_claimed(k: Kortex, turn: TurnRecord, step: int, candidates: list[
     # and has not mapped it to another action ([llm.anomalies] scope, actions).
     spikes = checking and routed is not None and action_for("latency_spike", checks) == "fallback"
     deadline = k.router.first_token_deadline(routed) if spikes and routed is not None else None
-    streams = [RoutedStream(candidates, request, settings.llm, first_token_deadline=deadline)]
+    window = Window(k, history, spent, turn.tenant_id)  # each call's history cut to its model's window, within caps
+    streams = [window.stream(candidates, request, first_token_deadline=deadline)]
+    refused = window.refusal(streams[0])
+    if refused is None:  # the day's room for what the step's calls may cost, given back once it has billed them
+        try:
+            hold.reservation = await hold.io(window.reserve, k, streams[0])
+        except BudgetExceeded as exc:
+            refused = exc
+    if refused is not None:  # said before any call, as when the budget is spent
+        metrics.refused(refused.code)
+        await _settle_text(publisher)
+        return await hold.io(_fail, k, turn, step, refused.code, refused.message, llm_entries=notes.entries)
 
     def attempts() -> list[Attempt]:
         return [a for each in streams for a in each.attempts]
@@ -309,7 +305,7 @@ async def _run_claimed(k: Kortex, turn: TurnRecord, step: int, candidates: list[
                 calls=", ".join(sorted(c.id for c in successful_calls(history))) or "none",
                 dangling=", ".join(grounding.dangling) or "none",
                 numbers=", ".join(grounding.uncited_numbers) or "none"))))
-        streams.append(RoutedStream(candidates, again, settings.llm))
+        streams.append(window.stream(candidates, again))
         text, _, done = await consume(streams[-1], publisher, call_ids(history), hold)  # no tools offered
         return text, (), done, check(text, history, numbers=policy.check_numbers)
 
@@ -350,7 +346,7 @@ async def _run_claimed(k: Kortex, turn: TurnRecord, step: int, candidates: list[
             "the model is asked again; a new answer follows the one above"
         notes.recovery(acted.action, acted.kind, message, publisher, model=again[0].spec)
         rerun = request if (calls or rollback) else request.model_copy(update={"tools": ()})
-        streams.append(RoutedStream(again, rerun, settings.llm))
+        streams.append(window.stream(again, rerun))
         text, calls, done = await consume(streams[-1], publisher, call_ids(history), hold, notes)
         looping = [f for f in check_calls(history, calls, checks) if f.action == "escalate"]
         if looping:  # the rerun called the same again: no second chance

@@ -149,15 +149,16 @@ def test_ingest_has_per_tenant_quotas_in_requests_and_items(tight: tuple[TestCli
     assert third.status_code == 429 and third.json()["error"]["details"] == {"limit": "ingest_requests"}
 
 
-PRICED = {"providers": {"scripted": {"prices": {"costly": {"input": 1_000_000, "output": 1_000_000}}}}}
-
-
 def test_a_spent_day_says_to_retry_at_midnight_utc(harness_factory: Any) -> None:
     from datetime import UTC, datetime, timedelta
 
-    h = harness_factory(llm={**PRICED, "budget": {"daily_usd_limit": 1000}})
+    from kortex.storage.schema import tenant_spend
+    from kortex.timeparse import utcnow
+
+    h = harness_factory(llm={"budget": {"daily_usd_limit": 1000}})
     tenant = h.tenant("acme")
-    h.ask(tenant, "go", model="scripted:costly")  # $1200 of a $1000 day
+    with h.k.db.begin() as conn:  # $1200 of a $1000 day billed
+        conn.execute(tenant_spend.insert().values(tenant_id=tenant, day=utcnow().date(), cost_usd=1200.0))
     with _client(h) as client:
         key = h.api_key(tenant)
         session = client.post("/v1/sessions", json={}, headers=bearer(key)).json()["id"]
@@ -169,12 +170,15 @@ def test_a_spent_day_says_to_retry_at_midnight_utc(harness_factory: Any) -> None
 
 
 def test_a_session_past_its_token_cap_gets_no_retry_after(harness_factory: Any) -> None:
+    from kortex.storage.schema import turns
     from kortex.turns import chat
 
-    h = harness_factory(llm={"budget": {"per_session_token_cap": 1000}})
+    h = harness_factory(llm={"budget": {"per_session_token_cap": 100_000}})
     tenant = h.tenant("acme")
-    session = chat.create_session(h.k, tenant, "s", "scripted:costly")
-    h.ask(tenant, "go", session_id=session.id)  # 1200 tokens
+    session = chat.create_session(h.k, tenant, "s", "scripted:text_only")
+    turn = h.ask(tenant, "go", session_id=session.id)
+    with h.k.db.begin() as conn:  # the session has spent its tokens (a long conversation, say)
+        conn.execute(turns.update().where(turns.c.id == turn.id).values(input_tokens=100_001))
     with _client(h) as client:
         refused = client.post(f"/v1/sessions/{session.id}/messages", json={"content": "more"},
                               headers=bearer(h.api_key(tenant)))

@@ -7,34 +7,57 @@ import json
 import pytest
 
 from kortex.errors import BudgetExceeded, RateLimited
-from kortex.storage.schema import tenants
+from kortex.storage.schema import tenant_spend, tenants
+from kortex.storage.schema import turns as turns_table
+from kortex.timeparse import utcnow
 from kortex.turns import chat
 
 PRICED = {"providers": {"scripted": {"prices": {"costly": {"input": 1_000_000, "output": 1_000_000}}}}}
 
 
-def test_a_spent_day_stops_the_turn_at_its_next_llm_call_and_refuses_new_ones(harness_factory) -> None:
-    # $1 a token: the first step of the script costs $1200, past a $1000 day.
+def test_a_call_the_day_cannot_cover_is_not_made(harness_factory) -> None:
+    # $1 a token: what the first call may cost (its prompt and max_tokens) is far past a $1000
+    # day, so it is refused before it is made (kortex/turns/spendguard.py), not billed past it.
     h = harness_factory(llm={**PRICED, "budget": {"daily_usd_limit": 1000}})
     tenant = h.tenant("acme")
     turn = h.ask(tenant, "go", model="scripted:costly")
     assert turn.status == "failed" and turn.error["code"] == "budget_exceeded"
-    assert turn.cost_usd == pytest.approx(1200.0)  # what was spent is still on the turn
-    kinds = [e.type for e in h.events(turn.id)]
-    assert kinds.count("turn") == 2 and kinds[-2:] == ["error", "done"]  # the second call never ran
-    with pytest.raises(BudgetExceeded) as refused:
-        h.ask(tenant, "again", model="scripted:costly")
-    assert "daily LLM budget" in refused.value.message
+    assert turn.cost_usd == 0.0
+    errors = [json.loads(e.data) for e in h.events(turn.id) if e.type == "error"]
+    assert "daily LLM budget of $1000.00 cannot cover another call" in errors[0]["message"]
     other = h.tenant("other")  # another tenant's day is its own
     assert h.ask(other, "hi", model="scripted:text_only").status == "done"
 
 
-def test_a_session_past_its_token_cap_takes_no_more_turns(harness_factory) -> None:
+def test_a_spent_day_refuses_new_turns(harness_factory) -> None:
+    h = harness_factory(llm={"budget": {"daily_usd_limit": 1000}})
+    tenant = h.tenant("acme")
+    with h.k.db.begin() as conn:  # the day's calls were billed $1000.50
+        conn.execute(tenant_spend.insert().values(tenant_id=tenant, day=utcnow().date(), cost_usd=1000.5))
+    with pytest.raises(BudgetExceeded) as refused:
+        h.ask(tenant, "again", model="scripted:text_only")
+    assert "daily LLM budget" in refused.value.message
+
+
+def test_a_call_that_would_pass_the_session_cap_is_not_made(harness_factory) -> None:
+    # What the call may add (its prompt, estimated, and max_tokens) counts before it is made: the
+    # session never passes its cap by a whole call (kortex/turns/context.py).
     h = harness_factory(llm={"budget": {"per_session_token_cap": 1000}})
     tenant = h.tenant("acme")
     session = chat.create_session(h.k, tenant, "s", "scripted:costly")
     turn = h.ask(tenant, "go", session_id=session.id)
-    assert turn.status == "failed" and turn.error["code"] == "budget_exceeded"  # 1200 tokens after step 0
+    assert turn.status == "failed" and turn.error["code"] == "budget_exceeded"
+    assert (turn.input_tokens, turn.output_tokens) == (0, 0)  # refused before the call, not after it
+
+
+def test_a_session_past_its_token_cap_takes_no_more_turns(harness_factory) -> None:
+    h = harness_factory(llm={"budget": {"per_session_token_cap": 100_000}})
+    tenant = h.tenant("acme")
+    session = chat.create_session(h.k, tenant, "s", "scripted:text_only")
+    turn = h.ask(tenant, "go", session_id=session.id)
+    assert turn.status == "done"
+    with h.k.db.begin() as conn:  # the session has spent its tokens (a long conversation, say)
+        conn.execute(turns_table.update().where(turns_table.c.id == turn.id).values(input_tokens=100_001))
     with pytest.raises(BudgetExceeded):
         chat.post_message(h.k, tenant, session.id, "more")
     fresh = chat.create_session(h.k, tenant, "s2", "scripted:text_only")
