@@ -174,7 +174,8 @@ class Provider(abc.ABC):
 
     #: stable identifier used in configuration and model specs ("anthropic", "offline", ...)
     name: str = ""
-    #: True for providers whose data never leaves the operator's network (local-only mode)
+    #: True for a server the operator runs (Ollama), not a vendor's cloud; whether a given
+    #: request stays on the operator's network is ``leaves_network``'s to say
     local: bool = False
     #: True for providers that are not an LLM (offline analyst, scripted); labelled as such
     synthetic: bool = False
@@ -186,6 +187,13 @@ class Provider(abc.ABC):
     @abc.abstractmethod
     def stream(self, request: CompletionRequest) -> AsyncIterator[StreamChunk]:
         """Stream one completion. Ends with exactly one ``DoneChunk``; raises ``ProviderError``."""
+
+    def leaves_network(self, model_id: str | None = None) -> bool:
+        """Whether requests for ``model_id`` are served off the operator's network (None: the
+        provider's requests whatever the model), which decides whether the conversation is
+        scrubbed of credentials first and whether local-only mode refuses them. A model, not
+        a provider, is the unit: a local server may hand some models on to a vendor."""
+        return not (self.local or self.synthetic)
 
     @property
     def supports_tools(self) -> bool:

@@ -4,17 +4,21 @@
 
 A caller may name only a model this server serves (``/api/tags``) or the configuration names,
 unless ``allow_unlisted_models`` is set. Cloud models (``...:cloud``, ``...-cloud`` tags) run on
-ollama.com, not here: local-only mode refuses them."""
+ollama.com, not here, and so does everything sent to an endpoint off this network (ollama.com
+itself, with an ``api_key``): their requests leave the network (``leaves_network``), so the
+conversation is scrubbed of credentials first, and local-only mode refuses them."""
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import os
 import time
 from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from typing import Any
+from urllib.parse import urlsplit
 
 from kortex.config import ProviderSettings, Settings
 from kortex.errors import ProviderError, ProviderUnavailable
@@ -59,6 +63,37 @@ def is_cloud_tag(model_id: str) -> bool:
     return tag == "cloud" or tag.endswith("-cloud")
 
 
+#: host names that name a private network, not the internet: special-use and private-use
+#: suffixes (RFC 6761, 6762, 8375; ICANN's .internal) and the ones LANs commonly use
+_PRIVATE_SUFFIXES = (".localhost", ".local", ".internal", ".lan", ".home.arpa", ".intranet", ".corp", ".home",
+                     ".private")
+
+
+def endpoint_host(url: str) -> str:
+    """The host of ``url`` (no port, no user info), lowercased; "" when it has none."""
+    try:
+        return (urlsplit(url).hostname or "").rstrip(".").lower()
+    except ValueError:
+        return ""
+
+
+def on_private_network(url: str) -> bool:
+    """Whether ``url``'s host is this machine or on a private network: an address that is not
+    global (loopback, private, link-local, shared as Tailscale's 100.64/10), ``localhost``, a
+    name of one label (a container's or a LAN's, which only a local resolver knows) or a name
+    under a private-use suffix. Any other name counts as the internet: whether a public-looking
+    name resolves to a private address the name cannot say, and sending a conversation off the
+    network unscrubbed is the mistake to avoid (such a server: name it by its address)."""
+    host = endpoint_host(url)
+    if not host:
+        return False
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return host == "localhost" or "." not in host or host.endswith(_PRIVATE_SUFFIXES)
+    return not address.is_global
+
+
 class OllamaProvider(HTTPProvider):
     local = True
 
@@ -76,6 +111,13 @@ class OllamaProvider(HTTPProvider):
         if "://" not in endpoint:  # OLLAMA_HOST is often written host:port
             endpoint = "http://" + endpoint
         self.endpoint = endpoint.rstrip("/")
+        #: the server is off this network (ollama.com itself, a hosted Ollama): every request leaves it
+        self.remote = not on_private_network(self.endpoint)
+        if self.local_only and self.remote:
+            host = endpoint_host(self.endpoint) or "(none)"
+            raise ProviderUnavailable(f"endpoint host {host!r} is not on a private network, which local-only mode "
+                                      "forbids (a server on yours: name it by its address)",
+                                      provider=name, code="local_only")
         headers = {"accept": "application/x-ndjson"}
         # Ollama has no auth; a reverse proxy in front of it may
         key = clean_api_key(config.api_key.get_secret_value() if config.api_key else None, name,
@@ -91,13 +133,22 @@ class OllamaProvider(HTTPProvider):
         self._refresh_lock: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
         self._no_native_tools: set[str] = set()
 
+    def leaves_network(self, model_id: str | None = None) -> bool:
+        return self.remote or (model_id is not None and is_cloud_tag(model_id))
+
     # -- models ---------------------------------------------------------------------------
+
+    def _where(self, model_id: str) -> str:
+        """Where a model runs, for its display name: never "local" for one that is not."""
+        if is_cloud_tag(model_id):
+            return "cloud: ollama.com"
+        return f"remote: {endpoint_host(self.endpoint)}" if self.remote else "local"
 
     def _info(self, model_id: str) -> ModelInfo:
         tier: Tier = "fast" if model_id == self.config.fast_model else "balanced"
         # Free unless priced: a cloud model an operator pulled is billed by ollama.com.
-        return catalog.with_price(ModelInfo(id=model_id, display_name=f"{model_id} (local)", tier=tier,
-                                            context_tokens=self.context_tokens,
+        return catalog.with_price(ModelInfo(id=model_id, display_name=f"{model_id} ({self._where(model_id)})",
+                                            tier=tier, context_tokens=self.context_tokens,
                                             supports_tools=model_id not in self._no_native_tools), self.config)
 
     @property

@@ -28,7 +28,7 @@ class ProviderStatus:
     available: bool
     reason: str | None
     models: tuple[ModelInfo, ...]
-    local: bool
+    local: bool  # its requests stay on this network (a model may still leave it: see its display name)
     synthetic: bool
     reachable: bool | None = None  # None: not probed (cloud providers are not called to list models)
     problems: tuple[str, ...] = ()  # configuration worth fixing that does not stop the provider
@@ -108,17 +108,18 @@ class ProviderRegistry:
                 out.append(ProviderStatus(name, False, exc.message, (), False, False))
                 continue
             models = tuple(provider.models())
-            cloud = not (provider.local or provider.synthetic)
+            # "local" only where requests stay here: an Ollama at ollama.com is not
+            local = provider.local and not provider.leaves_network()
             problems = tuple(getattr(provider, "problems", ()))
-            if local_only and cloud:
+            if local_only and provider.leaves_network():
                 out.append(ProviderStatus(name, False, "refused in local-only mode", models, False, False,
                                           problems=problems))
             elif name in unreachable:
-                out.append(ProviderStatus(name, False, unreachable[name], models, provider.local, provider.synthetic,
+                out.append(ProviderStatus(name, False, unreachable[name], models, local, provider.synthetic,
                                           reachable=False, problems=problems))
             else:
                 probed = True if hasattr(provider, "refresh_models") else None
-                out.append(ProviderStatus(name, True, None, models, provider.local, provider.synthetic,
+                out.append(ProviderStatus(name, True, None, models, local, provider.synthetic,
                                           reachable=probed, problems=problems))
         return out
 
@@ -148,17 +149,22 @@ class ProviderRegistry:
 
     def resolve(self, spec: str | None) -> Resolved:
         """Find the provider and model for ``spec`` (None: the configured default). In
-        local-only mode a cloud provider a caller names is refused here, before anything is
-        queued; a configured default that is one gives way to the local provider."""
+        local-only mode a model whose requests leave the network (``Provider.leaves_network``)
+        is refused here when a caller names it, before anything is queued; a configured default
+        that is one gives way to the local provider."""
         resolved = self._resolve(spec)
-        provider = resolved.provider
-        if self.settings.llm.local_only and not (provider.local or provider.synthetic):
+        provider, model = resolved.provider, resolved.model
+        if self.settings.llm.local_only and provider.leaves_network(model.id):
             if not spec:
                 local = self.get(LOCAL_PROVIDER)
                 return Resolved(local, local.model_info(self._configured_model(LOCAL_PROVIDER)))
+            if provider.leaves_network():
+                raise ProviderUnavailable(
+                    f"provider {provider.name!r} sends data off this network, which local-only mode forbids; "
+                    "use a local provider such as 'ollama'", provider=provider.name, code="local_only")
             raise ProviderUnavailable(
-                f"provider {provider.name!r} sends data off this network, which local-only mode forbids; "
-                "use a local provider such as 'ollama'", provider=provider.name, code="local_only")
+                f"model {model.id!r} of {provider.name!r} is served off this network, which local-only mode "
+                "forbids", provider=provider.name, model=model.id, code="local_only")
         return resolved
 
     def _resolve(self, spec: str | None) -> Resolved:

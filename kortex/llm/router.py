@@ -3,15 +3,17 @@
 - **normal**: the requested (or default) provider, then ``fallback_providers`` in order.
 - **frugal**: each provider's fast model first; its answer is held back and, if it stopped at
   ``max_tokens`` or said ``<<NEED_MORE_CONTEXT>>``, the full model answers instead.
-- **local-only** (or ``[llm.privacy] local_only``): cloud providers are refused when a caller
-  names them; a configured default that is a cloud provider is skipped for the local one.
+- **local-only** (or ``[llm.privacy] local_only``): a model whose requests leave the network
+  (``Provider.leaves_network``: a cloud provider's, an Ollama ``:cloud`` model) is refused when
+  a caller names it; a configured default that is one is skipped for the local provider.
 
 Only a model the caller named is pinned (frugal mode leaves it alone); the configured default
 is not. Failover happens only while no text has reached the client: a provider that fails
 after it streamed text ends the step with that error, so nothing is ever said twice. Every call
 made along the way is kept as an ``Attempt`` with what it was billed, also when it failed or
 was cancelled (for the audit trail and the turn's cost). With ``redact_secrets`` the
-conversation is scrubbed of credentials before it goes to a cloud provider.
+conversation is scrubbed of credentials before it goes to a model whose requests leave the
+network, decided per model: a local Ollama hands its ``:cloud`` models to ollama.com.
 """
 
 from __future__ import annotations
@@ -118,6 +120,8 @@ class Attempt:
 
 
 def is_cloud(provider: Provider) -> bool:
+    """A vendor's cloud rather than a server the operator runs (its catalogue is the vendor's).
+    Whether a request leaves the network is a model's question: ``Provider.leaves_network``."""
     return not (provider.local or provider.synthetic)
 
 
@@ -154,12 +158,15 @@ def plan(registry: ProviderRegistry, spec: str | None) -> list[Candidate]:
         named = head and explicit  # the caller chose this provider: its failures are the answer
         try:
             provider = registry.get(candidate)
-            if llm.local_only and is_cloud(provider):
-                if named:
-                    registry.resolve(spec)  # raises the local-only refusal
-                skipped.append(f"{candidate}: not local (mode local-only)")
+            # Asked of the provider first (no model needed to refuse a vendor's cloud), then of
+            # the model: a local server may hand some models on (Ollama's ":cloud" ones).
+            if llm.local_only and provider.leaves_network():
+                _refuse_off_network(registry, spec, named, candidate, skipped)
                 continue
             model = provider.model_info((model_id if head else None) or _configured(llm, candidate))
+            if llm.local_only and provider.leaves_network(model.id):
+                _refuse_off_network(registry, spec, named, f"{candidate}:{model.id}", skipped)
+                continue
         except ProviderError as exc:
             if named:
                 raise
@@ -175,6 +182,16 @@ def plan(registry: ProviderRegistry, spec: str | None) -> list[Candidate]:
     if not out:
         raise ProviderUnavailable("no provider can answer: " + "; ".join(skipped), provider=name)
     return out
+
+
+def _refuse_off_network(registry: ProviderRegistry, spec: str, named: bool, what: str, skipped: list[str]) -> None:
+    """Local-only mode and a candidate whose requests leave the network: the caller's own choice
+    is refused (with the registry's words), another is skipped."""
+    if named:
+        registry.resolve(spec)  # raises the local-only refusal
+        raise ProviderUnavailable(f"{what} is served off this network, which local-only mode forbids",
+                                  provider=what.partition(":")[0], code="local_only")
+    skipped.append(f"{what}: not local (mode local-only)")
 
 
 def _configured(llm: LLMSettings, name: str) -> str | None:
@@ -229,14 +246,14 @@ class RoutedStream:
         self.answered: Attempt | None = None
         self.text_streamed = False
         self._warned: set[str] = set()
-        self._scrubbed: tuple[Message, ...] | None = None  # the conversation for cloud providers, made once
+        self._scrubbed: tuple[Message, ...] | None = None  # the conversation for off-network models, made once
 
     def request_for(self, provider: Provider, model: ModelInfo, *, fast: bool) -> CompletionRequest:
         config = self.llm.providers.get(provider.name) or ProviderSettings()
         system = self.request.system + (FRUGAL_HINT if fast else "")
         update = {"model": model.id, "max_tokens": config.max_tokens, "temperature": config.temperature,
                   "system": system}
-        if self.llm.privacy.redact_secrets and is_cloud(provider):
+        if self.llm.privacy.redact_secrets and provider.leaves_network(model.id):
             if self._scrubbed is None:
                 self._scrubbed = scrubbed(self.request.messages)
             update["messages"] = self._scrubbed

@@ -23,6 +23,12 @@ holds the whole body in memory, however large. So answers are streamed here inst
   own decoding (its ``iter_bytes``) would turn one 64 KiB read into all it decodes to, a
   thousand times more. An answer in any other encoding, or whose compressed body is corrupt or
   cut short, is an ``UpstreamError`` naming the source, before or instead of reading on.
+
+An upstream may quote the credential it was sent (an error saying which token it refused), and
+what a source quotes of an answer reaches the model. ``BoundedClient.without_secrets`` takes
+the client's credentials out of text in every spelling an answer may use (see ``spellings``);
+error bodies go through it as bytes before anything reads them, and the sources pass whatever
+they quote of a decoded answer through it too.
 """
 
 from __future__ import annotations
@@ -35,12 +41,13 @@ from collections.abc import Iterable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 import httpcore
 import httpx
 
 from kortex.errors import UpstreamError
-from kortex.redaction import request_secrets, without_secrets
+from kortex.redaction import REDACTED, request_secrets, without_secrets
 
 # The pipeline sets it around every tool call (pipeline deadline + DB_GRACE) for the database's
 # statement timeouts; it is the only channel from ``ctx.deadline`` to a source, whose methods see
@@ -72,6 +79,25 @@ def _size(n: int) -> str:
     if n < 1024:
         return f"{n} bytes"
     return f"{n // (1024 * 1024)} MiB" if n >= 1024 * 1024 and n % (1024 * 1024) == 0 else f"{n // 1024} KiB"
+
+
+#: Go's encoding/json escapes these (HTML-safe output, Prometheus' and Loki's own errors); in
+#: both cases of hex, as other encoders write them
+_GO_ESCAPES = (("&", ("\\u0026",)), ("<", ("\\u003c", "\\u003C")), (">", ("\\u003e", "\\u003E")))
+
+
+def spellings(secret: str) -> set[str]:
+    """``secret`` as an answer may spell it: as sent; as JSON writes it (escaped, ASCII or not);
+    with "/" as "\\/" (PHP, Jackson, many gateways; base64 tokens hold "/"); with Go's escapes
+    of ``& < >``; both of the last two at once; and percent-encoded (a quoted URL)."""
+    found = {secret, quote(secret, safe=""), quote(secret)}
+    for escaped in {json.dumps(secret)[1:-1], json.dumps(secret, ensure_ascii=False)[1:-1]}:
+        forms = {escaped}
+        for char, escapes in _GO_ESCAPES:
+            if char in escaped:
+                forms |= {form.replace(char, e) for form in forms for e in escapes}
+        found |= forms | {form.replace("/", "\\/") for form in forms}
+    return {s for s in found if s}
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,10 +133,10 @@ class BoundedClient:
         self.timeout = timeout
         self.max_bytes = max_bytes
         self.max_error_bytes = max_error_bytes
-        # An error body may quote the credential it refused: taken out literally (and as JSON
-        # would spell it) before anything reads the body.
+        # An error body may quote the credential it refused: taken out, in every spelling,
+        # before anything reads the body (and from what the sources quote of other answers).
         sent = request_secrets(headers or {})
-        self._secrets = tuple({*sent, *(json.dumps(s)[1:-1] for s in sent)})
+        self._secrets = tuple(sorted({form for s in sent for form in spellings(s)}, key=len, reverse=True))
         sending = httpx.Headers(headers or {})
         sending["Accept-Encoding"] = ACCEPT_ENCODING  # what _read decodes, and nothing else
         self._client = httpx.Client(base_url=base_url, timeout=timeout, headers=sending,
@@ -118,6 +144,16 @@ class BoundedClient:
 
     def close(self) -> None:
         self._client.close()
+
+    def without_secrets(self, text: str) -> str:
+        """``text`` (from an answer, decoded or not) with each credential this client sends
+        replaced, in every spelling of ``spellings``: for whatever a source quotes of an answer
+        into an error or a result. Whole words only; the raw error bodies, which may be cut
+        inside one, are cleaned further as they are read."""
+        for secret in self._secrets:
+            if secret in text:
+                text = text.replace(secret, REDACTED)
+        return text
 
     def get(self, path: str, *, params: Any, headers: dict[str, str] | None = None) -> Answer:
         start = time.monotonic()
@@ -191,9 +227,9 @@ class BoundedClient:
             return _Inflater(codings[0])
         # br or zstd (never asked for), or encodings stacked: decoded by nothing that bounds them
         status = f" {response.status_code} {response.reason_phrase}" if response.status_code >= 400 else ""
-        raise UpstreamError(f"{self.name} answered{status} in Content-Encoding "
-                            f"{response.headers.get('content-encoding', '')!r}, which Kortex does not decode (it "
-                            f"asks for {ACCEPT_ENCODING} or none); the connection was closed")
+        encoding = self.without_secrets(repr(response.headers.get("content-encoding", "")))
+        raise UpstreamError(f"{self.name} answered{status} in Content-Encoding {encoding}, which Kortex does not "
+                            f"decode (it asks for {ACCEPT_ENCODING} or none); the connection was closed")
 
     def _clean(self, body: bytes) -> bytes:
         if not self._secrets:

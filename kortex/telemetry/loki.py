@@ -5,7 +5,9 @@ explicit ``single_tenant``); the product, level, host
 and trace id are labels whose names are configurable. Pages come newest first with
 ``direction=backward``; Loki lines have no id, so a stable hash of the line stands in for one
 and the keyset is (timestamp to the microsecond, hash), as in the embedded store. Answers are
-read within the tool call's deadline and a byte cap (``kortex.telemetry.http``).
+read within the tool call's deadline and a byte cap (``kortex.telemetry.http``); what is quoted
+of them (an error's text, log lines and their labels) goes without the bearer token, however it
+was spelled.
 """
 
 from __future__ import annotations
@@ -50,6 +52,10 @@ class LokiLogs:
     def close(self) -> None:
         self._http.close()
 
+    def without_secrets(self, text: str) -> str:
+        """``text`` without the credential this source sends, in any spelling (``BoundedClient``)."""
+        return self._http.without_secrets(text)
+
     def logql(self, query: LogQuery) -> str:
         selector: dict[str, str] = {}
         if query.product is not None:
@@ -69,8 +75,9 @@ class LokiLogs:
     def _get(self, tenant_id: str, path: str, params: dict[str, Any]) -> Any:
         headers = {"X-Scope-OrgID": tenant_id} if self.org_id_from_tenant else {}
         answer = self._http.get(path, params=params, headers=headers)
-        if answer.status >= 400:
-            raise UpstreamError(f"upstream: {answer.status} {answer.text[:200]}".strip() + answer.cut_note)
+        clean = self._http.without_secrets
+        if answer.status >= 400:  # quoted raw, escapes and all: cleaned whole, then cut
+            raise UpstreamError(f"upstream: {answer.status} {clean(answer.text)[:200]}".strip() + answer.cut_note)
         try:
             body = answer.json()
         except ValueError as exc:
@@ -79,8 +86,8 @@ class LokiLogs:
             raise UpstreamError("loki answered with JSON nested too deeply to read") from None
         if not isinstance(body, dict):
             raise UpstreamError("loki answered with JSON that is not an object")
-        if body.get("status") != "success":
-            raise UpstreamError(f"loki: {body.get('error') or body.get('status')}")
+        if body.get("status") != "success":  # a 200 saying it failed: its words decoded, never cleaned as bytes
+            raise UpstreamError(clean(f"loki: {body.get('error') or body.get('status')}"))
         return body.get("data") or {}
 
     def query_logs(self, tenant_id: str, query: LogQuery) -> LogPage:
@@ -95,8 +102,9 @@ class LokiLogs:
             "query": logql, "start": start_ns, "end": page_end_us * 1000, "limit": limit + 1 + TIE_MARGIN,
             "direction": "backward"})
         lines: list[tuple[tuple[int, int], LogLine]] = []
+        clean = self._http.without_secrets
         for stream in data.get("result") or []:
-            labels = {str(k): str(v) for k, v in (stream.get("stream") or {}).items()}
+            labels = {str(k): clean(str(v)) for k, v in (stream.get("stream") or {}).items()}
             for ns_text, text in stream.get("values") or []:
                 ns = int(ns_text)
                 us = ns // 1000
@@ -109,7 +117,7 @@ class LokiLogs:
                     continue
                 lines.append((key, LogLine(
                     id=ident, ts=ts, level=labels.get(self.labels["level"], "info"),
-                    host=labels.get(self.labels["host"], ""), message=text,
+                    host=labels.get(self.labels["host"], ""), message=clean(text) if isinstance(text, str) else text,
                     trace_id=labels.get(self.labels["trace_id"]), product=labels.get(self.product_label))))
         lines.sort(key=lambda item: item[0], reverse=True)
         page = [line for _, line in lines[:limit]]

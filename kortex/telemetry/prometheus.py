@@ -7,7 +7,8 @@ Thanos' receive/query frontends), or the deployment says it is ``single_tenant``
 always ``query_range`` with a bounded number of steps, after counting the matching series;
 several series are averaged by Prometheus into the one series tools expect. Label values are
 escaped and label names checked, so no argument can change the query's shape. Answers are read
-within the tool call's deadline and a byte cap (``kortex.telemetry.http``).
+within the tool call's deadline and a byte cap (``kortex.telemetry.http``); what is quoted of
+them (an error's text, metric names) goes without the bearer token, however it was spelled.
 """
 
 from __future__ import annotations
@@ -66,6 +67,10 @@ class PrometheusMetrics:
     def close(self) -> None:
         self._http.close()
 
+    def without_secrets(self, text: str) -> str:
+        """``text`` without the credential this source sends, in any spelling (``BoundedClient``)."""
+        return self._http.without_secrets(text)
+
     def selector(self, tenant_id: str, product: str, metric: str | None, labels: dict[str, str]) -> str:
         matchers: list[str] = []
         if metric is not None and not _METRIC.match(metric):
@@ -93,9 +98,11 @@ class PrometheusMetrics:
         if not isinstance(body, dict):
             body = {}
         if answer.status >= 400 or body.get("status") != "success":
+            # The error is the upstream's own words, decoded: a 200 with "status": "error" (never
+            # cleaned as an error body) or a 4xx spelling the token some way the bytes were not.
             detail = body.get("error") or answer.reason
-            raise UpstreamError(f"upstream: {answer.status} {body.get('errorType', '')} {detail}".strip()
-                                + answer.cut_note)
+            message = f"upstream: {answer.status} {body.get('errorType', '')} {detail}".strip()
+            raise UpstreamError(self._http.without_secrets(message) + answer.cut_note)
         return body.get("data")
 
     @staticmethod
@@ -151,4 +158,4 @@ class PrometheusMetrics:
             match += f',{self.tenant_label}="{escape(tenant_id)}"'
         match += "}"
         data = self._get(tenant_id, "/api/v1/label/__name__/values", [("match[]", match)])
-        return sorted(str(n) for n in (data or []))[:500]
+        return sorted(self._http.without_secrets(str(n)) for n in (data or []))[:500]

@@ -35,6 +35,7 @@ except a timeout, which keeps rfc-005 §6.1's shape (plus the same message and c
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import hashlib
 import json
 import logging
@@ -100,13 +101,39 @@ _SCRUB_EDGE = 16 * 1024
 _CUT = "…[truncated]"
 
 
-def _error_message(message: str, cap_bytes: int) -> tuple[str, bool]:
-    """``message`` scrubbed and bounded so an error result fits in ``cap_bytes`` of JSON; and
-    whether it was cut. At most 6 bytes a character once encoded (a control character's
-    ``\\uXXXX``), so an eighth of the cap in characters leaves room for the other fields."""
+def _unchanged(text: str) -> str:
+    return text
+
+
+def _source_secrets(sources: Any) -> Callable[[str], str]:
+    """What takes the credentials the context's telemetry sources send (a Prometheus or Loki
+    bearer token) out of a text, word for word and in every spelling (each source's
+    ``without_secrets``). The sources clean what they quote of an answer themselves; this is
+    the net under them, for an upstream's words that reach an error some other way."""
+    if not dataclasses.is_dataclass(sources) or isinstance(sources, type):
+        return _unchanged
+    held = [getattr(sources, f.name) for f in dataclasses.fields(sources)]
+    held += [v for h in held if isinstance(h, dict) for v in h.values()]  # TelemetrySources.extra
+    forgets = [f for f in {id(h): getattr(h, "without_secrets", None) for h in held}.values() if callable(f)]
+    if not forgets:
+        return _unchanged
+
+    def forget(text: str) -> str:
+        for each in forgets:
+            text = each(text)
+        return text
+
+    return forget
+
+
+def _error_message(message: str, cap_bytes: int, forget: Callable[[str], str] = _unchanged) -> tuple[str, bool]:
+    """``message`` without the credentials ``forget`` knows, scrubbed and bounded so an error
+    result fits in ``cap_bytes`` of JSON; and whether it was cut. At most 6 bytes a character
+    once encoded (a control character's ``\\uXXXX``), so an eighth of the cap in characters
+    leaves room for the other fields."""
     limit = min(MAX_ERROR_CHARS, cap_bytes // 8)
     cut = len(message) > _SCRUB_WINDOW
-    text = scrub_text(message[:_SCRUB_WINDOW])
+    text = scrub_text(forget(message[:_SCRUB_WINDOW]))
     if cut:
         text = text[:max(0, len(text) - _SCRUB_EDGE)]
     if len(text) > limit:
@@ -303,9 +330,10 @@ class ToolPipeline:
     ) -> ToolResult:
         elapsed_ms = int((time.monotonic() - started) * 1000)
         if error is not None and content is None:
-            # Messages can quote upstream responses or arguments: scrubbed like any output, and
-            # capped like any output (the model sees them as the call's result).
-            message, cut = _error_message(error[1], self.result_cap_bytes)
+            # Messages can quote upstream responses or arguments: scrubbed like any output (and
+            # of the sources' credentials word for word), and capped like any output (the model
+            # sees them as the call's result).
+            message, cut = _error_message(error[1], self.result_cap_bytes, _source_secrets(ctx.sources))
             content = {"error": True, "message": message,
                        "code": spec_code or SPEC_CODES.get(error[0], "INTERNAL_ERROR"), "error_code": error[0]}
             if cut:
