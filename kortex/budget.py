@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
@@ -137,6 +139,17 @@ class Quota:
             self.redis.decrby(quota_window(self.prefix, tenant_id, self.name, window), amount)
         except RedisError:
             pass
+
+    @contextmanager
+    def counting(self, tenant_id: str) -> Iterator[None]:
+        """Count one (RateLimited past the limit), given back if the block fails: what was not
+        made costs no quota."""
+        window = self.take(tenant_id)
+        try:
+            yield
+        except BaseException:
+            self.give_back(tenant_id, window)
+            raise
 
 
 def take_together(tenant_id: str, *wanted: tuple[Quota, int]) -> int | None:

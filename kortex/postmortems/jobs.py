@@ -204,14 +204,9 @@ def _counting_job(k: Kortex, tenant_id: str) -> Iterator[None]:
     """Count a new job against the tenant's ``batch.jobs_per_minute`` (RateLimited past it), and
     give the count back if the job is not stored: a job refused (the open-items cap, a lost
     race on its Idempotency-Key) costs no quota, and neither does a replay, which never gets here."""
-    quota = budget.Quota(k.redis, k.settings.redis_prefix, "postmortem_jobs", k.settings.batch.jobs_per_minute,
-                         "post-mortem jobs")
-    window = quota.take(tenant_id)
-    try:
+    with budget.Quota(k.redis, k.settings.redis_prefix, "postmortem_jobs", k.settings.batch.jobs_per_minute,
+                      "post-mortem jobs").counting(tenant_id):
         yield
-    except BaseException:
-        quota.give_back(tenant_id, window)
-        raise
 
 
 def _check_open_items(conn: Connection, tenant_id: str, request: JobRequest, queued: int, cap: int) -> None:

@@ -98,13 +98,9 @@ def counting_session(k: Kortex, tenant_id: str) -> Iterator[None]:
     after validation, so a refused request costs none either. Every way to make a session
     (create, fork, retry) counts here."""
     settings = k.settings.llm.budget
-    quota = budget.Quota(k.redis, k.settings.redis_prefix, "sessions", settings.sessions_per_minute, "new sessions")
-    window = quota.take(tenant_id)
-    try:
+    with budget.Quota(k.redis, k.settings.redis_prefix, "sessions", settings.sessions_per_minute,
+                      "new sessions").counting(tenant_id):
         yield
-    except BaseException:
-        quota.give_back(tenant_id, window)
-        raise
 
 
 def create_session(k: Kortex, tenant_id: str, name: str | None, model: str | None = None) -> SessionRecord:
