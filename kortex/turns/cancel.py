@@ -38,9 +38,9 @@ from kortex.turns.closing import Ending, announce, end_turn, settled_calls
 from kortex.turns.handoff import Handoff
 
 log = logging.getLogger(__name__)
-# How long a cancel waits for the step it cut short to bill its call: a streaming step stops
-# at its next write (one text flush, ``turn.text_flush_ms``, after the model's next piece) and
-# bills in one transaction; 0.1-0.3 s in practice. The client's stream ends by then either way.
+# How long a cancel waits for the step it cut short to bill its call: the stop's announcement
+# reaches the step's process at once (its next write would refuse it anyway), and it bills in one
+# transaction; 0.1-0.3 s in practice. The client's stream ends by then either way.
 BILL_WAIT = 0.8
 BILL_POLL = 0.05
 
