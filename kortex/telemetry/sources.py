@@ -241,6 +241,12 @@ class TelemetrySources:
     products: ProductSource | None = None  # None: nothing can list what exists
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def _each(self) -> list[Any]:
+        """Every source once (one object may serve several kinds), ``extra`` ones included."""
+        every = (self.logs, self.metrics, self.deploys, self.traces, self.incidents, self.admin, self.llmops,
+                 self.products, *self.extra.values())
+        return list({id(s): s for s in every if s is not None}.values())
+
     def close(self) -> None:
         """Release what remote sources hold (HTTP connection pools)."""
         seen: set[int] = set()
@@ -249,6 +255,15 @@ class TelemetrySources:
             if close is not None and id(source) not in seen:
                 seen.add(id(source))
                 close()
+
+    def without_secrets(self, text: str) -> str:
+        """``text`` without the credentials the sources send (a Prometheus or Loki bearer token),
+        word for word in every spelling: the net under what each source cleans of what it quotes."""
+        for source in self._each():
+            forget = getattr(source, "without_secrets", None)
+            if callable(forget):
+                text = forget(text)
+        return text
 
 
 def downsample(samples: list[Sample], step_s: float, origin: datetime | None = None) -> list[Sample]:

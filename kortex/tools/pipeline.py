@@ -35,7 +35,6 @@ except a timeout, which keeps rfc-005 §6.1's shape (plus the same message and c
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import hashlib
 import json
 import logging
@@ -103,27 +102,6 @@ _CUT = "…[truncated]"
 
 def _unchanged(text: str) -> str:
     return text
-
-
-def _source_secrets(sources: Any) -> Callable[[str], str]:
-    """What takes the credentials the context's telemetry sources send (a Prometheus or Loki
-    bearer token) out of a text, word for word and in every spelling (each source's
-    ``without_secrets``). The sources clean what they quote of an answer themselves; this is
-    the net under them, for an upstream's words that reach an error some other way."""
-    if not dataclasses.is_dataclass(sources) or isinstance(sources, type):
-        return _unchanged
-    held = [getattr(sources, f.name) for f in dataclasses.fields(sources)]
-    held += [v for h in held if isinstance(h, dict) for v in h.values()]  # TelemetrySources.extra
-    forgets = [f for f in {id(h): getattr(h, "without_secrets", None) for h in held}.values() if callable(f)]
-    if not forgets:
-        return _unchanged
-
-    def forget(text: str) -> str:
-        for each in forgets:
-            text = each(text)
-        return text
-
-    return forget
 
 
 def _error_message(message: str, cap_bytes: int, forget: Callable[[str], str] = _unchanged) -> tuple[str, bool]:
@@ -333,7 +311,8 @@ class ToolPipeline:
             # Messages can quote upstream responses or arguments: scrubbed like any output (and
             # of the sources' credentials word for word), and capped like any output (the model
             # sees them as the call's result).
-            message, cut = _error_message(error[1], self.result_cap_bytes, _source_secrets(ctx.sources))
+            message, cut = _error_message(error[1], self.result_cap_bytes,
+                                          getattr(ctx.sources, "without_secrets", _unchanged))
             content = {"error": True, "message": message,
                        "code": spec_code or SPEC_CODES.get(error[0], "INTERNAL_ERROR"), "error_code": error[0]}
             if cut:
