@@ -12,6 +12,13 @@ from kortex.messages import ToolCall, Usage
 from kortex.storage.audit import AuditEntry
 from kortex.storage.records import TurnRecord
 
+#: Errors that are the step's verdict on what a call answered (kortex/turns/consume.py: the
+#: answer past ``llm.max_answer_chars``, text and tool-call arguments together, or one call's
+#: arguments past their bound). Tool calls reach the step only once their call has ended well,
+#: so such an error comes after the vendor's stop reason: it is still that call's failure, and
+#: its row says the answer was refused (what it cost is billed all the same).
+REFUSED_ANSWER = frozenset({"stream_invalid"})
+
 
 def usage_of(attempts: list[Attempt]) -> Usage:
     """What the step cost: every call, including a frugal attempt that was escalated."""
@@ -39,13 +46,16 @@ def llm_audit(
     text_chars: int = 0,
     error: ProviderError | None = None,
 ) -> list[AuditEntry]:
-    """One row per LLM call. ``error`` is what ended the step: it is recorded on the call that
-    was still running (a timeout) when that call has no error of its own."""
+    """One row per LLM call. ``error`` is what ended the step: it is recorded on the last call
+    when that call has no error of its own and was still running (a timeout) or its answer was
+    refused (``REFUSED_ANSWER``); an error after a call that ended well (a lease lost once it
+    had answered) is no failure of that call."""
     entries = []
     for index, attempt in enumerate(attempts):
         last = index == len(attempts) - 1
         failure = attempt.error if attempt.error is not None and attempt.error.code != "cancelled" else None
-        if failure is None and last and error is not None and attempt.stop_reason in (None, "error"):
+        if failure is None and last and error is not None and (
+                attempt.stop_reason in (None, "error") or error.code in REFUSED_ANSWER):
             failure = error  # includes "cancelled": a call cut short is not a success
         # Prompts and answers stay out of the audit row: they may quote secrets from telemetry.
         payload: dict[str, Any] = {
@@ -76,4 +86,4 @@ def llm_audit(
     return entries
 
 
-__all__ = ["billed", "llm_audit", "turn_total", "usage_of"]
+__all__ = ["REFUSED_ANSWER", "billed", "llm_audit", "turn_total", "usage_of"]

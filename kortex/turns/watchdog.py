@@ -23,7 +23,7 @@ from kortex import metrics
 from kortex.container import Kortex
 from kortex.errors import KortexError
 from kortex.events import DoneEvent, ErrorEvent
-from kortex.messages import ToolResult, Usage
+from kortex.messages import ToolResult
 from kortex.storage import audit, retention, sweeps, turns
 from kortex.storage.audit import AuditEntry
 from kortex.storage.invocations import tool_call_from_record
@@ -31,7 +31,8 @@ from kortex.storage.records import InvocationRecord, TurnRecord
 from kortex.timeparse import utcnow
 from kortex.tools.spec import ToolContext
 from kortex.turns import outbox, spool
-from kortex.turns.closing import Ending, announce, end_turn, settled_calls
+from kortex.turns.billing import billed
+from kortex.turns.closing import Cut, Ending, announce, bill_cuts, cut_short, end_turn, settled_calls
 from kortex.turns.handoff import Handoff, StepDispatch, stored_trace
 from kortex.turns.ports import JOB_SWEEPS, Leadership, QueuePort, Work
 from kortex.turns.profiles import lane_of, load_builtin
@@ -132,13 +133,25 @@ def sweep(k: Kortex, queue: QueuePort | None = None) -> SweepReport:
     with k.db.connect() as conn:
         expired = sweeps.expired_turns(conn, now)
     failed = 0
+    cuts: list[tuple[Ending, Cut]] = []
     for turn in expired:
         try:
-            moved, after = _expire(k, turn)
-            failed += moved
-            handoff += after
+            failing = _expire(k, turn)
         except KortexError:  # one bad row must not stop the sweep; the next one retries it
             log.exception("watchdog could not fail turn %s", turn.id)
+            continue
+        if failing is None:
+            continue
+        failed += 1
+        ending, cut = failing
+        if cut is None:
+            handoff += announce(k, ending)
+        else:
+            cuts.append((ending, cut))
+    # The steps the deadline cut mid-call are stopped together and waited for once (at most
+    # BILL_WAIT in all), so each done counts its call's bill, as a cancel's does.
+    for ending, _ in bill_cuts(k, cuts):
+        handoff += announce(k, ending)
 
     with k.db.connect() as conn:
         overdue = sweeps.overdue_invocations(conn, now)
@@ -237,19 +250,24 @@ def _settle_overdue(k: Kortex, inv: InvocationRecord) -> Handoff:
     return settle(k, inv, result, [entry])
 
 
-def _expire(k: Kortex, turn: TurnRecord) -> tuple[int, Handoff]:
+def _expire(k: Kortex, turn: TurnRecord) -> tuple[Ending, Cut | None] | None:
+    """Fail ``turn`` for its deadline: the ending to announce and the step it cut mid-call, if
+    any (for ``bill_cuts``); None when the turn ended otherwise first."""
     error = {"code": "deadline_exceeded", "message": "the turn did not finish before its deadline"}
-    usage = Usage(input_tokens=turn.input_tokens, output_tokens=turn.output_tokens, cost_usd=turn.cost_usd)
-    ending: Ending | None = None
     with k.db.begin() as conn:
         ended = turns.fail_turn(conn, turn, error)
-        if ended is not None:
-            # Unfenced: the compare-and-set above won, so whichever attempt last wrote is over.
-            ending = end_turn(k, conn, turn, [*settled_calls(ended),
-                                              ErrorEvent(code="deadline_exceeded", message=error["message"]),
-                                              DoneEvent(status="failed", usage=usage, error="deadline_exceeded")],
-                              attempt=0)
-    return (0, Handoff()) if ending is None else (1, announce(k, ending))
+        if ended is None:
+            return None
+        # Read again under the lock the compare-and-set took: ``turn`` was read before it, and a
+        # step may have billed (or claimed the turn) since.
+        now = turns.get_turn(conn, turn.tenant_id, turn.id)
+        cut = cut_short(conn, turn, now)
+        # Unfenced: the compare-and-set above won, so whichever attempt last wrote is over.
+        ending = end_turn(k, conn, turn, [*settled_calls(ended),
+                                          ErrorEvent(code="deadline_exceeded", message=error["message"]),
+                                          DoneEvent(status="failed", usage=billed(now), error="deadline_exceeded")],
+                          attempt=0)
+    return ending, cut
 
 
 class Pruning:
