@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from kortex.nesting import MAX_DEPTH
+from kortex.text import storable
 
 REDACTED = "[REDACTED]"
 
@@ -233,12 +234,14 @@ def scrub_text(text: str) -> str:
 
 
 def scrub(value: Any, _depth: int = 0) -> Any:
-    """Scrub every string in a JSON-like value; values under secret-named keys are dropped
+    """Scrub every string in a JSON-like value (made storable too: a NUL or a lone surrogate a
+    remote source sent becomes U+FFFD, where PostgreSQL would refuse the whole result, and a
+    tool call would wait for the watchdog); values under secret-named keys are dropped
     (whole subtrees included), except booleans and nulls, which cannot leak one. Any depth:
     past ``MAX_DEPTH`` (more than anything Kortex takes in nests) a subtree is walked without
     recursion, so deep data (a remote source's, a plugin's) cannot raise RecursionError here."""
     if isinstance(value, str):
-        return scrub_text(value)
+        return scrub_text(storable(value))
     if isinstance(value, dict):
         if _depth >= MAX_DEPTH:
             return _scrub_deep(value)
@@ -260,7 +263,7 @@ def _scrub_deep(value: Any) -> Any:
     while stack:
         into, at, item = stack.pop()
         if isinstance(item, str):
-            into[at] = scrub_text(item)
+            into[at] = scrub_text(storable(item))
         elif isinstance(item, dict):
             out: dict[Any, Any] = {}
             into[at] = out

@@ -27,9 +27,14 @@ except a timeout, which keeps rfc-005 §6.1's shape (plus the same message and c
     upstream          DATABASE_ERROR        StorageError (the embedded store failed)
     upstream          UPSTREAM_ERROR        UpstreamError (Prometheus, Loki, ... failed)
     timeout           TIMEOUT               the tool ran past its timeout
-    result_too_large  RESULT_TOO_LARGE      ResultTooLarge (even trimmed, it does not fit the cap)
+    result_too_large  RESULT_TOO_LARGE      ResultTooLarge (even trimmed, it does not fit the cap; or it
+                                            nests deeper than ``MAX_RESULT_DEPTH``)
     policy_denied     POLICY_DENIED         unknown tool, or not allowed in this session
-    internal          INTERNAL_ERROR        a bug in the tool
+    internal          INTERNAL_ERROR        a bug in the tool (a result JSON cannot encode is one)
+
+A result must also be one that can be stored and published, or its call would never end (the
+tool task would fail storing it, and the call would wait for the watchdog's timeout answer):
+see ``_encodable``.
 """
 
 from __future__ import annotations
@@ -45,8 +50,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kortex.errors import InvalidInput, NotFound, StorageError, ToolError, ToolTimeout, UpstreamError
+from kortex.errors import InvalidInput, NotFound, ResultTooLarge, StorageError, ToolError, ToolTimeout, UpstreamError
 from kortex.messages import ToolCall, ToolResult
+from kortex.nesting import MAX_DEPTH, deeper_than
 from kortex.redaction import scrub, scrub_text
 from kortex.storage.audit import AuditEntry
 from kortex.storage.db import statements_until
@@ -99,6 +105,13 @@ _SCRUB_WINDOW = 64 * 1024
 _SCRUB_EDGE = 16 * 1024
 _CUT = "…[truncated]"
 
+#: how deep a tool's result may nest. The result travels inside envelopes a few levels deep (a
+#: ``tool_result`` event, a message row, the outbox), and pydantic writes at most about 254 levels
+#: of JSON and reads back at most 200; 128 leaves room under both. Four times ingest's
+#: ``MAX_DEPTH``, so a tool may wrap telemetry at its deepest in a structure of its own (a
+#: get_traces page: 32 levels of spans, two levels each, then their tags).
+MAX_RESULT_DEPTH = 4 * MAX_DEPTH
+
 
 def _unchanged(text: str) -> str:
     return text
@@ -117,6 +130,23 @@ def _error_message(message: str, cap_bytes: int, forget: Callable[[str], str] = 
     if len(text) > limit:
         text, cut = text[:limit], True
     return (text + _CUT, True) if cut else (text, False)
+
+
+def _encodable(spec: ToolSpec, content: dict[str, Any]) -> None:
+    """Raise unless ``content`` can be stored and published (its depth is checked before). The
+    database encodes it by json's rules, so no datetimes, bytes or other objects (SQLAlchemy and
+    psycopg call ``json.dumps``), and PostgreSQL's jsonb refuses NaN and Infinity; pydantic, which
+    publishes it, refuses a lone surrogate (which ``json.dumps`` escapes), as UTF-8 does."""
+    try:
+        json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+    except (TypeError, ValueError) as exc:  # ValueError: NaN, a circular reference, a surrogate
+        raise _unencodable(spec, exc) from None
+
+
+def _unencodable(spec: ToolSpec, exc: Exception) -> ToolError:
+    log.error("tool %s returned a result that cannot be encoded as JSON: %s", spec.name, exc)
+    return ToolError(f"the {spec.name} tool returned a result that cannot be encoded as JSON "
+                     "(an internal error); other tools still work")
 
 
 class ToolPipeline:
@@ -216,14 +246,24 @@ class ToolPipeline:
                audit: list[AuditEntry] | None, raw: Any, args: Any) -> ToolResult:
         if not isinstance(raw, dict):
             raise TypeError(f"tool {spec.name} returned {type(raw).__name__}, not a dict")
+        if deeper_than(raw, MAX_RESULT_DEPTH):
+            # Telemetry stored before ingest bounded its depth, or a structure a tool built: the
+            # data, not the tool, is at fault, and the model can still ask for other records.
+            raise ResultTooLarge(
+                f"the result nests deeper than {MAX_RESULT_DEPTH} levels, more than a tool result can carry: "
+                "the records it read are nested too deeply to return; ask for other records or a narrower query")
         # Redact first, cap what is left; private paging keys ride along for on_truncate.
         redacted = spec.allowlist.apply(raw)
         private = {k: v for k, v in raw.items() if isinstance(k, str) and k.startswith("_")}
-        capped, truncated = cap_result({**redacted, **private}, spec, self.result_cap_bytes, args, ctx)
+        try:
+            capped, truncated = cap_result({**redacted, **private}, spec, self.result_cap_bytes, args, ctx)
+        except UnicodeEncodeError as exc:  # measuring its size encodes it: a lone surrogate
+            raise _unencodable(spec, exc) from None
         content = {k: v for k, v in capped.items() if not (isinstance(k, str) and k.startswith("_"))}
         if truncated:
             content["truncated"] = True
         truncated = truncated or content.get("truncated") is True  # the tool's own cap counts too
+        _encodable(spec, content)
         return self._finish(call, ctx, spec, started, audit, content=content, truncated=truncated)
 
     def recover(self, call: ToolCall, ctx: ToolContext, *, audit: list[AuditEntry] | None = None) -> ToolResult | None:

@@ -10,7 +10,14 @@ lose their spans past the first one it dropped, so the next page holds them all)
 Broken traces are reported, never dropped: a span whose parent is not in the trace is a
 fragment marked ``missing_parent`` (counted in ``orphans``); parent links that form a cycle
 are cut at the cycle's earliest span, which becomes a fragment marked ``cycle`` (and the trace
-``cycles: true``)."""
+``cycles: true``).
+
+Deep traces are flattened, never cut short: each level of the tree nests its spans two levels
+deeper in the result, and a tool result may nest at most ``MAX_RESULT_DEPTH`` (128) levels (a
+page of 100 spans in a chain nested over 200, past what can be published). A span more than
+``TREE_DEPTH`` levels below the top of its tree starts a fragment of its own, marked
+``too_deep``, under its ``parent_span_id``. Tags stored before
+ingest bounded their depth are shown to ``MAX_DEPTH`` levels, deeper values replaced by a note."""
 
 from __future__ import annotations
 
@@ -20,6 +27,7 @@ from typing import Any
 from pydantic import Field
 
 from kortex.errors import NotFound
+from kortex.nesting import MAX_DEPTH, deeper_than
 from kortex.redaction import scrub
 from kortex.telemetry.sources import LogQuery, Span
 from kortex.timeparse import isoformat
@@ -30,6 +38,11 @@ from kortex.tools.spec import ToolContext, ToolInput, ToolSpec
 PAGE = 100
 _PER_SPAN = 96    # bytes a span costs beyond its own fields: nesting, commas, a fragment's parent id
 _RESERVE = 1024   # the rest of the result: ids, counts, flags, the cursor
+#: levels of spans in one tree of a page: a fragment under the root's children at the deepest
+#: nests 2 * 32 + 1 levels, its tags (at most ``MAX_DEPTH``) 33 more, 97 in all, under the
+#: pipeline's ``MAX_RESULT_DEPTH`` of 128. Real call chains are rarely that deep.
+TREE_DEPTH = 32
+_DEEPER = f"…[nested deeper than {MAX_DEPTH} levels; not shown]"
 
 
 class GetTracesInput(ToolInput):
@@ -47,11 +60,28 @@ def _node(span: Span, t0_us: int) -> dict[str, Any]:
     node: dict[str, Any] = {
         "span_id": span.span_id, "service": span.service, "operation": span.operation,
         "start_us": int(span.start.timestamp() * 1_000_000) - t0_us, "duration_us": span.duration_us,
-        "status": span.status, "tags": span.tags, "children": [],
+        "status": span.status, "tags": _clipped(span.tags), "children": [],
     }
     if span.error_message:
         node["error"] = span.error_message
     return node
+
+
+def _clipped(tags: Any) -> Any:
+    """``tags`` as they are when they nest at most ``MAX_DEPTH`` levels (ingest allows no more);
+    else a copy whose containers past that depth are a note."""
+    return _cut(tags, MAX_DEPTH) if deeper_than(tags, MAX_DEPTH) else tags
+
+
+def _cut(value: Any, levels: int) -> Any:
+    """``value`` with its containers more than ``levels`` deep replaced (recursion bounded by it)."""
+    if not isinstance(value, dict | list | tuple):
+        return value
+    if levels == 0:
+        return _DEEPER
+    if isinstance(value, dict):
+        return {k: _cut(v, levels - 1) for k, v in value.items()}
+    return [_cut(v, levels - 1) for v in value]
 
 
 def _error(span: Span) -> dict[str, Any]:
@@ -93,6 +123,29 @@ def parents(spans: list[Span]) -> tuple[dict[str, str | None], set[str], set[str
         for i in path:
             state[i] = 2
     return parent, cut, orphans
+
+
+def _too_deep(page: list[Span], parent: dict[str, str | None]) -> set[str]:
+    """The spans of ``page`` whose parent is on it but which start a fragment of their own, being
+    ``TREE_DEPTH`` levels below the top of their tree (a top: the root, a fragment, or a span
+    cut so); without a recursion, for a chain of any length."""
+    on_page = {s.span_id for s in page}
+    level: dict[str, int] = {}
+    cut: set[str] = set()
+    for span in page:
+        path: list[str] = []
+        current: str | None = span.span_id
+        while current is not None and current not in level:
+            path.append(current)
+            up = parent[current]
+            current = up if up in on_page else None
+        base = level[current] if current is not None else 0
+        for span_id in reversed(path):  # from the highest on down
+            base = base + 1 if base < TREE_DEPTH else 1
+            if base == 1 and parent[span_id] in on_page:
+                cut.add(span_id)
+            level[span_id] = base
+    return cut
 
 
 def _page(remaining: list[Span], budget: int, t0_us: int) -> list[Span]:
@@ -155,12 +208,13 @@ def run(args: GetTracesInput, ctx: ToolContext) -> dict[str, Any]:
     has_more = len(remaining) > len(page)
 
     nodes = {s.span_id: _node(s, t0_us) for s in page}
+    deep = _too_deep(page, parent)
     root: dict[str, Any] | None = None
     tops: list[tuple[Span, dict[str, Any]]] = []
     for span in page:
         node = nodes[span.span_id]
         up = parent[span.span_id]
-        if up is not None and up in nodes:
+        if up is not None and up in nodes and span.span_id not in deep:
             nodes[up]["children"].append(node)
         elif up is None and span.parent_span_id is None and root is None and after is None:
             root = node
@@ -190,6 +244,8 @@ def run(args: GetTracesInput, ctx: ToolContext) -> dict[str, Any]:
             marks["cycle"] = True
         if span.span_id in orphans:
             marks["missing_parent"] = True
+        if span.span_id in deep:
+            marks["too_deep"] = True
         group[span.span_id] = len(fragments)
         fragments.append({**marks, **node})
 
@@ -277,7 +333,8 @@ SPEC = ToolSpec(
         "Look up a distributed trace by trace id or correlation (request) id. Returns the span tree with "
         "timings (microseconds from the trace start), tags and errors, up to 100 spans a page; include_logs adds "
         "the log lines of the trace. When next_cursor is present, call again with the same arguments plus cursor "
-        "for the next spans. Request ids appear as trace_id in get_logs lines."
+        "for the next spans. Spans nested more than 32 levels deep continue as fragments (too_deep) under their "
+        "parent_span_id. Request ids appear as trace_id in get_logs lines."
     ),
     input_model=GetTracesInput,
     run=run,
