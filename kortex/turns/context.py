@@ -250,6 +250,19 @@ class Window:
                     most = max(most, model.cost(tokens, answer))
         return most
 
+    def admit(self, k: Kortex, stream: FittedStream) -> tuple[KortexError | None, Reservation | None]:
+        """Why the step's first call cannot be made (``refusal``), or the day's room held for
+        its calls (``reserve``, given back once they are billed). For an I/O thread: fitting
+        measures the history (milliseconds for a long one), which would stall every stream of
+        the event loop the steps share."""
+        refused = self.refusal(stream)
+        if refused is not None:
+            return refused, None
+        try:
+            return None, self.reserve(k, stream)
+        except BudgetExceeded as exc:
+            return exc, None
+
     def reserve(self, k: Kortex, stream: FittedStream) -> Reservation | None:
         """Hold the most the step's calls may cost of the tenant's day (BudgetExceeded when the
         day, less what is billed and what calls in flight hold, cannot cover it)."""

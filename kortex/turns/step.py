@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 from kortex import logcontext, metrics, tracing
 from kortex.container import Kortex
 from kortex.errors import (
-    BudgetExceeded,
     ConfigError,
     Conflict,
     KortexError,
@@ -268,12 +267,7 @@ async def _run_claimed(k: Kortex, turn: TurnRecord, step: int, candidates: list[
     deadline = k.router.first_token_deadline(routed) if spikes and routed is not None else None
     window = Window(k, history, spent, turn.tenant_id)  # each call's history cut to its model's window, within caps
     streams = [window.stream(candidates, request, first_token_deadline=deadline)]
-    refused = window.refusal(streams[0])
-    if refused is None:  # the day's room for what the step's calls may cost, given back once it has billed them
-        try:
-            hold.reservation = await hold.io(window.reserve, k, streams[0])
-        except BudgetExceeded as exc:
-            refused = exc
+    refused, hold.reservation = await hold.io(window.admit, k, streams[0])  # the fit measures: off the loop
     if refused is not None:  # said before any call, as when the budget is spent
         metrics.refused(refused.code)
         await _settle_text(publisher)
