@@ -261,7 +261,14 @@ def _expire(k: Kortex, turn: TurnRecord) -> tuple[Ending, Cut | None] | None:
         # Read again under the lock the compare-and-set took: ``turn`` was read before it, and a
         # step may have billed (or claimed the turn) since.
         now = turns.get_turn(conn, turn.tenant_id, turn.id)
-        cut = cut_short(conn, turn, now)
+        cut: Cut | None = None
+        if turn.status == "running" and turn.lease_until is not None and turn.lease_until < utcnow():
+            # Its worker died mid-step (its lease lapsed): no step is left to bill the call it
+            # made, so it gets its row here, as a lapsed step's does in the sweep, and nothing
+            # is waited for. Failed first, it used to get none at all.
+            audit.write_entries(conn, [_lost_call(turn)])
+        else:
+            cut = cut_short(conn, turn, now)
         # Unfenced: the compare-and-set above won, so whichever attempt last wrote is over.
         ending = end_turn(k, conn, turn, [*settled_calls(ended),
                                           ErrorEvent(code="deadline_exceeded", message=error["message"]),

@@ -144,3 +144,28 @@ def test_many_turns_failed_at_once_are_waited_for_once_and_an_unbilled_cut_is_sa
         assert [(e["type"], e.get("code")) for e in events] == [
             ("error", "deadline_exceeded"), ("error", "usage_pending"), ("done", None)], events
         assert events[-1]["status"] == "failed" and events[-1]["error"] == "deadline_exceeded"
+
+
+def test_a_turn_whose_worker_died_before_its_deadline_passed_has_its_lost_call_audited(harness_factory: Any) -> None:
+    # The worker died mid-step (its lease lapsed), and the deadline passed before a sweep handed
+    # the step on: the deadline fails the turn first. The call that worker made still gets its
+    # worker_lost row, as a lapsed step's does, and nothing waits for a bill no step will send.
+    h = harness_factory()
+    tenant = h.tenant("acme")
+    session = chat.create_session(h.k, tenant, "t", "scripted:long_text")
+    posted = chat.post_message(h.k, tenant, session.id, "slowly")
+    past = utcnow() - timedelta(seconds=1)
+    with h.k.db.begin() as conn:  # claimed by a worker that is gone
+        conn.execute(update(turns).where(turns.c.id == posted.turn.id)
+                     .values(status="running", attempt=1, lease_until=past, deadline_at=past))
+    started = time.monotonic()
+    report = watchdog.sweep(h.k)
+    assert report.failed_turns == 1 and time.monotonic() - started < BILL_WAIT
+    events = _told(h, posted.turn.id)
+    assert (events[-1]["type"], events[-1]["error"]) == ("done", "deadline_exceeded")
+    assert "usage_pending" not in [e.get("code") for e in events if e["type"] == "error"]
+    with h.k.db.connect() as conn:
+        lost = conn.execute(select(decisions.c.payload).where(decisions.c.turn_id == posted.turn.id,
+                                                             decisions.c.kind == "llm_call")).scalars().all()
+    assert [p["error_code"] for p in lost] == ["worker_lost"]
+    assert not report.handoff.steps  # failed, not run again
