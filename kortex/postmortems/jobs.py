@@ -44,6 +44,7 @@ from kortex.timeparse import isoformat, utcnow
 from kortex.turns import chat
 from kortex.turns.handoff import NOTHING, Handoff, ItemDispatch, StepDispatch
 from kortex.turns.profiles import TurnEnd
+from kortex.turns.spendguard import SpendCap
 
 log = logging.getLogger(__name__)
 
@@ -390,6 +391,20 @@ def before_call(conn: Connection, turn: TurnRecord, history: list[Message]) -> K
         if spent >= job.max_usd:
             return BudgetExceeded(f"the job's max_usd ({job.max_usd:g}) is spent ({spent:.4f})", code="budget")
     return None
+
+
+def spend_cap(conn: Connection, turn: TurnRecord) -> SpendCap | None:
+    """An item's job's ``max_usd``, for the step to reserve its call's cost against: the items
+    running together each passed the check above on the job's spend so far, and would have
+    passed the cap by as many calls."""
+    item = store.item_of_turn(conn, turn.tenant_id, turn.id)
+    if item is None:
+        return None
+    job = store.get_job(conn, turn.tenant_id, item.job_id)
+    if job.max_usd is None:
+        return None
+    return SpendCap(scope=f"max_usd:{job.id}", limit=job.max_usd, spent=store.spend(conn, turn.tenant_id, job.id),
+                    what="the job's max_usd")
 
 
 def on_end(k: Kortex, conn: Connection, turn: TurnRecord, end: TurnEnd) -> Handoff:

@@ -1,7 +1,7 @@
 """The ``postmortem`` kind of turn: one incident of a batch job investigated on the batch lane,
 with the post-mortem writer's prompt, the investigation tools plus ``submit_postmortem`` (no
 ``propose_action``: a post-mortem proposes nothing), its own budget scope, the job's budget
-checked before each LLM call, and the job's bookkeeping when the turn ends."""
+checked before each LLM call (and held against its calls in flight), and the job's bookkeeping when the turn ends."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ POSTMORTEM = TurnProfile(
     lane="batch",
     on_end=jobs.on_end,
     before_call=jobs.before_call,
+    spend_cap=jobs.spend_cap,
 )
 
 register(POSTMORTEM)

@@ -168,9 +168,10 @@ class Window:
     """One step's LLM calls: each request cut to fit its model's context window, and refused
     before it is made when it would take the session past its token cap."""
 
-    def __init__(self, k: Kortex, history: Sequence[Message], spent: Spent | None, tenant_id: str = "") -> None:
+    def __init__(self, k: Kortex, history: Sequence[Message], spent: Spent | None,
+                 turn: TurnRecord | None = None) -> None:
         self.llm = k.settings.llm
-        self.tenant_id = tenant_id
+        self.turn = turn
         self.prompt_chars = k.router.prompt_chars  # cached per system prompt and tool set
         self.spent = spent
         # The turn's question stays also in a request that asks something after it (a re-ask).
@@ -264,12 +265,28 @@ class Window:
             return exc, None
 
     def reserve(self, k: Kortex, stream: FittedStream) -> Reservation | None:
-        """Hold the most the step's calls may cost of the tenant's day (BudgetExceeded when the
-        day, less what is billed and what calls in flight hold, cannot cover it)."""
-        if self.spent is None:
+        """Hold the most the step's calls may cost of the tenant's day, and of the kind of
+        work's own budget if it has one (a job's ``max_usd``): BudgetExceeded when either, less
+        what is billed and what calls in flight hold, cannot cover it."""
+        if self.spent is None or self.turn is None:
             return None
+        usd = self.most_cost(stream)
         limit = budget.Limits.of(self.llm.budget, self.spent.tenant_settings).daily_usd
-        return k.spend.reserve(self.tenant_id, self.most_cost(stream), limit=limit, spent=self.spent.usd_today)
+        day = k.spend.reserve(self.turn.tenant_id, usd, limit=limit, spent=self.spent.usd_today)
+        try:
+            capped = profile_of(self.turn.profile).spend_cap
+        except ConfigError:
+            capped = None
+        if capped is None:
+            return day
+        try:
+            with k.db.connect() as conn:
+                cap = capped(conn, self.turn)
+            own = k.spend.reserve_within(cap, usd) if cap is not None else None
+        except BaseException:
+            k.spend.release(day)
+            raise
+        return own if day is None else day if own is None else day + own
 
     def check(self, upcoming: int) -> None:
         """BudgetExceeded when a call that may add ``upcoming`` tokens would pass the session's

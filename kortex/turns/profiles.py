@@ -27,6 +27,7 @@ from kortex.prompts import INVESTIGATOR
 from kortex.storage.records import TurnRecord
 from kortex.tools.policy import ToolPolicy
 from kortex.turns.handoff import Handoff, Lane
+from kortex.turns.spendguard import SpendCap
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +59,9 @@ class TurnProfile:
     #: ``max_usd``, a document the model failed to get valid), None lets the call go ahead
     before_call: Callable[[Connection, TurnRecord, list[Message]], KortexError | None] | None = \
         field(default=None, compare=False)
+    #: a budget of this kind of work's own beside the tenant's day (a batch job's ``max_usd``):
+    #: each step reserves what its call may cost against it too (kortex/turns/spendguard.py)
+    spend_cap: Callable[[Connection, TurnRecord], SpendCap | None] | None = field(default=None, compare=False)
 
     def policy(self, k: Kortex) -> ToolPolicy:
         """The deployment's policy, narrowed to this profile's tools: a profile can take tools

@@ -63,11 +63,30 @@ def reservations_key(prefix: str, tenant_id: str, day: str) -> str:
     return f"{prefix}:spend:{tenant_id}:{day}:reserved"
 
 
+def cap_key(prefix: str, scope: str) -> str:
+    """Reservations against a cap of a kind of work's own (a post-mortem job's ``max_usd``)."""
+    return f"{prefix}:spend:cap:{scope}:reserved"
+
+
+@dataclass(frozen=True, slots=True)
+class SpendCap:
+    """A cap of a kind of work's own beside the tenant's day (a post-mortem job's ``max_usd``):
+    its steps reserve against it too. ``what`` names it in a refusal; ``code`` is the refusal's."""
+
+    scope: str
+    limit: float
+    spent: float
+    what: str
+    code: str = "budget"
+
+
 @dataclass(frozen=True, slots=True)
 class Reservation:
-    key: str
-    id: str
+    holds: tuple[tuple[str, str], ...]  # (key, id) of each scope held
     usd: float
+
+    def __add__(self, other: Reservation) -> Reservation:
+        return Reservation(self.holds + other.holds, max(self.usd, other.usd))
 
 
 class SpendGuard:
@@ -87,26 +106,41 @@ class SpendGuard:
         checked (``check_spend``), as before there were reservations."""
         if usd <= 0:
             return None
-        now = datetime.now(UTC)
-        key = reservations_key(self.prefix, tenant_id, now.strftime("%Y-%m-%d"))
-        rid = uuid.uuid4().hex
-        room = limit - spent
-        try:
-            answer = self._reserve(keys=[key], args=[rid, f"{usd:.6f}", f"{room:.6f}", f"{time.time():.3f}",
-                                                     f"{self.ttl:.0f}"])
-        except RedisError:
-            log.warning("could not reserve $%.4f of tenant %s's day; the call goes ahead", usd, tenant_id,
-                        exc_info=True)
-            return None
-        text = answer.decode() if isinstance(answer, bytes) else str(answer)
-        if text == "ok":
-            return Reservation(key, rid, usd)
-        held = float(text)
+        key = reservations_key(self.prefix, tenant_id, datetime.now(UTC).strftime("%Y-%m-%d"))
+        held = self._hold(key, usd, limit - spent, f"tenant {tenant_id}'s day")
+        if held is None or isinstance(held, Reservation):
+            return held
         raise BudgetExceeded(
             f"the tenant's daily LLM budget of ${limit:.2f} cannot cover another call: ${spent:.4f} is spent "
             f"today and ${held:.4f} is held by calls still running (this one may cost up to ${usd:.4f}); "
             "try again once they end, or after midnight UTC",
             details={"limit": "daily_usd"}, retry_after=min(until_midnight_utc(), 60.0))
+
+    def reserve_within(self, cap: SpendCap, usd: float) -> Reservation | None:
+        """``reserve`` against ``cap`` (a job's own budget) instead of the tenant's day: refused
+        with ``cap.code`` when what it has spent and what its calls in flight hold leave no room."""
+        if usd <= 0:
+            return None
+        held = self._hold(cap_key(self.prefix, cap.scope), usd, cap.limit - cap.spent, cap.what)
+        if held is None or isinstance(held, Reservation):
+            return held
+        raise BudgetExceeded(
+            f"{cap.what} (${cap.limit:g}) cannot cover another call: ${cap.spent:.4f} is spent and ${held:.4f} is "
+            f"held by calls still running (this one may cost up to ${usd:.4f})", code=cap.code,
+            details={"limit": cap.scope.partition(":")[0]})
+
+    def _hold(self, key: str, usd: float, room: float, whose: str) -> Reservation | float | None:
+        """The reservation, or what others hold when ``usd`` does not fit ``room``; None when
+        Redis could not be asked (nothing is refused then)."""
+        rid = uuid.uuid4().hex
+        try:
+            answer = self._reserve(keys=[key], args=[rid, f"{usd:.6f}", f"{room:.6f}", f"{time.time():.3f}",
+                                                     f"{self.ttl:.0f}"])
+        except RedisError:
+            log.warning("could not reserve $%.4f of %s; the call goes ahead", usd, whose, exc_info=True)
+            return None
+        text = answer.decode() if isinstance(answer, bytes) else str(answer)
+        return Reservation(((key, rid),), usd) if text == "ok" else float(text)
 
     def release(self, reservation: Reservation | None) -> None:
         """Give a reservation back (its call is billed, or was never made). A failure only leaves
@@ -114,10 +148,13 @@ class SpendGuard:
         if reservation is None:
             return
         try:
-            self.redis.hdel(reservation.key, reservation.id)
+            with self.redis.pipeline(transaction=False) as pipe:
+                for key, rid in reservation.holds:
+                    pipe.hdel(key, rid)
+                pipe.execute()
         except RedisError:
             log.warning("could not give back a reservation of $%.4f; it lapses in %.0f s", reservation.usd,
                         self.ttl, exc_info=True)
 
 
-__all__ = ["Reservation", "SpendGuard", "reservations_key"]
+__all__ = ["Reservation", "SpendCap", "SpendGuard", "cap_key", "reservations_key"]

@@ -265,7 +265,7 @@ async def _run_claimed(k: Kortex, turn: TurnRecord, step: int, candidates: list[
     # and has not mapped it to another action ([llm.anomalies] scope, actions).
     spikes = checking and routed is not None and action_for("latency_spike", checks) == "fallback"
     deadline = k.router.first_token_deadline(routed) if spikes and routed is not None else None
-    window = Window(k, history, spent, turn.tenant_id)  # each call's history cut to its model's window, within caps
+    window = Window(k, history, spent, turn)  # each call's history cut to its model's window, within caps
     streams = [window.stream(candidates, request, first_token_deadline=deadline)]
     refused, hold.reservation = await hold.io(window.admit, k, streams[0])  # the fit measures: off the loop
     if refused is not None:  # said before any call, as when the budget is spent

@@ -12,6 +12,7 @@ import pytest
 from redis import Redis
 
 from kortex.errors import BudgetExceeded
+from kortex.storage import turns as turn_store
 from kortex.testing.scratch import throwaway_prefix
 from kortex.turns.spendguard import SpendGuard
 
@@ -100,3 +101,56 @@ def test_turns_started_together_stop_within_the_day_not_past_it_by_whole_calls(h
     assert all(t.cost_usd == 0 for t in refused)  # refused before their call, not after
     assert not h.k.redis.keys(f"{h.settings.redis_prefix}:spend:*:reserved") or not any(
         h.k.redis.hgetall(key) for key in h.k.redis.keys(f"{h.settings.redis_prefix}:spend:*:reserved"))
+
+
+def test_a_cap_of_its_own_holds_calls_in_flight_apart_from_the_day(guard: SpendGuard) -> None:
+    from kortex.turns.spendguard import SpendCap
+
+    cap = SpendCap(scope="max_usd:job-1", limit=1.0, spent=0.2, what="the job's max_usd")
+    first = guard.reserve_within(cap, 0.5)
+    with pytest.raises(BudgetExceeded) as refused:  # 0.2 spent + 0.5 held + 0.5 > 1.0
+        guard.reserve_within(cap, 0.5)
+    assert refused.value.code == "budget" and "the job's max_usd ($1) cannot cover another call" in refused.value.message
+    day = guard.reserve("t1", 0.5, limit=1.0, spent=0.0)  # the tenant's day is another scope
+    both = day + first if day is not None and first is not None else None
+    assert both is not None and len(both.holds) == 2
+    guard.release(both)  # gives back every scope it held
+    assert guard.reserve_within(cap, 0.5) is not None and guard.reserve("t1", 0.9, limit=1.0, spent=0.0)
+
+
+def test_a_post_mortem_item_reserves_against_its_jobs_max_usd(harness) -> None:  # type: ignore[no-untyped-def]
+    from kortex.postmortems import jobs
+    from kortex.turns.profiles import profile_of
+
+    tenant = harness.tenant("pm")
+    harness.seed(tenant, "incident-archive")
+    submitted = jobs.submit(harness.k, tenant, jobs.JobRequest(incident_ids=["INC-1101"], max_usd=2.5), by="test")
+    [item] = submitted.handoff.items
+    turn_id = jobs.start_item(harness.k, tenant, item.item_id).steps[0].turn_id
+    with harness.k.db.connect() as conn:
+        turn = turn_store.get_turn(conn, tenant, turn_id)
+        cap = profile_of(turn.profile).spend_cap(conn, turn)  # type: ignore[misc]
+    assert cap is not None and (cap.limit, cap.spent, cap.code) == (2.5, 0.0, "budget")
+    assert cap.scope == f"max_usd:{submitted.view.job.id}"
+    uncapped = jobs.submit(harness.k, tenant, jobs.JobRequest(incident_ids=["INC-1110"]), by="test")
+    other = jobs.start_item(harness.k, tenant, uncapped.handoff.items[0].item_id).steps[0].turn_id
+    with harness.k.db.connect() as conn:
+        assert jobs.spend_cap(conn, turn_store.get_turn(conn, tenant, other)) is None  # no max_usd: no cap
+
+
+def test_an_item_whose_call_its_jobs_max_usd_cannot_cover_is_skipped_before_the_call(harness_factory) -> None:  # type: ignore[no-untyped-def]
+    # $1 a token: the item's first call may cost thousands, past the job's $100 (the tenant's
+    # day is left wide): refused before it is made, the item skipped for the job's budget.
+    from kortex.postmortems import jobs
+    from kortex.testing.inline import drive
+
+    h = harness_factory(llm={"providers": {"scripted": {"prices": {"costly": {"input": 1_000_000, "output": 1_000_000}}}},
+                             "budget": {"daily_usd_limit": 1_000_000}})
+    tenant = h.tenant("pm")
+    h.seed(tenant, "incident-archive")
+    submitted = jobs.submit(h.k, tenant, jobs.JobRequest(incident_ids=["INC-1101"], model="scripted:costly",
+                                                         max_usd=100), by="test")
+    drive(h.k, submitted.handoff)
+    [item] = jobs.list_items(h.k, tenant, submitted.view.job.id)
+    assert item.status == "skipped" and item.error["code"] == "budget", item
+    assert jobs.view(h.k, tenant, submitted.view.job.id).spend_usd == 0.0  # nothing was spent past it
