@@ -120,6 +120,10 @@ class TaskSpec:
     required_capabilities: frozenset[str] = frozenset()
     cost_ceiling_usd: float | None = None
     latency_sla_ms: float | None = None
+    #: what no cut to a model's window leaves out (the prompt, the turn's question and what
+    #: followed it; kortex/turns/context.py): a model whose window holds that can answer, the
+    #: session's earlier turns cut away. 0: the whole input.
+    min_input_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,8 +181,9 @@ class HeuristicRoutingStrategy:
         if task.latency_sla_ms is not None and c.latency is not None:
             if c.latency.first_token_p50_ms > task.latency_sla_ms:
                 return f"first token p50 {c.latency.first_token_p50_ms:.0f} ms > SLA {task.latency_sla_ms:.0f} ms"
-        if task.input_tokens + task.output_tokens > c.model.context_tokens:
-            return f"context {c.model.context_tokens} tokens < {task.input_tokens + task.output_tokens}"
+        needed = (task.min_input_tokens or task.input_tokens) + task.output_tokens
+        if needed > c.model.context_tokens:
+            return f"context {c.model.context_tokens} tokens < {needed}"
         return None
 
     @staticmethod
@@ -250,9 +255,12 @@ def task_of(history: Sequence[Message], *, last_step: bool, cost_ceiling_usd: fl
     complexity = complexity_of(str(question))
     if position == "digest" and complexity == "complex":
         complexity = "moderate"  # reading results back is lighter work than planning or concluding
-    tokens = sum(message_tokens(m) for m in history) + tokens_of(prompt_chars)
+    prompt = tokens_of(prompt_chars)
+    own = sum(message_tokens(m) for m in history[max(0, last_user):]) + prompt  # the turn's: never cut away
+    tokens = sum(message_tokens(m) for m in history[:max(0, last_user)]) + own
     return TaskSpec(complexity=complexity, position=position, input_tokens=max(1, tokens),
-                    required_capabilities=required, cost_ceiling_usd=cost_ceiling_usd, latency_sla_ms=latency_sla_ms)
+                    required_capabilities=required, cost_ceiling_usd=cost_ceiling_usd, latency_sla_ms=latency_sla_ms,
+                    min_input_tokens=max(1, own))
 
 
 # ---- what a request comes to ------------------------------------------------------------------

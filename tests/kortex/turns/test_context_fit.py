@@ -12,6 +12,7 @@ from typing import Any
 from kortex.messages import AssistantMessage, Message, ToolCall, ToolMessage, ToolResult, UserMessage
 from kortex.prompts import CONTEXT_CUT
 from kortex.testing.fakellm import FakeLLM
+from kortex.turns import chat
 from kortex.turns.context import cut
 from tests.conftest import Harness
 from tests.kortex.llm.conftest import vendor_config
@@ -228,3 +229,23 @@ def test_a_result_larger_than_the_window_fails_the_turn_instead_of_asking_again(
     turn = h.ask(h.tenant("huge"), "why?", model="openai:tiny")
     assert turn.status == "failed" and turn.error["code"] == "context_too_long", turn.error
     assert len(fake.requests) == 1  # the call that asked; the result never went out cut away
+
+
+def test_a_routed_turn_is_cut_to_the_window_its_session_outgrew_not_refused(harness_factory: Any,
+                                                                          fake: FakeLLM) -> None:
+    # The session's earlier turns no longer fit any candidate's window, its new question does:
+    # routing weighs what the cut cannot leave out (the turn's own), and the step is cut to fit.
+    # It answered no_route before, the whole session weighed against every window.
+    fake.add("tiny", {"steps": [{"text": ["First."]}]})
+    h = _harness(harness_factory, fake, llm={"routing": {"candidates": ["openai::tiny"]}}, **_small_model())
+    tenant = h.tenant("grown")
+    session = chat.create_session(h.k, tenant, "s", "auto")
+    for n in range(3):  # ~12k tokens each: together past tiny's 16k window
+        fake.add("tiny", {"steps": [{"text": [f"Answer {n}. " + "detail " * 6000]}]})
+        assert h.ask(tenant, f"question {n}?", session_id=session.id).status == "done"
+    fake.add("tiny", {"steps": [{"text": ["Latest."]}]})
+    turn = h.ask(tenant, "and now?", session_id=session.id)
+    assert turn.status == "done", turn.error
+    sent = fake.requests[-1].body["messages"]
+    users = [m["content"] for m in sent if m["role"] == "user"]
+    assert users[-1] == "and now?" and users[0].startswith(NOTE)
