@@ -55,7 +55,7 @@ def cancel_turn(k: Kortex, tenant_id: str, turn_id: str, *, by: str) -> tuple[Tu
                                                   ok=True, payload={"by": by, "status_was": was.status,
                                                                     "step": was.step},
                                                   session_id=was.session_id, turn_id=was.id)])
-            cut = cut_short(conn, was, turn)  # a step may be mid-call
+            cut = cut_short(conn, was, turn, by="cancel")  # a step may be mid-call
             # Unfenced (attempt 0): the stream closes for the attempt that holds it, whichever it is.
             ending = end_turn(k, conn, was, [*settled_calls(ended), _done(was)], attempt=0)
     if ending is not None and cut is not None:

@@ -28,7 +28,9 @@ from kortex.container import Kortex
 from kortex.errors import ConfigError, KortexError
 from kortex.events import DoneEvent, ErrorEvent, ToolResultEvent, _Event
 from kortex.storage import audit, turns
+from kortex.storage.audit import AuditEntry
 from kortex.storage.records import TurnRecord
+from kortex.timeparse import utcnow
 from kortex.turns.billing import billed
 from kortex.turns.handoff import NOTHING, Handoff
 from kortex.turns.outbox import publish_after
@@ -92,14 +94,31 @@ class Cut:
     calls: int
 
 
-def cut_short(conn: Connection, was: TurnRecord, turn: TurnRecord) -> Cut | None:
+def cut_short(conn: Connection, was: TurnRecord, turn: TurnRecord, *, by: str = "watchdog") -> Cut | None:
     """Inside the transaction that ended the turn, after its compare-and-set won: the step it
     may have cut mid-call, if any. ``was`` is the turn as the ender found it, ``turn`` its row
     re-read after the compare-and-set (locked by it, so its attempt is the last, and a bill
-    racing the ending commits after the count and is seen by ``bill_cuts``)."""
+    racing the ending commits after the count and is seen by ``bill_cuts``).
+
+    A step whose lease had lapsed has no process left to bill its call (its worker died before
+    a sweep handed the step on): the call gets its ``worker_lost`` row here, as a lapsed step's
+    does in the sweep, and nothing is waited for."""
     if was.status != "running" and turn.attempt == was.attempt:
         return None  # queued or waiting for tools: no step was streaming
+    if was.status == "running" and was.lease_until is not None and was.lease_until < utcnow():
+        audit.write_entries(conn, [lost_call(was, by=by)])
+        return None
     return Cut(turn.attempt, audit.count_for_turn(conn, turn.tenant_id, turn.id, "llm_call"))
+
+
+def lost_call(turn: TurnRecord, *, by: str = "watchdog") -> AuditEntry:
+    """The LLM call of an attempt whose process stopped renewing its lease: it was made (and
+    may be billed), but what it cost died with the process. If the process was only paused,
+    its own row (``cancelled``, with what it knew) follows when it wakes."""
+    return AuditEntry(tenant_id=turn.tenant_id, kind="llm_call", subject=turn.model_used or turn.model or "default",
+                      ok=False, session_id=turn.session_id, turn_id=turn.id,
+                      payload={"step": turn.step, "turn_attempt": turn.attempt, "error_code": "worker_lost",
+                               "settled_by": by, "cost_known": False})
 
 
 def bill_cuts(k: Kortex, cuts: Sequence[tuple[Ending, Cut]], wait: float = BILL_WAIT
@@ -192,4 +211,5 @@ def announce(k: Kortex, ending: Ending) -> Handoff:
     return ending.handoff
 
 
-__all__ = ["BILL_WAIT", "Cut", "Ending", "announce", "bill_cuts", "cut_short", "end_turn", "settled_calls"]
+__all__ = ["BILL_WAIT", "Cut", "Ending", "announce", "bill_cuts", "cut_short", "end_turn", "lost_call",
+           "settled_calls"]

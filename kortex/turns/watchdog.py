@@ -32,7 +32,7 @@ from kortex.timeparse import utcnow
 from kortex.tools.spec import ToolContext
 from kortex.turns import outbox, spool
 from kortex.turns.billing import billed
-from kortex.turns.closing import Cut, Ending, announce, bill_cuts, cut_short, end_turn, settled_calls
+from kortex.turns.closing import Cut, Ending, announce, bill_cuts, cut_short, end_turn, lost_call, settled_calls
 from kortex.turns.handoff import Handoff, StepDispatch, stored_trace
 from kortex.turns.ports import JOB_SWEEPS, Leadership, QueuePort, Work
 from kortex.turns.profiles import lane_of, load_builtin
@@ -170,7 +170,7 @@ def sweep(k: Kortex, queue: QueuePort | None = None) -> SweepReport:
 
     with k.db.begin() as conn:
         lapsed = sweeps.lapsed_steps(conn, now)  # their worker died mid-step: run the step again
-        audit.write_entries(conn, [_lost_call(t) for t in lapsed])
+        audit.write_entries(conn, [lost_call(t) for t in lapsed])
         stale_turns = lapsed + [t for t in sweeps.stale_queued_turns(conn, cutoff)
                                 if idle(lane_of(t.profile), steps_waiting)]
         stale_tools = [i for i in sweeps.stale_pending_invocations(conn, cutoff)
@@ -218,16 +218,6 @@ def sweep(k: Kortex, queue: QueuePort | None = None) -> SweepReport:
                        recovered, republished)
 
 
-def _lost_call(turn: TurnRecord) -> AuditEntry:
-    """The LLM call of an attempt whose process stopped renewing its lease: it was made (and
-    may be billed), but what it cost died with the process. If the process was only paused,
-    its own row (``cancelled``, with what it knew) follows when it wakes."""
-    return AuditEntry(tenant_id=turn.tenant_id, kind="llm_call", subject=turn.model_used or turn.model or "default",
-                      ok=False, session_id=turn.session_id, turn_id=turn.id,
-                      payload={"step": turn.step, "turn_attempt": turn.attempt, "error_code": "worker_lost",
-                               "settled_by": "watchdog", "cost_known": False})
-
-
 def _settle_overdue(k: Kortex, inv: InvocationRecord) -> Handoff:
     """The worker died or hung past the hard limit. If the call's effect was stored before its
     result was lost (a proposal), that is its result; otherwise the model hears a timeout."""
@@ -261,14 +251,7 @@ def _expire(k: Kortex, turn: TurnRecord) -> tuple[Ending, Cut | None] | None:
         # Read again under the lock the compare-and-set took: ``turn`` was read before it, and a
         # step may have billed (or claimed the turn) since.
         now = turns.get_turn(conn, turn.tenant_id, turn.id)
-        cut: Cut | None = None
-        if turn.status == "running" and turn.lease_until is not None and turn.lease_until < utcnow():
-            # Its worker died mid-step (its lease lapsed): no step is left to bill the call it
-            # made, so it gets its row here, as a lapsed step's does in the sweep, and nothing
-            # is waited for. Failed first, it used to get none at all.
-            audit.write_entries(conn, [_lost_call(turn)])
-        else:
-            cut = cut_short(conn, turn, now)
+        cut = cut_short(conn, turn, now)  # a dead worker's call is audited there (worker_lost)
         # Unfenced: the compare-and-set above won, so whichever attempt last wrote is over.
         ending = end_turn(k, conn, turn, [*settled_calls(ended),
                                           ErrorEvent(code="deadline_exceeded", message=error["message"]),

@@ -152,3 +152,32 @@ def test_cancelling_twice_is_the_same_and_a_finished_turn_refuses(harness: Harne
     other = h.tenant("other")
     with pytest.raises(NotFound):
         cancel(h.k, other, posted.turn.id, by="key:abc")  # another tenant's turn does not exist for it
+
+
+def test_a_turn_whose_worker_died_is_cancelled_at_once_and_its_lost_call_audited(harness: Harness) -> None:
+    # Claimed by a worker that is gone (its lease lapsed, no sweep has handed the step on yet):
+    # no step is left to bill the call it made, so the cancel neither waits for one nor says a
+    # bill is pending; the call gets its worker_lost row, as the sweep would have written.
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    from kortex.storage.schema import turns
+    from kortex.timeparse import utcnow
+    from kortex.turns.closing import BILL_WAIT
+
+    tenant = harness.tenant("acme")
+    session = chat.create_session(harness.k, tenant, "s", "scripted:text_only")
+    posted = chat.post_message(harness.k, tenant, session.id, "hello")
+    with harness.k.db.begin() as conn:
+        conn.execute(update(turns).where(turns.c.id == posted.turn.id)
+                     .values(status="running", attempt=1, lease_until=utcnow() - timedelta(seconds=1)))
+    started = time.monotonic()
+    cancelled = cancel(harness.k, tenant, posted.turn.id, by="test")
+    assert cancelled.status == "cancelled" and time.monotonic() - started < BILL_WAIT
+    events = [json.loads(e.data) | {"type": e.type} for e in harness.events(posted.turn.id)]
+    assert events[-1]["type"] == "done" and "usage_pending" not in [e.get("code") for e in events]
+    with harness.k.db.connect() as conn:
+        payloads = conn.execute(select(decisions.c.payload).where(decisions.c.turn_id == posted.turn.id,
+                                                                  decisions.c.kind == "llm_call")).scalars().all()
+    assert [(p["error_code"], p["settled_by"]) for p in payloads] == [("worker_lost", "cancel")]
