@@ -117,13 +117,15 @@ def catalog(registry: ProviderRegistry, settings: Settings, latency: dict[str, L
             provider = registry.get(name)
         except ProviderError:
             continue
-        if settings.llm.local_only and is_cloud(provider):
+        if settings.llm.local_only and provider.leaves_network():
             continue
         named = _named_locally(name, provider, settings)
         for model in provider.models():
             key = model_key(name, model.id)
             if wanted is not None and key not in wanted:
                 continue
+            if settings.llm.local_only and provider.leaves_network(model.id):
+                continue  # a local server's model served elsewhere (an Ollama ":cloud" one)
             if named is not None and model.id not in named and key not in routing.models:
                 continue
             override = routing.models.get(key)
