@@ -17,6 +17,7 @@ are not names: their lines and tabs are the text.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Annotated
 
 from pydantic import AfterValidator
@@ -42,19 +43,26 @@ def _problem(value: str) -> str | None:
     return None
 
 
-def check_storable(value: str | None, field: str) -> None:
-    """InvalidInput (422, naming ``field``) when ``value`` holds a NUL or a lone surrogate."""
-    problem = None if value is None else _problem(value)
+def _refuse(problem: str | None, field: str) -> None:
     if problem is not None:
         raise InvalidInput(f"{field} {problem}", code="validation",
                            details=[{"field": field, "message": problem}])
 
 
-def _storable(value: str) -> str:
-    problem = _problem(value)
-    if problem is not None:
-        raise ValueError(problem)  # pydantic names the field
-    return value
+def _validator(find: Callable[[str], str | None]) -> Callable[[str], str]:
+    """A pydantic validator refusing what ``find`` finds (pydantic names the field)."""
+    def check(value: str) -> str:
+        problem = find(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
+    return check
+
+
+def check_storable(value: str | None, field: str) -> None:
+    """InvalidInput (422, naming ``field``) when ``value`` holds a NUL or a lone surrogate."""
+    _refuse(None if value is None else _problem(value), field)
 
 
 def _name_problem(value: str) -> str | None:
@@ -70,17 +78,7 @@ def _name_problem(value: str) -> str | None:
 def check_name(value: str | None, field: str) -> None:
     """InvalidInput (422, naming ``field``) when ``value`` is not storable or holds a control
     character. Whitespace at its ends and its length are the caller's rules."""
-    problem = None if value is None else _name_problem(value)
-    if problem is not None:
-        raise InvalidInput(f"{field} {problem}", code="validation",
-                           details=[{"field": field, "message": problem}])
-
-
-def _name(value: str) -> str:
-    problem = _name_problem(value)
-    if problem is not None:
-        raise ValueError(problem)
-    return value
+    _refuse(None if value is None else _name_problem(value), field)
 
 
 def one_line(text: str) -> str:
@@ -99,9 +97,9 @@ def storable(text: str) -> str:
 
 
 #: a request model's string field: refused by its validation, like any other bad value
-Storable = Annotated[str, AfterValidator(_storable)]
+Storable = Annotated[str, AfterValidator(_validator(_problem))]
 #: a request model's name field: storable, and no control character (a 422 naming the field)
-Name = Annotated[str, AfterValidator(_name)]
+Name = Annotated[str, AfterValidator(_validator(_name_problem))]
 
 
 __all__ = ["NUL", "REPLACEMENT", "Name", "Storable", "check_name", "check_storable", "one_line", "storable"]
