@@ -144,6 +144,20 @@ class Harness:
     def events(self, turn_id: str) -> list[Any]:
         return self.k.events.read(turn_id)
 
+    def billed(self, turn_id: str) -> tuple[int, int, float, int]:
+        """The sum over the turn's LLM call audit rows (input and output tokens, cost), and how
+        many there are: what a turn's usage must agree with."""
+        from sqlalchemy import func, select
+
+        from kortex.storage.schema import decisions
+
+        with self.k.db.connect() as conn:
+            row = conn.execute(select(func.coalesce(func.sum(decisions.c.input_tokens), 0),
+                                      func.coalesce(func.sum(decisions.c.output_tokens), 0),
+                                      func.coalesce(func.sum(decisions.c.cost_usd), 0.0), func.count())
+                               .where(decisions.c.turn_id == turn_id, decisions.c.kind == "llm_call")).one()
+        return int(row[0]), int(row[1]), float(row[2]), int(row[3])
+
     def call(self, tenant_id: str, name: str, args: dict[str, Any], *, now: Any = None,
              call_id: str = "c1", turn_id: str | None = None) -> Any:
         """Run one tool call through the pipeline, as a tool task would."""

@@ -12,9 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import func, select
 
-from kortex.storage.schema import decisions
 from kortex.testing.fakellm import FakeLLM
 from tests.conftest import Harness
 from tests.integration.sse import read_events
@@ -32,16 +30,6 @@ def tenant(pg: Harness) -> tuple[str, str]:
     return tenant_id, pg.api_key(tenant_id)
 
 
-def _billed(pg: Harness, turn_id: str) -> tuple[int, int, float, int]:
-    """The sum over the turn's LLM call audit rows, and how many there are."""
-    with pg.k.db.connect() as conn:
-        row = conn.execute(select(func.coalesce(func.sum(decisions.c.input_tokens), 0),
-                                  func.coalesce(func.sum(decisions.c.output_tokens), 0),
-                                  func.coalesce(func.sum(decisions.c.cost_usd), 0.0), func.count())
-                           .where(decisions.c.turn_id == turn_id, decisions.c.kind == "llm_call")).one()
-    return int(row[0]), int(row[1]), float(row[2]), int(row[3])
-
-
 def _streamed(pg: Harness, turn_id: str) -> list[dict[str, Any]]:
     return [{"type": e.type, **json.loads(e.data)} for e in pg.k.events.read(turn_id)]
 
@@ -49,7 +37,7 @@ def _streamed(pg: Harness, turn_id: str) -> list[dict[str, Any]]:
 def _settled(pg: Harness, turn_id: str, calls: int) -> tuple[int, int, float, int]:
     """The audit rows once the stopped step has billed its cut call (it does so as it winds down)."""
     deadline = time.monotonic() + 30
-    while (billed := _billed(pg, turn_id))[3] < calls:
+    while (billed := pg.billed(turn_id))[3] < calls:
         assert time.monotonic() < deadline, f"the turn's {calls} LLM calls were not all audited: {billed}"
         time.sleep(0.1)
     return billed
@@ -125,7 +113,7 @@ def test_a_cancel_while_the_model_is_silent_stops_its_call_at_once_and_done_coun
     assert cancelled.status_code == 200 and seen[-1].event == "done" and seen[-1].data["status"] == "cancelled"
     assert ended < 1.5, f"the stream took {ended:.2f}s to end after the cancel"
     assert "usage_pending" not in [e.data.get("code") for e in seen if e.event == "error"]
-    billed_in, billed_out, billed_cost, calls = _billed(pg, turn_id)
+    billed_in, billed_out, billed_cost, calls = pg.billed(turn_id)
     assert (calls, billed_in) == (2, 5000)  # both calls billed by the time done was sent: the cut one stopped at once
     told, answered = seen[-1].data["usage"], cancelled.json()["usage"]
     stored = httpx.get(f"{api_url}/v1/turns/{turn_id}", headers=auth(key)).json()["usage"]
@@ -134,4 +122,4 @@ def test_a_cancel_while_the_model_is_silent_stops_its_call_at_once_and_done_coun
         assert usage["cost_usd"] == pytest.approx(billed_cost)
     time.sleep(4.5)  # past when the model would have spoken: its call was closed, so nothing came of it
     assert "late" not in "".join(e["delta"] for e in _streamed(pg, turn_id) if e["type"] == "text")
-    assert _billed(pg, turn_id) == (billed_in, billed_out, billed_cost, calls)
+    assert pg.billed(turn_id) == (billed_in, billed_out, billed_cost, calls)

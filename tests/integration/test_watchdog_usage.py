@@ -12,7 +12,6 @@ set from the deadline it read at its claim, is minutes away, so the watchdog end
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import time
 from datetime import timedelta
 from typing import Any
@@ -26,7 +25,7 @@ from kortex.testing.fakellm import FakeLLM
 from kortex.timeparse import utcnow
 from tests.conftest import Harness
 from tests.integration.sse import read_events
-from tests.integration.test_cancel_usage import _billed, _settled
+from tests.integration.test_cancel_usage import _settled, _streamed
 from tests.integration.test_turns import auth, start_turn
 
 pytestmark = pytest.mark.integration
@@ -39,10 +38,6 @@ def tenant(pg: Harness) -> tuple[str, str]:
     tenant_id = pg.tenant("watchdog-usage")
     pg.seed(tenant_id)
     return tenant_id, pg.api_key(tenant_id)
-
-
-def _streamed(pg: Harness, turn_id: str) -> list[dict[str, Any]]:
-    return [{"type": e.type, **json.loads(e.data)} for e in pg.k.events.read(turn_id)]
 
 
 def _past_deadline(pg: Harness, turn_id: str) -> None:
@@ -118,4 +113,4 @@ def test_a_silent_models_call_is_stopped_at_once_and_done_counts_it(api_url: str
     _assert_told_what_was_billed(api_url, key, turn_id, seen, pg)
     time.sleep(6)  # past when the model would have spoken: its call was closed, so nothing came of it
     assert "late" not in "".join(e["delta"] for e in _streamed(pg, turn_id) if e["type"] == "text")
-    assert _billed(pg, turn_id)[3] == 2
+    assert pg.billed(turn_id)[3] == 2

@@ -16,7 +16,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import select, update
 
 from kortex.storage.schema import decisions, turns
 from kortex.testing.fakellm import FakeLLM
@@ -44,16 +44,6 @@ def _past_deadline(h: Harness, *turn_ids: str) -> None:
         conn.execute(update(turns).where(turns.c.id.in_(turn_ids)).values(deadline_at=utcnow() - timedelta(seconds=1)))
 
 
-def _billed(h: Harness, turn_id: str) -> tuple[int, int, float, int]:
-    """The sum over the turn's LLM call audit rows, and how many there are."""
-    with h.k.db.connect() as conn:
-        row = conn.execute(select(func.coalesce(func.sum(decisions.c.input_tokens), 0),
-                                  func.coalesce(func.sum(decisions.c.output_tokens), 0),
-                                  func.coalesce(func.sum(decisions.c.cost_usd), 0.0), func.count())
-                           .where(decisions.c.turn_id == turn_id, decisions.c.kind == "llm_call")).one()
-    return int(row[0]), int(row[1]), float(row[2]), int(row[3])
-
-
 def _told(h: Harness, turn_id: str) -> list[dict[str, Any]]:
     return [{"type": e.type, **json.loads(e.data)} for e in h.events(turn_id)]
 
@@ -63,7 +53,7 @@ def _assert_done_counts_the_cut_call(h: Harness, tenant: str, turn_id: str) -> d
     done = events[-1]
     assert (done["type"], done["status"], done["error"]) == ("done", "failed", "deadline_exceeded"), events[-3:]
     assert "usage_pending" not in [e.get("code") for e in events if e["type"] == "error"]  # billed in time
-    billed_in, billed_out, billed_cost, calls = _billed(h, turn_id)
+    billed_in, billed_out, billed_cost, calls = h.billed(turn_id)
     assert calls == 1
     assert (done["usage"]["input_tokens"], done["usage"]["output_tokens"]) == (billed_in, billed_out), (done, billed_in,
                                                                                                    billed_out)
