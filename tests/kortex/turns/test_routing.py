@@ -366,3 +366,24 @@ def test_a_routed_model_that_refuses_chat_hands_the_step_to_the_decision_s_fallb
     assert turn.status == "done" and h.messages(h.tenant("acme"), turn.session_id)[-1].content.startswith("Sonnet")
     failover = next(d for t, d in _events(h, turn.id) if t == "error")
     assert failover["code"] == "provider_failover" and failover["fatal"] is False
+
+
+def test_a_request_s_tool_schemas_are_priced_once_per_prompt_and_tool_set(harness: Harness,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # A request holds its own copy of the registry's cached tuple of schemas (pydantic builds a
+    # new one): pricing must still find what it worked out for the same schemas.
+    from kortex.llm.base import CompletionRequest
+    from kortex.turns import routed
+    from kortex.turns.profiles import CHAT
+
+    tools = CHAT.tool_schemas(harness.k)
+    copy = CompletionRequest(system="s", tools=tools).tools
+    assert copy is not tools and copy == tools
+    encoded: list[int] = []
+    real = routed.json.dumps
+    monkeypatch.setattr(routed.json, "dumps", lambda value, **kw: encoded.append(1) or real(value, **kw))
+    router = harness.k.router
+    first = router.prompt_chars("s", tools)
+    assert router.prompt_chars("s", copy) == first == len("s") + len(real([t.model_dump() for t in tools]))
+    assert router.prompt_chars("other", copy) == first - 1 + len("other")
+    assert len(encoded) == 2  # once for each prompt, not once for each call
