@@ -74,8 +74,9 @@ class _Turn:
     question: str = ""
     tools: dict[str, str] = field(default_factory=dict)   # call id -> tool name
     ok: dict[str, bool] = field(default_factory=dict)     # call id -> its result was not an error
-    results: list[str] = field(default_factory=list)      # each result as text
-    counts: set[float] = field(default_factory=set)       # how many items each list in a result holds
+    # each result's content as stored: read as text (and its lists counted) only when the answer
+    # quotes a number to look for
+    results: list[Any] = field(default_factory=list)
 
 
 def _this_turn(history: Sequence[Message]) -> _Turn:
@@ -88,10 +89,7 @@ def _this_turn(history: Sequence[Message]) -> _Turn:
         elif isinstance(message, ToolMessage):
             result = message.result
             turn.ok[result.call_id] = not result.is_error
-            content = result.content
-            turn.results.append(content if isinstance(content, str)
-                                else json.dumps(content, ensure_ascii=False, default=str))
-            _count_lists(content, turn.counts)
+            turn.results.append(result.content)
     return turn
 
 
@@ -134,18 +132,6 @@ def _percents_in(text: str) -> set[str]:
             if _PERCENT.match(text, m.end())}
 
 
-def _values(texts: Sequence[str]) -> set[float]:
-    out: set[float] = set()
-    for text in texts:
-        for token in _numbers_in(text):
-            if token.count(".") <= 1:
-                try:
-                    out.add(float(token))
-                except ValueError:
-                    pass
-    return out
-
-
 def uncited_numbers(answer: str, history: Sequence[Message]) -> list[str]:
     return _uncited(answer, _this_turn(history))
 
@@ -153,34 +139,57 @@ def uncited_numbers(answer: str, history: Sequence[Message]) -> list[str]:
 def _uncited(answer: str, turn: _Turn) -> list[str]:
     # Citation ids carry digits of their own: take them out before looking for numbers.
     text = _BRACKETS.sub(" ", answer)
-    sources = [turn.question, *turn.results]
-    # Every digit run of a result counts as written there: an answer's "14:31 UTC" quotes the
-    # 14 and 31 of a result's "2026-04-07T14:31:02Z", where no number stands alone.
-    written = set().union(*(_numbers_in(s) | set(_DIGITS.findall(s)) for s in sources)) if sources else set()
-    values = _values(sources) | turn.counts
+    # Small counting words ("3 probes", "step 2") are never checked: an answer quoting nothing
+    # else is done before any tool result is read (results are the big part of the work).
+    tokens = [t for t in sorted(_numbers_in(text), key=text.find) if not _counting(t)]
+    if not tokens:
+        return []
+    written: set[str] = set()
+    values: set[float] = set()
+    sources = [turn.question]
+    for content in turn.results:
+        _count_lists(content, values)
+        sources.append(content if isinstance(content, str) else json.dumps(content, ensure_ascii=False, default=str))
+    for source in sources:
+        numbers = _numbers_in(source)
+        # Every digit run of a result counts as written there: an answer's "14:31 UTC" quotes
+        # the 14 and 31 of a result's "2026-04-07T14:31:02Z", where no number stands alone.
+        written |= numbers
+        written.update(_DIGITS.findall(source))
+        for token in numbers:
+            if token.count(".") <= 1:
+                try:
+                    values.add(float(token))
+                except ValueError:
+                    pass
     # Units the writers convert: milliseconds and microseconds quoted as seconds ("3.9 s" for
     # a result's 3900 ms, "2.7 s" for 2734000 µs).
     scaled = values | {v / 1000 for v in values} | {v / 1_000_000 for v in values}
-    # A ratio quoted as a percentage ("37%" for an error_rate of 0.373); only where the answer
-    # writes "%", so a bare 37 is not found in every 0.37 of the results.
-    percents, as_percent = _percents_in(text), {v * 100 for v in values}
+    percents: set[str] | None = None
     missing: list[str] = []
-    for token in sorted(_numbers_in(text), key=text.find):
+    for token in tokens:
         if token in written:
             continue
         if token.count(".") <= 1:
             number = float(token)
-            if number.is_integer() and "." not in token and number < 10:
-                continue  # counting words, not quoted data
             decimals = len(token.split(".")[1]) if "." in token else 0
             if any(round(v, decimals) == number for v in scaled):
                 continue
-            if token in percents and any(round(v, decimals) == number for v in as_percent):
+            # A ratio quoted as a percentage ("37%" for an error_rate of 0.373); only where the
+            # answer writes "%", so a bare 37 is not found in every 0.37 of the results.
+            if percents is None:
+                percents = _percents_in(text)
+            if token in percents and any(round(v * 100, decimals) == number for v in values):
                 continue
         missing.append(token)
         if len(missing) >= MAX_LISTED:
             break
     return missing
+
+
+def _counting(token: str) -> bool:
+    """An integer below 10 written without a decimal point: a counting word, not quoted data."""
+    return "." not in token and float(token) < 10
 
 
 def successful_calls(history: Sequence[Message]) -> list[Citation]:

@@ -185,3 +185,17 @@ def test_a_short_invented_call_id_is_a_dangling_citation() -> None:
     history = _history(("call_m1", "get_metrics", {"v": 1}, False))
     g = check("The cause is X [call_1] and [call_2], as [call_m1] shows.", history)
     assert g.dangling == ["call_1", "call_2"] and not g.grounded
+
+
+def test_an_answer_quoting_no_number_leaves_the_results_unread(monkeypatch: Any) -> None:
+    # Results are the big part of the check's work: an answer with nothing but counting words
+    # ("2 deploys") has nothing to look for in them.
+    from kortex.turns import grounding
+
+    history = _history(("call_d1", "get_recent_deploys", {"deploys": [{"version": "v2.14.0"}] * 2}, False))
+    encoded: list[int] = []
+    real = grounding.json.dumps
+    monkeypatch.setattr(grounding.json, "dumps", lambda value, **kw: encoded.append(1) or real(value, **kw))
+    assert check("Both 2 deploys went out [call_d1].", history).grounded and encoded == []
+    assert check("v2.14.0 went out twice [call_d1].", history).uncited_numbers == [] and encoded == [1]
+    assert check("v2.15.0 went out [call_d1].", history).uncited_numbers == ["2.15.0"]
