@@ -111,12 +111,17 @@ NOT_ASKED = "stopped before the question was asked"
 
 @dataclass(slots=True)
 class _Question:
-    """What stopping an ``ask`` must undo: the turn, once there is one."""
+    """What stopping an ``ask`` must undo: the turn, once there is one; else the session made
+    for the question, if the command made one apart from its turn (``ask --url``)."""
 
     cancel: Callable[[str], object]  # cancels the turn with this id
     # The turn a post cut short made, if it made one (asking again to learn it); None if none.
     find: Callable[[], str | None] = lambda: None
     turn_id: str | None = None
+    # The session made for the question, and how to delete it: stopped before a turn was
+    # stored in it, it would be left empty, named after the question, in every listing.
+    made: str | None = None
+    delete_session: Callable[[str], object] = lambda session_id: None
 
 
 @contextlib.contextmanager
@@ -199,6 +204,9 @@ def _undo(question: _Question) -> str:
         except Exception as exc:
             return f"the question may have been asked, and its turn could not be found to cancel: {describe(exc)}"
     if turn_id is None:
+        if question.made is not None:  # best effort: the report is the question's, not the session's
+            with contextlib.suppress(Exception):
+                question.delete_session(question.made)
         return NOT_ASKED
     return _cancel(turn_id, question.cancel)
 
@@ -437,18 +445,21 @@ def ask_remote(console: Console, url: str, api_key: str, question: str, *, model
 
     printer = EventPrinter(console, as_json=as_json)
     with _interruptible(), RemoteClient(url, api_key) as client:
-        made = None
-        if session_id is None:
-            session_id = made = client.create_session(one_line(question)[:80], model)
-        posting = client.question(session_id, question, model)
-        asked = _Question(cancel=client.cancel_turn, find=posting.turn_if_asked)
+        asked = _Question(cancel=client.cancel_turn, delete_session=client.delete_session)
+        # From the session's making on, a Ctrl-C deletes it unless a turn was stored in it (the
+        # session a Ctrl-C cuts off the answer of is not known, and stays).
         with _cancelled_if_stopped(asked):
+            if session_id is None:
+                # Stored as the call returns (Python takes a signal at a call or a loop, not at a store).
+                session_id = asked.made = client.create_session(one_line(question)[:80], model)
+            posting = client.question(session_id, question, model)
+            asked.find = posting.turn_if_asked
             try:
                 turn = posting.post()
             except Exception:
-                if made is not None:  # the question was refused: the session made for it goes too
+                if asked.made is not None:  # the question was refused: the session made for it goes too
                     with contextlib.suppress(Exception):
-                        client.delete_session(made)
+                        client.delete_session(asked.made)
                 raise
             asked.turn_id = str(turn["turn_id"])
             events = client.events(turn["events_url"], on_break=_say_resuming)

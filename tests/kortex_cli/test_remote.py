@@ -22,7 +22,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kortex_cli.main import app
-from tests.kortex_cli.test_ask import SLOW, interrupt_after, interruptible
+from tests.kortex_cli.test_ask import SLOW, at_gate, finish, interrupt_after, interruptible
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -140,6 +140,7 @@ def test_ctrl_c_cancels_the_turn_at_the_server(api: Api) -> None:
     lines, stderr = interrupt_after(proc, "word0")
     turn_id = json.loads(lines[0])["data"]["turn_id"]
     assert api.turn(turn_id)["status"] == "cancelled", stderr.decode()  # not left queued or running
+    assert api.turn(turn_id)["session_id"] in api.sessions()  # its session holds the question: it stays
     assert proc.returncode == 130
     assert f"cancelled turn {turn_id} (interrupted)" in stderr.decode()
 
@@ -277,6 +278,7 @@ def test_ctrl_c_once_the_server_took_the_question_cancels_its_turn(api: Api, pro
     stderr = interrupt_at(proc, posted)
     [turn_id] = turns_made(proxy, posted)  # one turn, however many times the question went
     assert api.turn(turn_id)["status"] == "cancelled", stderr  # not left to run
+    assert api.turn(turn_id)["session_id"] in api.sessions()  # a session with a turn is not deleted
     assert proc.returncode == 130
     assert stderr == f"cancelled turn {turn_id} (interrupted)\n"
 
@@ -292,6 +294,68 @@ def test_ctrl_c_as_the_question_goes_leaves_no_turn_running(api: Api, proxy: Pro
     assert proc.returncode == 130
     assert stderr in {f"cancelled turn {t} (interrupted)\n" for t in made} | {
         "stopped before the question was asked (interrupted)\n"}
+
+
+def gated_ask(api: Api, url: str, gate: str, when: str) -> subprocess.Popen[bytes]:
+    """``ask --url`` waiting at ``gate`` (tests/kortex_cli/gated_cli.py) until its stdin closes."""
+    args = ["ask", "hi", "--model", "scripted:slow", "--url", url, "--api-key", api.key]
+    return subprocess.Popen([sys.executable, "-m", "tests.kortex_cli.gated_cli", gate, when, "1", "--", *args],
+                            env=api.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=interruptible)
+
+
+@pytest.mark.parametrize(("gate", "when"), [
+    ("kortex_cli.remote:RemoteClient.question", "before"),  # the session made, the question not yet posted
+    ("kortex_cli.remote:Question.post", "before"),  # nothing of the post has left the process
+])
+def test_ctrl_c_before_the_question_is_posted_deletes_the_session_made_for_it(api: Api, gate: str,
+                                                                               when: str) -> None:
+    """Left, it was an empty session named after the question in every listing."""
+    before = api.sessions()
+    proc, stderr = gated_ask(api, api.url, gate, when), b""
+    try:
+        stderr = at_gate(proc)
+        proc.send_signal(signal.SIGINT)
+    finally:
+        said = finish(proc, stderr)
+    assert proc.returncode == 130, said
+    assert said == "stopped before the question was asked (interrupted)"
+    assert api.sessions() == before
+
+
+def test_ctrl_c_once_the_post_made_its_turn_cancels_it_and_keeps_the_session(api: Api) -> None:
+    """The post landed, its answer did not reach the command: the session holds a turn."""
+    before = set(api.sessions())
+    proc, stderr = gated_ask(api, api.url, "kortex_cli.remote:Question.post", "after"), b""
+    try:
+        stderr = at_gate(proc)
+        proc.send_signal(signal.SIGINT)
+    finally:
+        said = finish(proc, stderr)
+    [session_id] = set(api.sessions()) - before
+    assert proc.returncode == 130, said
+    [turn_id] = [line.split()[2] for line in said.splitlines() if line.startswith("cancelled turn ")]
+    assert said == f"cancelled turn {turn_id} (interrupted)"
+    assert api.turn(turn_id)["status"] == "cancelled" and api.turn(turn_id)["session_id"] == session_id
+
+
+def test_a_second_ctrl_c_while_the_unused_session_is_deleted_is_ignored(api: Api, proxy: Proxy) -> None:
+    before = api.sessions()
+    deleting = proxy.hold("DELETE", "", "before")
+    proc, stderr = gated_ask(api, proxy.url, "kortex_cli.remote:Question.post", "before"), b""
+    try:
+        stderr = at_gate(proc)
+        proc.send_signal(signal.SIGINT)
+        deleting.wait()
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        assert proc.poll() is None  # the command still waits for the delete: it was not cut short
+        deleting.released.set()
+    finally:
+        said = finish(proc, stderr)
+    assert proc.returncode == 130, said
+    assert said == "stopped before the question was asked (interrupted)"
+    assert api.sessions() == before
 
 
 def test_a_second_ctrl_c_while_the_turn_is_cancelled_is_ignored(api: Api, proxy: Proxy) -> None:
