@@ -37,6 +37,10 @@ class RetentionSettings(BaseModel):
     audit_days: Days = Field(400, ge=31)
     # finished post-mortem jobs, with their items and progress events
     postmortem_days: Days = Field(180, ge=1)
+    # API keys this long after their revocation (their audit rows stay, under audit_days). At
+    # least a day: the embedded mode's revocation epoch names the last day's revoked keys
+    # (kortex/keys.py revocation_epoch), so none of those may go while it may still be unread.
+    revoked_keys_days: Days = Field(90, ge=1)
     every: Seconds = Field(3600.0, ge=1)  # how often the watchdog's leader prunes
     # Each batch deletes at most this many rows of one table and tenant in a transaction of its
     # own, so no delete holds its locks long; a run stops starting batches after run_seconds,
@@ -46,7 +50,8 @@ class RetentionSettings(BaseModel):
 
     @property
     def enabled(self) -> bool:
-        return any(days is not None for days in (self.telemetry_days, self.audit_days, self.postmortem_days))
+        return any(days is not None for days in (self.telemetry_days, self.audit_days, self.postmortem_days,
+                                                 self.revoked_keys_days))
 
 
 __all__ = ["RetentionSettings"]

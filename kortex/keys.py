@@ -15,7 +15,7 @@ import logging
 import re
 from collections.abc import Collection, Hashable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from redis.exceptions import RedisError
@@ -41,6 +41,9 @@ MAX_KEY_NAME = 200
 KEY_ID = re.compile(r"^[0-9a-f]{12}\Z")
 #: roles that may manage keys: a tenant keeps at least one active key with one of them
 MANAGERS = frozenset(role for role, perms in ROLES.items() if Permission.KEYS in perms)
+#: the embedded revocation epoch names the keys revoked this recently; the retention policy
+#: keeps a revoked key at least this long (config_retention.py: revoked_keys_days >= 1)
+RECENT_REVOCATIONS = timedelta(days=1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,15 +61,26 @@ def epoch_key(prefix: str) -> str:
 
 def revocation_epoch(k: Kortex) -> Hashable:
     """A value that moves whenever a key or tenant stops being valid: Redis' counter, or in the
-    embedded mode the revoked keys and disabled tenants themselves (a few rows there)."""
+    embedded mode the revoked keys and disabled tenants themselves (a few rows there).
+
+    The retention policy deletes revoked keys' rows (kortex/storage/retention.py), so the count
+    of revoked keys also goes down, and a run that deletes as many as are revoked meanwhile
+    leaves it where it was; the latest revocation time moves with a new one only if its
+    transaction, which stamps the time before it commits, commits last. So the epoch also names
+    the keys revoked in the last day: a new revocation adds an id never named before, for a day
+    (the API reads the epoch every second), and retention never deletes a key revoked that
+    recently (``RECENT_REVOCATIONS``). A deletion moves the epoch too, which only makes the API
+    processes verify their keys once more.
+    Redis' counter is only ever incremented: retention does not touch it."""
     if not k.settings.embedded:
         value: Any = k.redis.get(epoch_key(k.settings.redis_prefix))
         return int(value or 0)
+    c = api_keys.c
     with k.db.connect() as conn:
-        revoked = conn.execute(select(func.count(), func.max(api_keys.c.revoked_at))
-                               .where(api_keys.c.revoked_at.is_not(None))).one()
+        revoked = conn.execute(select(func.count(), func.max(c.revoked_at)).where(c.revoked_at.is_not(None))).one()
+        recent = conn.execute(select(c.key_id).where(c.revoked_at >= utcnow() - RECENT_REVOCATIONS)).scalars()
         disabled = conn.execute(select(tenants_table.c.id).where(tenants_table.c.disabled.is_(True))).scalars()
-        return (revoked[0], revoked[1], frozenset(disabled))
+        return (revoked[0], revoked[1], frozenset(recent), frozenset(disabled))
 
 
 def _bump(k: Kortex) -> None:

@@ -55,7 +55,7 @@ def run(settings: Settings, stop: threading.Event | None = None, alive_file: Pat
     kept = settings.retention
     if kept.enabled:
         policy = (("telemetry", kept.telemetry_days), ("audit rows", kept.audit_days),
-                  ("finished post-mortem jobs", kept.postmortem_days))
+                  ("finished post-mortem jobs", kept.postmortem_days), ("revoked API keys", kept.revoked_keys_days))
         log.info("retention: while it leads, it deletes (at most every %gs) %s", kept.every,
                  ", ".join(f"{what} after {days} days" if days is not None else f"{what} never" for what, days in policy))
     try:

@@ -4,8 +4,8 @@ of one tenant, in a short transaction of its own; tables and tenants take turns,
 backlog does not hold the others back.
 
 A global housekeeping job, the one place that works across tenants; its statements still name
-their columns. Chat sessions, turns and messages, proposals, incidents and post-mortem documents
-are not here on purpose (README "Retention").
+their columns. Chat sessions, turns and messages, proposals, incidents, post-mortem documents and
+active API keys are not here on purpose (README "Retention").
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from kortex.errors import StorageError
 from kortex.storage.db import Database, bounded_writes
 from kortex.storage.postmortems import OPEN
 from kortex.storage.schema import (
+    api_keys,
     decisions,
     llm_requests,
     postmortem_events,
@@ -38,7 +39,7 @@ from kortex.storage.schema import (
     tenants,
 )
 
-Policy = Literal["telemetry", "audit", "postmortem"]
+Policy = Literal["telemetry", "audit", "postmortem", "revoked_keys"]
 
 #: the statuses a job ends in (kortex/postmortems/jobs.py)
 JOB_ENDED = ("cancelled", "done", "failed")
@@ -54,9 +55,10 @@ _jobs, _items = postmortem_jobs.c, postmortem_items.c
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """A table pruned by age, the oldest rows first: ``age`` alone is indexed (migration 0015), or
-    ``per_tenant``, where ``(tenant_id, age)`` leads an index (``telemetry_deploys``: ``(tenant_id,
-    product, ts)``, a few rows a day) and a tenant's oldest rows are one index range."""
+    """A table pruned by age, the oldest rows first: ``age`` alone is indexed (migrations 0015,
+    0016), or ``per_tenant``, where ``(tenant_id, age)`` leads an index
+    (``telemetry_deploys``: ``(tenant_id, product, ts)``, a few rows a day) and a tenant's oldest
+    rows are one index range. A row whose ``age`` is NULL is never older than a cutoff."""
 
     table: Table
     age: str
@@ -75,6 +77,14 @@ TARGETS: tuple[Target, ...] = (
     Target(telemetry_deploys, "ts", "telemetry"),
     Target(llm_requests, "created_at", "telemetry"),
     Target(decisions, "created_at", "audit"),
+    # Revoked API keys (an active key's revoked_at is NULL: never chosen), every tenant's at once
+    # through their index on revoked_at (migration 0016). Deleting one is safe for
+    # authentication: a key that is not there is refused as a revoked one is (storage/tenants.py
+    # authenticate, valid_key_ids; a new key that drew its id has a secret of its own), every API
+    # process forgot it long ago (at its revocation, or its cache's TTL after), and the embedded
+    # mode's revocation epoch cannot be held still by the deletion (kortex/keys.py
+    # revocation_epoch). Its audit rows stay.
+    Target(api_keys, "revoked_at", "revoked_keys", per_tenant=False),
     # A job that is over, none of whose items still runs (cancel with running=finish lets them).
     Target(postmortem_jobs, "created_at", "postmortem",
            only=(_jobs.status.in_(JOB_ENDED),
@@ -104,7 +114,8 @@ class PruneReport:
 def cutoffs(policy: RetentionSettings, now: datetime) -> dict[Policy, datetime]:
     """What each policy that is not off deletes: rows older than this."""
     days: dict[Policy, int | None] = {"telemetry": policy.telemetry_days, "audit": policy.audit_days,
-                                      "postmortem": policy.postmortem_days}
+                                      "postmortem": policy.postmortem_days,
+                                      "revoked_keys": policy.revoked_keys_days}
     return {name: now - timedelta(days=n) for name, n in days.items() if n is not None}
 
 

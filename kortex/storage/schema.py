@@ -62,6 +62,8 @@ api_keys = Table(
     Column("role", String(16), nullable=False, server_default="admin"),  # kortex/access.py ROLES
     Column("created_at", UTCDateTime(), nullable=False),
     Column("revoked_at", UTCDateTime(), nullable=True),
+    Index(None, "tenant_id", "created_at"),  # a tenant's keys: listed, counted, locked to revoke one
+    Index(None, "revoked_at"),  # retention's oldest revoked keys; the embedded revocation epoch
 )
 
 chat_sessions = Table(
@@ -498,6 +500,9 @@ postmortem_items = Table(
     UniqueConstraint("job_id", "incident_ref"),
     Index(None, "job_id", "status", "position"),
     Index(None, "status", "dispatched_at"),
+    # The tenant's open or active items across its jobs (its caps, and the incidents in progress),
+    # status first: led by tenant_id, SQLite took it for a job's own item queries (migration 0016).
+    Index(None, "status", "tenant_id"),
 )
 
 # A job's progress, one row per item move and one when the job ends (the SSE feed reads it).
@@ -528,6 +533,7 @@ postmortems = Table(
     Column("grounding", JSONType, nullable=True),  # its citations as the server checked them
     Column("created_at", UTCDateTime(), nullable=False),
     Index(None, "tenant_id", "incident_ref", "created_at"),
+    Index(None, "job_id", "incident_ref"),  # a job's documents in incident order, a page at a time
 )
 
 TENANT_TABLES = tuple(t for t in metadata.sorted_tables if "tenant_id" in t.c)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from sqlalchemy import delete, func, select, text
@@ -15,6 +16,7 @@ from kortex.errors import KortexError
 from kortex.storage.db import Database
 from kortex.storage.schema import decisions
 from kortex.testing.scratch import throwaway_database
+from tests.conftest import Harness, make_settings
 from tests.integration.conftest import PG_ADMIN
 from tests.kortex.storage import test_retention as checks
 
@@ -51,6 +53,20 @@ def test_off_keeps_everything_on_postgresql(db: Database) -> None:
 
 def test_a_dry_run_counts_what_would_go_and_deletes_nothing_on_postgresql(db: Database) -> None:
     checks.a_dry_run_counts_what_would_go_and_deletes_nothing(db)
+
+
+def test_revoked_keys_go_once_revoked_longer_than_revoked_keys_days_on_postgresql(db: Database) -> None:
+    checks.revoked_keys_go_once_revoked_longer_than_revoked_keys_days(db)
+
+
+def test_deleting_old_revoked_keys_never_hides_a_revocation_from_the_embedded_epoch_on_postgresql(
+        db: Database, tmp_path: Path) -> None:
+    # No Redis: the epoch is read from the database.
+    h = Harness(make_settings(tmp_path, db.url.render_as_string(hide_password=False)))
+    try:
+        checks.deleting_old_revoked_keys_never_hides_a_revocation_from_the_embedded_epoch(h)
+    finally:
+        h.close()
 
 
 def test_a_run_stops_at_its_time_bound_and_the_next_starts_where_it_stopped_on_postgresql(db: Database) -> None:

@@ -1,6 +1,7 @@
 """The retention policy's pruning on SQLite (tests/integration/test_retention_pg.py runs the same
 checks on PostgreSQL): only rows past their cutoff go, in batches of at most ``batch_rows``, a
-job's items and events with it; "off" keeps everything; a dry run deletes nothing."""
+job's items and events with it; a revoked API key once revoked long enough, never an active one,
+and never so that a revocation goes unseen; "off" keeps everything; a dry run deletes nothing."""
 
 from __future__ import annotations
 
@@ -10,14 +11,16 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import delete, event, func, insert, select
+from sqlalchemy import delete, event, func, insert, select, update
 
+from kortex import keys
 from kortex.config_retention import RetentionSettings
-from kortex.errors import KortexError
+from kortex.errors import AuthError, KortexError
 from kortex.storage import tenants
 from kortex.storage.db import Database
 from kortex.storage.retention import TABLES, prune
 from kortex.storage.schema import (
+    api_keys,
     chat_messages,
     chat_sessions,
     decisions,
@@ -33,13 +36,14 @@ from kortex.storage.schema import (
     turns,
 )
 from kortex.timeparse import utcnow
+from tests.conftest import Harness
 
 NOW = utcnow()
-#: just past each default cutoff (30, 400 and 180 days), and just inside it
+#: just past each default cutoff (30, 400, 180 and 90 days), and just inside it
 OLD = {"telemetry": NOW - timedelta(days=30, hours=1), "audit": NOW - timedelta(days=400, hours=1),
-       "postmortem": NOW - timedelta(days=180, hours=1)}
+       "postmortem": NOW - timedelta(days=180, hours=1), "revoked_keys": NOW - timedelta(days=90, hours=1)}
 YOUNG = {"telemetry": NOW - timedelta(days=29, hours=23), "audit": NOW - timedelta(days=399, hours=23),
-         "postmortem": NOW - timedelta(days=179, hours=23)}
+         "postmortem": NOW - timedelta(days=179, hours=23), "revoked_keys": NOW - timedelta(days=89, hours=23)}
 
 
 def _id() -> str:
@@ -73,6 +77,23 @@ def audit(db: Database, tenant_id: str, at: datetime, n: int = 1) -> None:
         for _ in range(n):
             conn.execute(insert(decisions).values(id=_id(), tenant_id=tenant_id, kind="llm_call", subject="x:y",
                                                   ok=True, payload={}, created_at=at))
+
+
+def key(db: Database, tenant_id: str, revoked_at: datetime | None = None) -> str:
+    """A key of the tenant made 1,000 days ago (the whole key, as its client holds it), revoked at
+    ``revoked_at``, with its revocation in the audit trail as kortex/keys.py writes it."""
+    with db.begin() as conn:
+        issued = tenants.issue_api_key(conn, tenant_id, role="chat")
+        conn.execute(update(api_keys).where(api_keys.c.key_id == issued.key_id)
+                     .values(created_at=NOW - timedelta(days=1000), revoked_at=revoked_at))
+        if revoked_at is not None:
+            conn.execute(insert(decisions).values(id=_id(), tenant_id=tenant_id, kind="key_revoked",
+                                                  subject=issued.key_id, ok=True, payload={}, created_at=revoked_at))
+    return issued.key
+
+
+def key_id(key: str) -> str:
+    return key.split("_")[1]
 
 
 def job(db: Database, tenant_id: str, at: datetime, *, status: str = "done", items: int = 1,
@@ -209,13 +230,15 @@ def off_keeps_everything(db: Database) -> None:
     telemetry(db, a, OLD["telemetry"] - timedelta(days=3000))
     audit(db, a, OLD["audit"] - timedelta(days=3000))
     job(db, a, OLD["postmortem"] - timedelta(days=3000))
+    key(db, a, OLD["revoked_keys"] - timedelta(days=3000))
     before = counts(db)
-    off = RetentionSettings(telemetry_days="off", audit_days="off", postmortem_days="off")  # type: ignore[arg-type]
+    off = RetentionSettings(telemetry_days="off", audit_days="off", postmortem_days="off",  # type: ignore[arg-type]
+                            revoked_keys_days="off")
     assert not off.enabled
     assert prune(db, off, now=NOW).rows == rows() and counts(db) == before
     # One policy off, the others still apply.
     report = prune(db, RetentionSettings(telemetry_days="off"), now=NOW)  # type: ignore[arg-type]
-    assert report.rows == rows(decisions=1, postmortem_jobs=1, postmortem_items=1, postmortem_events=1)
+    assert report.rows == rows(decisions=2, postmortem_jobs=1, postmortem_items=1, postmortem_events=1, api_keys=1)
     assert counts(db)["telemetry_logs"] == 1
 
 
@@ -226,13 +249,16 @@ def a_dry_run_counts_what_would_go_and_deletes_nothing(db: Database) -> None:
     audit(db, b, OLD["audit"])
     job(db, a, OLD["postmortem"], items=2)
     job(db, a, OLD["postmortem"], status="running", item_status="running")
+    key(db, b, OLD["revoked_keys"])
+    key(db, b)
     before = counts(db)
 
     dry = prune(db, RetentionSettings(), now=NOW, dry_run=True)
 
     assert dry.dry_run and counts(db) == before
     assert dry.rows == rows(telemetry_logs=2, telemetry_metrics=2, telemetry_spans=2, telemetry_deploys=2,
-                            llm_requests=2, decisions=1, postmortem_jobs=1, postmortem_items=2, postmortem_events=2)
+                            llm_requests=2, decisions=1, postmortem_jobs=1, postmortem_items=2, postmortem_events=2,
+                            api_keys=1)
     assert prune(db, RetentionSettings(), now=NOW).rows == dry.rows
 
 
@@ -255,8 +281,8 @@ def a_run_stops_at_its_time_bound_and_the_next_starts_where_it_stopped(db: Datab
     policy = RetentionSettings(batch_rows=1, run_seconds=3)
     report = prune(db, policy, now=NOW, clock=Clock())
     # The clock is read as the run starts and before each batch: two batches fit in three seconds,
-    # which do not reach every table and tenant (eleven: logs, metrics and spans of every tenant
-    # at once, the rest one tenant at a time), let alone finish them.
+    # which do not reach every table and tenant (twelve: logs, metrics and spans and revoked keys
+    # of every tenant at once, the rest one tenant at a time), let alone finish them.
     assert not report.finished and report.total == 2 and report.resume == 2
     runs = 1
     while counts(db)["postmortem_jobs"]:  # the last in the order is reached too, by runs as short
@@ -280,6 +306,31 @@ def a_lock_held_past_the_bound_ends_the_run_there_not_in_an_error(db: Database) 
     assert prune(db, RetentionSettings(), now=NOW).rows["telemetry_logs"] == 1
 
 
+def revoked_keys_go_once_revoked_longer_than_revoked_keys_days(db: Database) -> None:
+    a, b = tenant(db, "a"), tenant(db, "b")
+    active = key(db, a)                                   # made 1,000 days ago: its age is no matter
+    gone = [key(db, a, OLD["revoked_keys"]), key(db, b, OLD["revoked_keys"] - timedelta(days=100))]
+    recent = key(db, b, YOUNG["revoked_keys"])
+    every = {key_id(k) for k in (active, recent, *gone)}
+    assert prune(db, RetentionSettings(revoked_keys_days="off"), now=NOW).rows == rows()  # type: ignore[arg-type]
+    before = counts(db)
+
+    report = prune(db, RetentionSettings(), now=NOW)
+
+    assert report.finished and report.rows == rows(api_keys=2)
+    assert counts(db) == {**before, "api_keys": before["api_keys"] - 2}  # the revocations' audit rows stay
+    with db.connect() as conn:
+        assert set(conn.execute(select(api_keys.c.key_id)).scalars()) == {key_id(active), key_id(recent)}
+        for deleted in gone:  # unknown now, refused as it was when revoked
+            with pytest.raises(AuthError):
+                tenants.authenticate(conn, deleted)
+        assert tenants.authenticate(conn, active).tenant.id == a
+        assert tenants.valid_key_ids(conn, every) == {key_id(active)}
+        audited = conn.execute(select(decisions.c.subject).where(decisions.c.kind == "key_revoked")).scalars()
+        assert set(audited) == {key_id(k) for k in (recent, *gone)}
+    assert prune(db, RetentionSettings(), now=NOW).rows == rows()
+
+
 def test_only_old_rows_go_and_a_jobs_items_and_events_go_with_it(db: Database) -> None:
     only_old_rows_go_and_a_jobs_items_and_events_go_with_it(db)
 
@@ -294,6 +345,39 @@ def test_off_keeps_everything(db: Database) -> None:
 
 def test_a_dry_run_counts_what_would_go_and_deletes_nothing(db: Database) -> None:
     a_dry_run_counts_what_would_go_and_deletes_nothing(db)
+
+
+def test_revoked_keys_go_once_revoked_longer_than_revoked_keys_days(db: Database) -> None:
+    revoked_keys_go_once_revoked_longer_than_revoked_keys_days(db)
+
+
+def deleting_old_revoked_keys_never_hides_a_revocation_from_the_embedded_epoch(h: Harness) -> None:
+    """The embedded mode's API processes forget the keys they verified, and check their open
+    streams' keys again, when ``revocation_epoch`` moves (api/revocation.py). A run that deletes
+    as many old revoked keys as a revocation adds must not leave it where it was: here the new
+    revocation's time is behind the latest one's too (its transaction stamped it first but
+    committed second), so neither the count nor the latest time of the revoked keys moves."""
+    assert h.settings.embedded
+    a = h.tenant("a")
+    h.api_key(a)
+    old = key(h.k.db, a, OLD["revoked_keys"])
+    key(h.k.db, a, NOW - timedelta(seconds=1))
+    doomed = key(h.k.db, a)
+    seen = keys.revocation_epoch(h.k)
+
+    with h.k.db.begin() as conn:
+        conn.execute(update(api_keys).where(api_keys.c.key_id == key_id(doomed))
+                     .values(revoked_at=NOW - timedelta(seconds=2)))
+    assert prune(h.k.db, RetentionSettings(), now=NOW).rows == rows(api_keys=1)
+
+    assert keys.revocation_epoch(h.k) != seen
+    for refused in (old, doomed):
+        with pytest.raises(AuthError):
+            keys.authenticate(h.k, refused)
+
+
+def test_deleting_old_revoked_keys_never_hides_a_revocation_from_the_embedded_epoch(harness: Harness) -> None:
+    deleting_old_revoked_keys_never_hides_a_revocation_from_the_embedded_epoch(harness)
 
 
 def test_a_run_stops_at_its_time_bound_and_the_next_starts_where_it_stopped(db: Database) -> None:

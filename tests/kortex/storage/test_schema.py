@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import create_engine, select
+from sqlalchemy import create_engine, event, select
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
+from kortex.errors import NotFound
 from kortex.storage.migrate import upgrade
 from kortex.storage.schema import TENANT_TABLES, metadata, telemetry_metrics
 from kortex.telemetry.embedded_metrics import labels_key
@@ -103,3 +108,57 @@ def sessions_with_two_active_turns_keep_the_newest_through_0013(url: str) -> Non
 
 def test_0013_keeps_the_newest_active_turn_of_a_session_and_then_refuses_a_second(tmp_path: Path) -> None:
     sessions_with_two_active_turns_keep_the_newest_through_0013(f"sqlite:///{tmp_path / 'old.db'}")
+
+
+def _plans(sqlite_template: Path, calls: dict[str, Callable[[Connection], object]]) -> dict[str, str]:
+    """The SQLite query plan of each statement each call makes on post-mortem tables, joined."""
+    engine = create_engine(f"sqlite:///{sqlite_template}")
+    made: list[tuple[str, Any]] = []
+    event.listen(engine, "before_cursor_execute", lambda _c, _cur, sql, params, *_: made.append((sql, params)))
+    found: dict[str, str] = {}
+    try:
+        for name, call in calls.items():
+            made.clear()
+            with engine.connect() as conn:
+                with contextlib.suppress(NotFound):
+                    call(conn)
+                conn.rollback()
+                statements = [(sql, params) for sql, params in made if "postmortem" in sql]
+                found[name] = " / ".join(str(row[-1]) for sql, params in statements
+                                         for row in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + sql, params))
+    finally:
+        engine.dispose()
+    return found
+
+
+def test_a_tenants_open_items_and_a_jobs_documents_are_found_through_an_index(sqlite_template: Path) -> None:
+    """The tenant's unfinished items (counted under its lock at every submission and every
+    dispatch) and a job's documents in incident order (the API's pages) read one index range,
+    not every tenant's open items or every document of the tenant (0016); and a job's own item
+    queries keep their job's index: SQLite, with no statistics, took an index led by the tenant
+    for them when it could."""
+    from kortex.storage import postmortems as store
+
+    now = datetime(2026, 11, 1, tzinfo=UTC)
+    tenant, job = "00000000-0000-7000-8000-000000000001", "00000000-0000-7000-8000-000000000002"
+    plans = _plans(sqlite_template, {
+        "open": lambda c: store.tenant_open_count(c, tenant),
+        "active": lambda c: store.tenant_active_count(c, tenant),
+        "open_refs": lambda c: store.open_refs(c, tenant, ["INC-1", "INC-2"]),
+        "documents": lambda c: store.postmortems_of_job(c, tenant, job, after=None, limit=50),
+        "documents after": lambda c: store.postmortems_of_job(c, tenant, job, after="INC-1", limit=50),
+        "counts": lambda c: store.counts(c, tenant, job),
+        "spend": lambda c: store.spend(c, tenant, job),
+        "list_items": lambda c: store.list_items(c, tenant, job, after=0, limit=10),
+        "end_open_items": lambda c: store.end_open_items(c, tenant, job, "cancelled", now, {}),
+        "any_open": lambda c: store.any_open(c, tenant, job),
+        "finish_if_complete": lambda c: store.finish_if_complete(c, tenant, job, now),
+        "latest": lambda c: store.latest_postmortem(c, tenant, "INC-1"),
+    })
+    for name in ("open", "active", "open_refs"):
+        assert "ix_postmortem_items_status_tenant_id (status=? AND tenant_id=?)" in plans[name], plans[name]
+    assert "ix_postmortems_job_id_incident_ref (job_id=?)" in plans["documents"], plans["documents"]
+    assert "ix_postmortems_job_id_incident_ref (job_id=? AND incident_ref>?)" in plans["documents after"]
+    for name in ("counts", "spend", "list_items", "end_open_items", "any_open", "finish_if_complete"):
+        assert "(job_id=?" in plans[name] and "tenant_id=?" not in plans[name], (name, plans[name])
+    assert "ix_postmortems_tenant_id_incident_ref_created_at (tenant_id=? AND incident_ref=?)" in plans["latest"]
