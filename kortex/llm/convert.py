@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kortex.llm.failures import failure
-from kortex.llm.wire import dumps
+from kortex.llm.wire import dumps, dumps_text
 from kortex.messages import AssistantMessage, Message, ToolCall, ToolMessage, ToolResult, UserMessage
 from kortex.nesting import deeper_than
 from kortex.redaction import scrub, scrub_text
@@ -81,7 +81,7 @@ def result_text(result: ToolResult) -> str:
     """A tool result as the JSON text the model reads (our content is JSON already)."""
     if isinstance(result.content, str):
         return result.content
-    return json.dumps(result.content, ensure_ascii=False, separators=(",", ":"), default=str)
+    return dumps_text(result.content)
 
 
 def wire_id(call_id: str) -> str:

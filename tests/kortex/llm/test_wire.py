@@ -13,7 +13,7 @@ from kortex.errors import ProviderError
 from kortex.llm.convert import load_arguments, parse_arguments
 from kortex.llm.pseudotools import MarkerParser, to_plain_messages
 from kortex.llm.retry import RetryPolicy, parse_retry_after
-from kortex.llm.wire import dumps, loads, ndjson_lines, sse_events
+from kortex.llm.wire import dumps, dumps_text, loads, ndjson_lines, sse_events
 from kortex.messages import AssistantMessage, ToolCall, ToolMessage, ToolResult, UserMessage
 
 
@@ -85,6 +85,26 @@ def test_json_reads_and_writes_what_json_did() -> None:
     assert dumps({"x": float("nan")}) == b'{"x":null}'  # json would write NaN, which no server parses
     with pytest.raises(TypeError):  # what json cannot encode stays an error
         dumps({"when": datetime(2026, 1, 1, tzinfo=UTC)})
+
+
+def test_a_tool_result_is_written_as_json_writes_it() -> None:
+    # The text the model reads of a result: json.dumps's, whichever encoder writes it.
+    import dataclasses
+    import decimal
+    import uuid
+
+    @dataclasses.dataclass
+    class Row:
+        n: int
+
+    def old(value: object) -> str:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+
+    for value in ({"a": [1, 2.5, "é\n\t\x01\u2028 \"q\" \\ /", None, True], "n": -3},
+                  {"when": datetime(2026, 1, 1, 14, 31, tzinfo=UTC), "id": uuid.UUID(int=7)},
+                  {"cost": decimal.Decimal("1.10"), "row": Row(3)},
+                  {"big": 2 ** 70}, {1: "int key"}, {"lone": "\ud800"}, [0.1, 1.5, 123456789.125]):
+        assert dumps_text(value) == old(value), value
 
 
 def test_an_sse_event_cut_off_before_its_blank_line_is_dropped() -> None:
