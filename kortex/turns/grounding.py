@@ -18,12 +18,12 @@ client saw stands, the flags say how far to trust it.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kortex.llm.wire import dumps_text
 from kortex.messages import AssistantMessage, Message, ToolMessage, UserMessage
 
 _BRACKETS = re.compile(r"\[([^\[\]\n]{1,300})\](?!\()")
@@ -149,7 +149,7 @@ def _uncited(answer: str, turn: _Turn) -> list[str]:
     sources = [turn.question]
     for content in turn.results:
         _count_lists(content, values)
-        sources.append(content if isinstance(content, str) else json.dumps(content, ensure_ascii=False, default=str))
+        sources.append(content if isinstance(content, str) else dumps_text(content))  # as the model read it
     for source in sources:
         numbers = _numbers_in(source)
         # Every digit run of a result counts as written there: an answer's "14:31 UTC" quotes

@@ -194,8 +194,8 @@ def test_an_answer_quoting_no_number_leaves_the_results_unread(monkeypatch: Any)
 
     history = _history(("call_d1", "get_recent_deploys", {"deploys": [{"version": "v2.14.0"}] * 2}, False))
     encoded: list[int] = []
-    real = grounding.json.dumps
-    monkeypatch.setattr(grounding.json, "dumps", lambda value, **kw: encoded.append(1) or real(value, **kw))
+    real = grounding.dumps_text
+    monkeypatch.setattr(grounding, "dumps_text", lambda value: encoded.append(1) or real(value))
     assert check("Both 2 deploys went out [call_d1].", history).grounded and encoded == []
     assert check("v2.14.0 went out twice [call_d1].", history).uncited_numbers == [] and encoded == [1]
     assert check("v2.15.0 went out [call_d1].", history).uncited_numbers == ["2.15.0"]
