@@ -83,11 +83,9 @@ class RemoteClient:
             raise refusal(response)
         return json_body(response)
 
-    def create_session(self, name: str, model: str | None) -> str:
-        body: dict[str, Any] = {"name": name}
-        if model:
-            body["model"] = model
-        return str(self._check(self._client.post("/v1/sessions", json=body))["id"])
+    def new_session(self, name: str, model: str | None) -> NewSession:
+        """A session to make (``NewSession.create``)."""
+        return NewSession(self, name, model)
 
     def question(self, session_id: str, content: str, model: str | None) -> Question:
         """A question to post to the session (``Question.post``)."""
@@ -212,37 +210,34 @@ def _why(exc: BaseException) -> str:
     return f"{exc.__class__.__name__}: {text.splitlines()[0]}" if text else exc.__class__.__name__
 
 
-class Question:
-    """A question posted under an Idempotency-Key of its own. A post cut short (Ctrl-C) leaves no
-    answer, but the server may have made the turn all the same: posted again, the question comes
-    back with that turn rather than a second one, so the turn can be cancelled, not left to run."""
+class _Keyed:
+    """A POST under an Idempotency-Key of its own. One cut short (Ctrl-C) leaves no answer, but
+    the server may have done it all the same: sent again with its key, it comes back with what
+    the first one made rather than a second one, so that can be undone, not left behind."""
 
     #: How long the repeat may take: it runs while the user waits to get their prompt back.
     AGAIN_TIMEOUT = 10.0
     #: Answers that refuse the request itself (the session, its content, a turn already running
-    #: in it): the first post was refused as well, since a turn it made would be the answer.
+    #: in it): the first send was refused as well, since what it made would be the answer.
     REFUSED = frozenset({400, 404, 409, 413, 422})
 
-    def __init__(self, client: RemoteClient, session_id: str, content: str, model: str | None) -> None:
-        self._client = client
-        self._path = f"/v1/sessions/{session_id}/messages"
-        self._body: dict[str, Any] = {"content": content, **({"model": model} if model else {})}
+    def __init__(self, client: RemoteClient, path: str, body: dict[str, Any]) -> None:
+        self._client, self._path, self._body = client, path, body
         self._key = uuid.uuid4().hex
-        self.sent = False  # whether the server may have the question: its body started out
+        self.sent = False  # whether the server may have the request: its body started out
 
-    def post(self) -> dict[str, Any]:
-        """The server's answer: the turn (``turn_id``, ``session_id``, ``events_url``)."""
-        return self._client._check(self._send(None))  # type: ignore[no-any-return]
+    def _answer(self) -> Any:
+        return self._client._check(self._send(None))
 
-    def turn_if_asked(self) -> str | None:
-        """After a post cut short: the id of the turn it made, or None when it cannot have made
-        one (nothing of it left this process, or the server refuses it)."""
+    def _answer_again(self) -> Any:
+        """After a send cut short: the server's answer, asked again, or None when the first
+        cannot have made anything (nothing of it left this process, or the server refuses it)."""
         if not self.sent:
             return None
         response = self._send(self.AGAIN_TIMEOUT)
         if response.status_code in self.REFUSED:
             return None
-        return str(self._client._check(response)["turn_id"])
+        return self._client._check(response)
 
     def _send(self, timeout: float | None) -> httpx.Response:
         return self._client._client.post(
@@ -251,9 +246,46 @@ class Question:
 
     def _trace(self, event: str, info: dict[str, Any]) -> None:
         # httpcore's events ("http11.send_request_body.started"): until the body starts out, the
-        # server has no question to make a turn of, and a Ctrl-C has nothing to cancel.
+        # server has nothing to act on, and a Ctrl-C has nothing to undo.
         if event.endswith("send_request_body.started"):
             self.sent = True
+
+
+class NewSession(_Keyed):
+    """A session to make. Made, but its answer cut off, it is found again (``made_if_asked``)
+    so that the command can delete it rather than leave it empty, named after its question."""
+
+    def __init__(self, client: RemoteClient, name: str, model: str | None) -> None:
+        super().__init__(client, "/v1/sessions", {"name": name, **({"model": model} if model else {})})
+
+    def create(self) -> str:
+        """The session's id."""
+        return str(self._answer()["id"])
+
+    def made_if_asked(self) -> str | None:
+        """After a creation cut short: the id of the session it made, or None when it cannot
+        have made one."""
+        answer = self._answer_again()
+        return None if answer is None else str(answer["id"])
+
+
+class Question(_Keyed):
+    """A question to post: cut short, the turn it may have made is found again
+    (``turn_if_asked``), so that the turn can be cancelled, not left to run."""
+
+    def __init__(self, client: RemoteClient, session_id: str, content: str, model: str | None) -> None:
+        super().__init__(client, f"/v1/sessions/{session_id}/messages",
+                         {"content": content, **({"model": model} if model else {})})
+
+    def post(self) -> dict[str, Any]:
+        """The server's answer: the turn (``turn_id``, ``session_id``, ``events_url``)."""
+        return self._answer()  # type: ignore[no-any-return]
+
+    def turn_if_asked(self) -> str | None:
+        """After a post cut short: the id of the turn it made, or None when it cannot have made
+        one (nothing of it left this process, or the server refuses it)."""
+        answer = self._answer_again()
+        return None if answer is None else str(answer["turn_id"])
 
 
 def parse_sse(lines: Iterator[str]) -> Iterator[tuple[str, str | None, str]]:

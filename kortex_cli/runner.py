@@ -122,6 +122,8 @@ class _Question:
     # stored in it, it would be left empty, named after the question, in every listing.
     made: str | None = None
     delete_session: Callable[[str], object] = lambda session_id: None
+    # The session a creation cut short made, if it made one (asking again to learn it); None if none.
+    find_made: Callable[[], str | None] = lambda: None
 
 
 @contextlib.contextmanager
@@ -204,9 +206,10 @@ def _undo(question: _Question) -> str:
         except Exception as exc:
             return f"the question may have been asked, and its turn could not be found to cancel: {describe(exc)}"
     if turn_id is None:
-        if question.made is not None:  # best effort: the report is the question's, not the session's
-            with contextlib.suppress(Exception):
-                question.delete_session(question.made)
+        with contextlib.suppress(Exception):  # best effort: the report is the question's, not the session's
+            made = question.made if question.made is not None else question.find_made()
+            if made is not None:
+                question.delete_session(made)
         return NOT_ASKED
     return _cancel(turn_id, question.cancel)
 
@@ -446,12 +449,15 @@ def ask_remote(console: Console, url: str, api_key: str, question: str, *, model
     printer = EventPrinter(console, as_json=as_json)
     with _interruptible(), RemoteClient(url, api_key) as client:
         asked = _Question(cancel=client.cancel_turn, delete_session=client.delete_session)
-        # From the session's making on, a Ctrl-C deletes it unless a turn was stored in it (the
-        # session a Ctrl-C cuts off the answer of is not known, and stays).
+        # From the session's making on, a Ctrl-C deletes it unless a turn was stored in it (a
+        # session whose answer a Ctrl-C cut off is asked for again, under the same
+        # Idempotency-Key, to learn its id).
         with _cancelled_if_stopped(asked):
             if session_id is None:
+                making = client.new_session(one_line(question)[:80], model)
+                asked.find_made = making.made_if_asked
                 # Stored as the call returns (Python takes a signal at a call or a loop, not at a store).
-                session_id = asked.made = client.create_session(one_line(question)[:80], model)
+                session_id = asked.made = making.create()
             posting = client.question(session_id, question, model)
             asked.find = posting.turn_if_asked
             try:

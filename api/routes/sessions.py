@@ -34,14 +34,27 @@ _INT32 = 2**31
 _POSITION = re.compile(r"-?[0-9]+\.-?[0-9]+\.-?[0-9]+")
 
 
-@router.post("", status_code=201, response_model=SessionOut)
-def create_session(k: KortexDep, tenant: TenantDep, response: Response, body: CreateSession | None = None) -> SessionOut:
+#: the header that makes a retried POST answer what the first one made (its length checked
+#: again in the domain, chat.check_idempotency_key, with the NUL and the empty key)
+IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", max_length=chat.MAX_IDEMPOTENCY_KEY)]
+
+
+@router.post("", status_code=201, response_model=SessionOut,
+             responses={409: {"description": "the Idempotency-Key was used for another request "
+                                             "(idempotency_mismatch)"}})
+def create_session(k: KortexDep, tenant: TenantDep, response: Response, body: CreateSession | None = None,
+                   idempotency_key: IdempotencyKey = None) -> SessionOut:
     """Start a session: a conversation whose turns share history. `model` (provider:model) is its
-    default for every turn; omitted, the configured default."""
+    default for every turn; omitted, the configured default. An `Idempotency-Key` header makes a
+    retry with the same body return the same session (201, `Idempotent-Replayed: true`), so a
+    client whose answer was lost learns which session it made; the key with another body is 409
+    `idempotency_mismatch`. Keys are the tenant's; a deleted session's key makes a new one."""
     body = body or CreateSession(name=None, model=None)  # every field has a default, so no body at all is fine too
-    session = chat.create_session(k, tenant.id, body.name, body.model)
-    response.headers["Location"] = f"/v1/sessions/{session.id}"
-    return SessionOut.of(session)
+    made = chat.new_session(k, tenant.id, body.name, body.model, idempotency_key=idempotency_key)
+    response.headers["Location"] = f"/v1/sessions/{made.session.id}"
+    if not made.created:
+        response.headers["Idempotent-Replayed"] = "true"
+    return SessionOut.of(made.session)
 
 
 @router.get("", response_model=SessionPageOut)
@@ -137,7 +150,7 @@ async def post_message(
     request: Request,
     k: KortexDep,
     tenant: TenantDep,
-    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)] = None,
+    idempotency_key: IdempotencyKey = None,
 ) -> Response:
     """Ask: stores the message and a queued turn and answers 202 with the turn's `events_url` to
     follow. One turn at a time per session (409 while one runs). An `Idempotency-Key` header makes a

@@ -28,14 +28,25 @@ def _row(columns: Sequence[ColumnElement[Any]], values: Iterable[Any]) -> Column
 
 
 def create_session(
-    conn: Connection, tenant_id: str, name: str, model: str | None = None
+    conn: Connection, tenant_id: str, name: str, model: str | None = None, *,
+    idempotency_key: str | None = None, request_hash: str | None = None,
 ) -> SessionRecord:
+    """A new session; with ``idempotency_key``, a second one under the tenant's key fails the
+    insert (the unique index: the caller's transaction raises Conflict ``integrity``)."""
     now = utcnow()
     session = SessionRecord(
         id=uuid7(), tenant_id=tenant_id, name=name, model=model, turn_count=0, created_at=now, updated_at=now,
     )
-    conn.execute(chat_sessions.insert().values(**asdict(session)))
+    conn.execute(chat_sessions.insert().values(**asdict(session), idempotency_key=idempotency_key,
+                                               request_hash=request_hash))
     return session
+
+
+def session_by_key(conn: Connection, tenant_id: str, idempotency_key: str) -> tuple[SessionRecord, str | None] | None:
+    """The session the tenant's Idempotency-Key made, with the hash of the request that made it."""
+    row = conn.execute(select(chat_sessions).where(chat_sessions.c.tenant_id == tenant_id,
+                                                   chat_sessions.c.idempotency_key == idempotency_key)).first()
+    return (SessionRecord.from_row(row), row.request_hash) if row else None
 
 
 def get_session(conn: Connection, tenant_id: str, session_id: str) -> SessionRecord:

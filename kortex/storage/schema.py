@@ -25,6 +25,9 @@ from kortex.storage.types import BigIntPK, JSONType, UTCDateTime, UUIDStr
 #: the unique index that allows a session one active turn, and its condition
 ONE_ACTIVE_TURN = "uq_turns_one_active_per_session"
 ACTIVE_SQL = "status IN (" + ", ".join(f"'{status}'" for status in ACTIVE) + ")"
+#: the unique index of a tenant's session Idempotency-Keys, and its condition
+SESSION_KEY = "uq_chat_sessions_tenant_id_idempotency_key"
+KEYED_SQL = "idempotency_key IS NOT NULL"
 
 metadata = MetaData(
     naming_convention={
@@ -76,7 +79,15 @@ chat_sessions = Table(
     Column("turn_count", Integer, nullable=False, default=0),  # usage is summed from its turns
     Column("created_at", UTCDateTime(), nullable=False),
     Column("updated_at", UTCDateTime(), nullable=False),
+    # The Idempotency-Key a POST /v1/sessions came with, and its body's hash
+    # (kortex/turns/chat.py, new_session): a retry whose answer was lost learns its session.
+    Column("idempotency_key", String(200), nullable=True),
+    Column("request_hash", String(64), nullable=True),
     Index(None, "tenant_id", "created_at"),
+    # One session per key and tenant: of two racing requests with one key, the second's insert
+    # fails here and it answers the first's session. Only keyed rows: most sessions have none.
+    Index(SESSION_KEY, "tenant_id", "idempotency_key", unique=True,
+          postgresql_where=text(KEYED_SQL), sqlite_where=text(KEYED_SQL)),
 )
 
 turns = Table(

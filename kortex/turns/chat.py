@@ -13,7 +13,7 @@ from sqlalchemy.engine import Connection
 
 from kortex import budget
 from kortex.container import Kortex
-from kortex.errors import Conflict, InvalidInput, ProviderError, StreamError
+from kortex.errors import Conflict, InvalidInput, ProviderError, RateLimited, StreamError
 from kortex.llm.registry import ProviderRegistry
 from kortex.messages import Usage
 from kortex.storage import audit, chats, posting, turns
@@ -103,11 +103,69 @@ def counting_session(k: Kortex, tenant_id: str) -> Iterator[None]:
         yield
 
 
+@dataclass(frozen=True, slots=True)
+class NewSession:
+    session: SessionRecord
+    created: bool  # False when an Idempotency-Key matched an earlier request
+
+
 def create_session(k: Kortex, tenant_id: str, name: str | None, model: str | None = None) -> SessionRecord:
+    return new_session(k, tenant_id, name, model).session
+
+
+def new_session(k: Kortex, tenant_id: str, name: str | None, model: str | None = None, *,
+                idempotency_key: str | None = None) -> NewSession:
+    """A new session. With ``idempotency_key``, the same request again (its name and model as
+    stored: stripped, defaulted) answers the session the key made, ``created`` False, and costs
+    no quota; another request with the key is a Conflict (``idempotency_mismatch``). The key is
+    the session's: once the session is deleted, the key makes a new one."""
     name = session_name(name, "untitled")
+    check_idempotency_key(idempotency_key)
     model = check_model(k, model)
+    if idempotency_key is None:
+        return NewSession(_store_session(k, tenant_id, name, model, None, None), created=True)
+    digest = posting.request_hash(name, model)
+    earlier = _session_by_key(k, tenant_id, idempotency_key, digest)
+    if earlier is not None:  # read before the quota: a replay makes nothing, so counts for nothing
+        return earlier
+    try:
+        return NewSession(_store_session(k, tenant_id, name, model, idempotency_key, digest), created=True)
+    except (Conflict, RateLimited) as exc:
+        if isinstance(exc, Conflict) and exc.code != "integrity":
+            raise
+        # Two identical requests raced on the key: the loser's insert failed on the unique index
+        # (its count given back), or the winner's count filled the quota. It answers the winner's.
+        earlier = _session_by_key(k, tenant_id, idempotency_key, digest)
+        if earlier is None:
+            raise
+        return earlier
+
+
+def _store_session(k: Kortex, tenant_id: str, name: str, model: str | None, idempotency_key: str | None,
+                   digest: str | None) -> SessionRecord:
     with counting_session(k, tenant_id), k.db.begin() as conn:
-        return chats.create_session(conn, tenant_id, name, model)
+        return chats.create_session(conn, tenant_id, name, model, idempotency_key=idempotency_key,
+                                    request_hash=digest)
+
+
+def _session_by_key(k: Kortex, tenant_id: str, idempotency_key: str, digest: str) -> NewSession | None:
+    """The session this Idempotency-Key made, if any; the key used for another request is a Conflict."""
+    with k.db.connect() as conn:
+        earlier = chats.session_by_key(conn, tenant_id, idempotency_key)
+    if earlier is None:
+        return None
+    if earlier[1] != digest:
+        raise Conflict("this Idempotency-Key was used for a different request", code="idempotency_mismatch")
+    return NewSession(earlier[0], created=False)
+
+
+def check_idempotency_key(idempotency_key: str | None) -> None:
+    """An Idempotency-Key the database can store and index: 1-200 characters, no NUL; every
+    refusal a 422 naming the header."""
+    check_storable(idempotency_key, "Idempotency-Key")
+    if idempotency_key is not None and not (0 < len(idempotency_key) <= MAX_IDEMPOTENCY_KEY):
+        raise InvalidInput(f"Idempotency-Key must be 1-{MAX_IDEMPOTENCY_KEY} characters", code="validation",
+                           details=[{"field": "Idempotency-Key", "message": f"must be 1-{MAX_IDEMPOTENCY_KEY} characters"}])
 
 
 def get_session(k: Kortex, tenant_id: str, session_id: str) -> tuple[SessionRecord, Usage]:
@@ -242,14 +300,11 @@ def _check_post(k: Kortex, content: str, model: str | None, idempotency_key: str
         raise InvalidInput("content must not be empty", code="validation",
                            details=[{"field": "content", "message": "empty"}])
     check_storable(content, "content")
-    check_storable(idempotency_key, "Idempotency-Key")
     limit = k.settings.turn.max_message_chars
     if len(content) > limit:
         raise InvalidInput(f"content is longer than {limit} characters", code="validation",
                            details=[{"field": "content", "message": f"longer than {limit} characters"}])
-    if idempotency_key is not None and not (0 < len(idempotency_key) <= MAX_IDEMPOTENCY_KEY):
-        raise InvalidInput(f"Idempotency-Key must be 1-{MAX_IDEMPOTENCY_KEY} characters", code="validation",
-                           details=[{"field": "Idempotency-Key", "message": f"must be 1-{MAX_IDEMPOTENCY_KEY} characters"}])
+    check_idempotency_key(idempotency_key)
     return check_model(k, model)
 
 

@@ -1,10 +1,12 @@
 """Sessions on PostgreSQL: paging them (and a session's messages) walks every row once, in
 order, and a cursor that is not a page's own is a 422; a fork or a retry refused for its input
-leaves no session behind and costs no quota, and one that is made counts like any new session."""
+leaves no session behind and costs no quota, and one that is made counts like any new session;
+racing creations under one Idempotency-Key make one session."""
 
 from __future__ import annotations
 
 import base64
+import threading
 import uuid
 from collections.abc import Iterator
 from types import SimpleNamespace
@@ -16,6 +18,7 @@ from sqlalchemy import update
 
 from api.main import create_app
 from kortex import budget
+from kortex.errors import Conflict
 from kortex.storage import chats
 from kortex.storage.schema import chat_sessions, tenants
 from kortex.timeparse import utcnow
@@ -179,3 +182,73 @@ def test_a_retry_whose_turn_is_refused_leaves_no_fork_and_gives_its_quota_back(h
 def _tenant_budget(h: Harness, tenant: str, limits: dict[str, Any]) -> None:
     with h.k.db.begin() as conn:
         conn.execute(update(tenants).where(tenants.c.id == tenant).values(settings={"budget": limits}))
+
+
+# ---- Idempotency-Key on POST /v1/sessions ------------------------------------------------------
+
+def test_racing_creations_with_one_key_make_one_session(h: Harness) -> None:
+    """As many identical requests at once as the minute's quota allows: one session, and every
+    request answers it (the losers of the insert read the winner's)."""
+    tenant, _ = _tenant(h)
+    start = threading.Barrier(SESSIONS_PER_MINUTE)
+    outcomes: list[Any] = []
+    lock = threading.Lock()
+
+    def create() -> None:
+        start.wait()
+        try:
+            result: Any = chat.new_session(h.k, tenant, "race", idempotency_key="race-1")
+        except Exception as exc:
+            result = exc
+        with lock:
+            outcomes.append(result)
+
+    threads = [threading.Thread(target=create) for _ in range(SESSIONS_PER_MINUTE)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not [o for o in outcomes if isinstance(o, Exception)], outcomes
+    assert len(outcomes) == SESSIONS_PER_MINUTE
+    assert len({o.session.id for o in outcomes}) == 1 and [o.created for o in outcomes].count(True) == 1
+    assert _sessions(h, tenant) == [outcomes[0].session.id]
+
+
+def test_the_loser_of_a_race_answers_the_winners_session_and_costs_no_quota(h: Harness, api: TestClient,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loser read no session under the key (the winner had not committed), so its insert
+    is the one the unique index refuses; it then answers the winner's session as a replay."""
+    tenant, auth = _tenant(h)
+    headers = {**auth, "Idempotency-Key": "race-2"}
+    won = api.post("/v1/sessions", json={"name": "race"}, headers=headers)
+    assert won.status_code == 201, won.text
+    real, missed = chats.session_by_key, []
+
+    def not_yet(*args: Any) -> Any:
+        if not missed:
+            missed.append(args)
+            return None
+        return real(*args)
+
+    monkeypatch.setattr(chats, "session_by_key", not_yet)
+    lost = api.post("/v1/sessions", json={"name": "race"}, headers=headers)
+    assert missed, "the loser did not read before its insert"
+    assert lost.status_code == 201 and lost.headers["idempotent-replayed"] == "true", lost.text
+    assert lost.json()["id"] == won.json()["id"] and _sessions(h, tenant) == [won.json()["id"]]
+    made = [api.post("/v1/sessions", json={}, headers=auth) for _ in range(SESSIONS_PER_MINUTE)]
+    assert [m.status_code for m in made] == [201] * (SESSIONS_PER_MINUTE - 1) + [429]  # the loser counted none
+
+
+def test_a_session_key_is_unique_per_tenant_in_the_database(h: Harness) -> None:
+    """The index, not only the read before it: a second row with a tenant's key is refused, the
+    same key in another tenant and rows without a key are not."""
+    tenant, _ = _tenant(h)
+    other, _ = _tenant(h)
+    with h.k.db.begin() as conn:
+        chats.create_session(conn, tenant, "one", idempotency_key="k", request_hash="h")
+        chats.create_session(conn, other, "one", idempotency_key="k", request_hash="h")
+        chats.create_session(conn, tenant, "free")
+        chats.create_session(conn, tenant, "free")
+    with pytest.raises(Conflict) as refused, h.k.db.begin() as conn:
+        chats.create_session(conn, tenant, "two", idempotency_key="k", request_hash="h")
+    assert refused.value.code == "integrity"

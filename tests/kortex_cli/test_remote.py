@@ -264,6 +264,22 @@ def test_ctrl_c_while_the_session_is_made_exits_130_and_asks_nothing(api: Api, p
     assert api.sessions() == before
 
 
+def test_ctrl_c_once_the_server_made_the_session_deletes_it(api: Api, proxy: Proxy) -> None:
+    """The API made the session; its answer, the session's id, had not reached the command:
+    asked again under the same Idempotency-Key, the API names it, and it goes."""
+    before = api.sessions()
+    made = proxy.hold("POST", "/v1/sessions", "after")
+    proc = ask_through(proxy, api)
+    stderr = interrupt_at(proc, made)
+    assert made.answer is not None and made.answer["id"] not in before  # the server did make one
+    assert proc.returncode == 130, stderr
+    assert stderr == "stopped before the question was asked (interrupted)\n"
+    assert api.sessions() == before
+    creations = [(status, json.loads(body)["id"]) for method, path, status, body in proxy.answered
+                 if method == "POST" and path.endswith("/v1/sessions")]
+    assert creations == [(201, made.answer["id"])]  # the second ask replayed the first: no other session
+
+
 def turns_made(proxy: Proxy, posted: Hold) -> set[str]:
     """Every turn the API answered a post of the question with (the held answer too)."""
     made = {json.loads(body)["turn_id"] for method, path, status, body in proxy.answered
@@ -315,6 +331,22 @@ def test_ctrl_c_before_the_question_is_posted_deletes_the_session_made_for_it(ap
     proc, stderr = gated_ask(api, api.url, gate, when), b""
     try:
         stderr = at_gate(proc)
+        proc.send_signal(signal.SIGINT)
+    finally:
+        said = finish(proc, stderr)
+    assert proc.returncode == 130, said
+    assert said == "stopped before the question was asked (interrupted)"
+    assert api.sessions() == before
+
+
+def test_ctrl_c_before_the_session_s_answer_is_read_deletes_the_session(api: Api) -> None:
+    """Stopped with the server's answer in hand but not read (the first answer the command
+    checks is the session's): the session is found again by its key and deleted."""
+    before = api.sessions()
+    proc, stderr = gated_ask(api, api.url, "kortex_cli.remote:RemoteClient._check", "before"), b""
+    try:
+        stderr = at_gate(proc)
+        assert len(api.sessions()) == len(before) + 1  # the server made it
         proc.send_signal(signal.SIGINT)
     finally:
         said = finish(proc, stderr)
