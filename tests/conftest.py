@@ -197,3 +197,17 @@ def harness_factory(tmp_path: Path, sqlite_url: str) -> Iterator[Any]:
 @pytest.fixture
 def harness(harness_factory: Any) -> Harness:
     return harness_factory()  # type: ignore[no-any-return]
+
+
+#: folders whose tests start processes (workers, servers, the CLI): a file of them takes a
+#: minute or more, so they are handed out first, and the run does not end on one such file
+#: while the other test processes sit idle (pytest-xdist --dist loadfile deals files in order)
+_SLOW_FIRST = ("tests/integration/", "tests/kortex_cli/", "tests/bench/")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        path = item.nodeid
+        return next((i for i, folder in enumerate(_SLOW_FIRST) if path.startswith(folder)), len(_SLOW_FIRST))
+
+    items.sort(key=rank)  # stable: the order within a file and among the rest stays
