@@ -388,7 +388,7 @@ class TurnSettings(_Section):
     max_waiting_steps: int = Field(5000, ge=1)
     # Below that bound, the loop-lag governor's target and floor (kortex/turns/governor.py); 0: off.
     # The target trades a flood's speed for a light tenant's latency (figures in governor.py).
-    loop_lag_target_ms: int = Field(2, ge=0, le=10_000)
+    loop_lag_target_ms: int = Field(1, ge=0, le=10_000)
     min_inflight_steps: int = Field(32, ge=1)
     tenant_weights: dict[str, Annotated[int, Field(ge=1)]] = Field(default_factory=dict)
     # A tenant with more live chat turns than this is busy: its steps wait in the turns queue
