@@ -38,7 +38,7 @@ A flood of 100 paced turns: 12-13 s at 2 ms, 10 s at 20 ms (B within 1.3-1.6x id
 
 On a slower 2-core machine (B idle 16-18 ms), once a step's CPU was cut by a seventh, 2 ms let
 the heavy tenant take what was saved: its flood finished in 54-62 s instead of 62-64, and B's
-first event during it rose from 33-34 ms to 42-51 ms. At 1 ms: B 26-33 ms, the flood 72 s.
+first event during it rose from 33-34 ms to 39-51 ms. At 1 ms: B 26-33 ms, the flood 72 s.
 1 ms is the default: the flood is the load that waits, and an operator whose heavy tenant must
 go faster raises it.
 
