@@ -235,12 +235,8 @@ def _replayed(k: Kortex, tenant_id: str, key: str | None, digest: str) -> Submit
     if key is None:
         return None
     with k.db.connect() as conn:
-        earlier = store.job_by_key(conn, tenant_id, key)
-    if earlier is None:
-        return None
-    if earlier[1] != digest:
-        raise Conflict("this Idempotency-Key was used for a different request", code="idempotency_mismatch")
-    return Submitted(view=view(k, tenant_id, earlier[0].id), created=False, handoff=NOTHING)
+        made = posting.replayed(store.job_by_key(conn, tenant_id, key), digest)
+    return None if made is None else Submitted(view=view(k, tenant_id, made.id), created=False, handoff=NOTHING)
 
 
 def _store_job(k: Kortex, tenant_id: str, request: JobRequest, job_id: str, incidents: list[Incident], digest: str,

@@ -9,7 +9,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import and_, bindparam, func, insert, select, update
 from sqlalchemy.engine import Connection
@@ -33,6 +33,24 @@ from kortex.storage.schema import (
 from kortex.timeparse import utcnow
 
 _t = turns.c
+
+
+R = TypeVar("R")
+
+
+def key_mismatch() -> Conflict:
+    """An Idempotency-Key sent again with another request."""
+    return Conflict("this Idempotency-Key was used for a different request", code="idempotency_mismatch")
+
+
+def replayed(earlier: tuple[R, str | None] | None, digest: str) -> R | None:
+    """What an Idempotency-Key made before (a record, with the hash of the request that made it),
+    if anything; the key sent with another request (another ``digest``) is a Conflict."""
+    if earlier is None:
+        return None
+    if earlier[1] != digest:
+        raise key_mismatch()
+    return earlier[0]
 
 
 def request_hash(content: str, model: str | None) -> str:
@@ -195,7 +213,7 @@ def create_turn(
     if idempotency_key and state.earlier is not None:
         earlier = conn.execute(_EARLIER, {"p_id": state.earlier}).one()
         if earlier.session_id != session_id or earlier.request_hash != digest:
-            raise Conflict("this Idempotency-Key was used for a different request", code="idempotency_mismatch")
+            raise key_mismatch()
         return NewTurn(TurnRecord.from_row(earlier), created=False)  # a replay changes nothing
     if state.busy:
         raise _busy(state.busy)

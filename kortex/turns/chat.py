@@ -151,12 +151,8 @@ def _store_session(k: Kortex, tenant_id: str, name: str, model: str | None, idem
 def _session_by_key(k: Kortex, tenant_id: str, idempotency_key: str, digest: str) -> NewSession | None:
     """The session this Idempotency-Key made, if any; the key used for another request is a Conflict."""
     with k.db.connect() as conn:
-        earlier = chats.session_by_key(conn, tenant_id, idempotency_key)
-    if earlier is None:
-        return None
-    if earlier[1] != digest:
-        raise Conflict("this Idempotency-Key was used for a different request", code="idempotency_mismatch")
-    return NewSession(earlier[0], created=False)
+        made = posting.replayed(chats.session_by_key(conn, tenant_id, idempotency_key), digest)
+    return None if made is None else NewSession(made, created=False)
 
 
 def check_idempotency_key(idempotency_key: str | None) -> None:
