@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -320,6 +320,19 @@ def gated_ask(api: Api, url: str, gate: str, when: str) -> subprocess.Popen[byte
                             preexec_fn=interruptible)
 
 
+def _interrupted_at(api: Api, gate: str, when: str, at_the_gate: Callable[[], None] = lambda: None
+                    ) -> tuple[int, str]:
+    """``ask --url`` stopped with one SIGINT at ``gate``: its exit code and what it said."""
+    proc, stderr = gated_ask(api, api.url, gate, when), b""
+    try:
+        stderr = at_gate(proc)
+        at_the_gate()
+        proc.send_signal(signal.SIGINT)
+    finally:
+        said = finish(proc, stderr)
+    return proc.returncode, said
+
+
 @pytest.mark.parametrize(("gate", "when"), [
     ("kortex_cli.remote:RemoteClient.question", "before"),  # the session made, the question not yet posted
     ("kortex_cli.remote:Question.post", "before"),  # nothing of the post has left the process
@@ -328,13 +341,8 @@ def test_ctrl_c_before_the_question_is_posted_deletes_the_session_made_for_it(ap
                                                                                when: str) -> None:
     """Left, it was an empty session named after the question in every listing."""
     before = api.sessions()
-    proc, stderr = gated_ask(api, api.url, gate, when), b""
-    try:
-        stderr = at_gate(proc)
-        proc.send_signal(signal.SIGINT)
-    finally:
-        said = finish(proc, stderr)
-    assert proc.returncode == 130, said
+    returncode, said = _interrupted_at(api, gate, when)
+    assert returncode == 130, said
     assert said == "stopped before the question was asked (interrupted)"
     assert api.sessions() == before
 
@@ -343,14 +351,12 @@ def test_ctrl_c_before_the_session_s_answer_is_read_deletes_the_session(api: Api
     """Stopped with the server's answer in hand but not read (the first answer the command
     checks is the session's): the session is found again by its key and deleted."""
     before = api.sessions()
-    proc, stderr = gated_ask(api, api.url, "kortex_cli.remote:RemoteClient._check", "before"), b""
-    try:
-        stderr = at_gate(proc)
+
+    def made() -> None:
         assert len(api.sessions()) == len(before) + 1  # the server made it
-        proc.send_signal(signal.SIGINT)
-    finally:
-        said = finish(proc, stderr)
-    assert proc.returncode == 130, said
+
+    returncode, said = _interrupted_at(api, "kortex_cli.remote:RemoteClient._check", "before", made)
+    assert returncode == 130, said
     assert said == "stopped before the question was asked (interrupted)"
     assert api.sessions() == before
 
